@@ -1,0 +1,56 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// One settings list for every Swift target (as swift-log does).
+let swiftSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "Stitch",
+    products: [
+        .library(name: "Stitch", targets: ["Stitch"]),
+        .executable(name: "stitch", targets: ["StitchCLI"]),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CCurl",
+            pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]
+        ),
+        .systemLibrary(
+            name: "CCrypto",
+            pkgConfig: "libcrypto",
+            providers: [.apt(["libssl-dev"])]
+        ),
+        .systemLibrary(name: "CStitchSystem"),
+        .target(
+            name: "Stitch",
+            dependencies: ["CCurl", "CCrypto", "CStitchSystem"],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "StitchCLI",
+            dependencies: ["Stitch"],
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "StitchTestSupport",
+            dependencies: [],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "StitchTests",
+            dependencies: ["Stitch", "StitchTestSupport"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "StitchCLITests",
+            dependencies: ["Stitch", "StitchTestSupport"],
+            swiftSettings: swiftSettings
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

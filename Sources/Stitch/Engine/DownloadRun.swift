@@ -1,0 +1,532 @@
+import Foundation
+import Glibc
+import Synchronization
+
+/// One call of ``Downloader/download(_:options:onEvent:)``: the attempt loop plus the transfer delegate.
+///
+/// Threads: the engine's task runs `run()`; during each `transport.perform` the transport thread calls the
+/// delegate methods, and the engine task waits. The await on `perform` orders the two, so the mutable fields
+/// below are never touched by both at once. Progress readers use the atomics only.
+final class DownloadRun: TransferDelegate, @unchecked Sendable {
+    let request: DownloadRequest
+    let options: DownloadOptions
+    let transport: any HTTPTransport
+    let clock: any DownloadClock
+    let emit: @Sendable (DownloadEvent) -> Void
+    let startURL: URL
+
+    // Across attempts.
+    private var store: PartStore?
+    private var checkpointer: Checkpointer?
+    private var known: Validators?
+    private var hasher: DigestHasher?
+    private var resumedFrom: Int64 = 0
+    private var restarts = 0
+    private var currentURL: URL
+
+    // Per attempt, set by the delegate.
+    private var plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
+    private var verdict: HeadVerdict?
+    private var setupError: DownloadError?
+    private var sinkFailure: SinkFailure?
+    private var switchToResume = false
+    private var alreadyComplete: DownloadResult?
+    private var offset: Int64 = 0
+    private var verifyEnd: Int64 = 0
+    private var limit: Int64?
+    private var nextPoke: Int64 = 0
+    private var compareBuffer: UnsafeMutableRawBufferPointer?
+
+    // Read from anywhere.
+    private let transferred = Atomic<Int64>(0)
+    private let position = Atomic<Int64>(0)
+    private let totalLength = Atomic<Int64>(-1)
+
+    enum SinkFailure {
+        case overlapMismatch(Int64)
+        case write(Errno)
+        case tooLong
+        case checkpoint
+    }
+
+    init(
+        request: DownloadRequest, options: DownloadOptions, transport: any HTTPTransport,
+        clock: any DownloadClock, onEvent: @escaping @Sendable (DownloadEvent) -> Void
+    ) throws {
+        self.request = request
+        self.options = options
+        self.transport = transport
+        self.clock = clock
+        self.emit = onEvent
+        self.startURL = try validateURL(request.url)
+        self.currentURL = startURL
+        if let checksum = request.checksum { hasher = DigestHasher(checksum.algorithm) }
+    }
+
+    deinit {
+        checkpointer?.stop()
+        compareBuffer?.deallocate()
+    }
+
+    // MARK: The attempt loop
+
+    func run() async throws -> DownloadResult {
+        if case .file(let path) = request.destination {
+            if let done = try openExisting(DownloadPaths(destination: absolutePath(path))) { return done }
+        }
+        let ticker = startProgressTicker()
+        defer { ticker.cancel() }
+
+        var failures = 0
+        var redirects: [String] = []
+        while true {
+            if Task.isCancelled { throw try interrupted() }
+            plan = ResumePolicy.plan(offset: store?.written.load(ordering: .acquiring) ?? 0, known: known,
+                overlapWindow: options.overlapWindow)
+            verdict = nil
+            setupError = nil
+            sinkFailure = nil
+            switchToResume = false
+            let before = transferred.load(ordering: .relaxed)
+            var headers = request.headers
+            for (name, value) in ResumePolicy.headers(for: plan) where !headers.contains(name) {
+                headers.add(name: name, value: value)
+            }
+            let transportRequest = TransportRequest(
+                url: currentURL.absoluteString, headers: headers, options: options.transport)
+            let result = await transport.perform(transportRequest, delegate: self)
+            let progressed = transferred.load(ordering: .relaxed) > before
+            if progressed { failures = 0 }
+
+            if let setupError { throw setupError }
+            if let alreadyComplete { return alreadyComplete }
+            if switchToResume {
+                currentURL = startURL
+                redirects = []
+                continue
+            }
+            if case .failure(let error) = result, error.isCancelled || Task.isCancelled { throw try interrupted() }
+
+            var retryReason: String?
+            var retryAfter: String?
+            switch verdict {
+            case .redirect(let location):
+                guard let next = URL(string: location, relativeTo: currentURL)?.absoluteURL,
+                    let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
+                else {
+                    throw DownloadError(.redirects, "redirect to an unusable location: \(location.debugDescription)")
+                }
+                redirects.append(currentURL.absoluteString)
+                if redirects.contains(next.absoluteString) {
+                    throw DownloadError(
+                        .redirects, "redirect loop: \((redirects + [next.absoluteString]).joined(separator: " → "))")
+                }
+                if redirects.count > options.maxRedirects {
+                    throw DownloadError(.redirects, "too many redirects (more than \(options.maxRedirects))")
+                }
+                emit(.redirected(to: next.absoluteString))
+                currentURL = next
+                continue
+            case .restart(let reason):
+                try restart(reason)
+                continue
+            case .complete:
+                return try finish()
+            case .fail(let status):
+                throw DownloadError(
+                    .httpStatus, "HTTP \(status) \(statusText(status)) from \(currentURL.absoluteString)",
+                    httpStatus: status, resumable: store != nil)
+            case .retry(let status, let after):
+                retryReason = "HTTP \(status) \(statusText(status))"
+                retryAfter = after
+            case .accept, .restartWithBody:
+                if restarts > options.maxRestarts {
+                    throw unstable()
+                }
+                switch sinkFailure {
+                case .overlapMismatch(let at):
+                    try restart(.overlapMismatch(offset: at))
+                    continue
+                case .write(let errno):
+                    try? store?.checkpoint()
+                    throw DownloadError.io("cannot write", path: store?.paths.part ?? "", errno)
+                case .checkpoint:
+                    throw checkpointer?.error ?? DownloadError(.io, "cannot save download state")
+                case .tooLong:
+                    retryReason = "the server sent more data than it announced"
+                case nil:
+                    switch result {
+                    case .success:
+                        if let limit, offset < limit {
+                            retryReason = "the connection closed at \(offset) of \(limit) bytes"
+                        } else {
+                            return try finish()
+                        }
+                    case .failure(let error):
+                        if error.isTLS { throw DownloadError(.tls, "TLS error: \(error.message)", cause: error) }
+                        guard error.isRetryable else {
+                            throw DownloadError(.protocolViolation, error.message, cause: error, resumable: true)
+                        }
+                        retryReason = error.message
+                    }
+                }
+            case nil:
+                guard case .failure(let error) = result else {
+                    throw DownloadError(.protocolViolation, "no response from \(currentURL.absoluteString)")
+                }
+                if error.isTLS { throw DownloadError(.tls, "TLS error: \(error.message)", cause: error) }
+                guard error.isRetryable else { throw DownloadError(.protocolViolation, error.message, cause: error) }
+                retryReason = error.message
+            }
+
+            // A retry: from the original URL (redirect targets may expire), from the current offset.
+            failures += 1
+            let reason = retryReason ?? "unknown failure"
+            if failures > options.retry.maxRetries {
+                try? store?.checkpoint()
+                if case .retry(let status, _) = verdict {
+                    throw DownloadError(
+                        .httpStatus,
+                        "HTTP \(status) \(statusText(status)) from \(currentURL.absoluteString) after \(options.retry.maxRetries) retries",
+                        httpStatus: status, resumable: store != nil)
+                }
+                let saved = store.map { " (\($0.durable.load(ordering: .acquiring)) bytes saved)" } ?? ""
+                throw DownloadError(
+                    .retriesExhausted,
+                    "giving up after \(options.retry.maxRetries) retries: \(reason); rerun to resume\(saved)",
+                    resumable: true)
+            }
+            let delay = options.retry.delay(
+                attempt: failures, retryAfter: retryAfter, now: clock.now(), jitter: Double.random(in: 0...1))
+            emit(.retrying(attempt: failures, maxRetries: options.retry.maxRetries, delay: delay, reason: reason))
+            try? store?.checkpoint()
+            do { try await clock.sleep(seconds: delay) } catch { throw try interrupted() }
+            currentURL = startURL
+            redirects = []
+        }
+    }
+
+    // MARK: Steps
+
+    /// Looks at what an earlier run left at `paths`. Returns a result if the file is already complete.
+    private func openExisting(_ paths: DownloadPaths) throws -> DownloadResult? {
+        let state: DownloadState?
+        do {
+            state = try StateFile.read(paths.state)
+        } catch {
+            guard error.code == .unusableState else { throw error }
+            guard request.overwrite else {
+                throw DownloadError(
+                    .unusableState, "\(error.message); the partial data is kept — pass --overwrite to start over",
+                    cause: error)
+            }
+            discardLeftovers(paths)
+            state = nil
+        }
+        let destinationExists = access(paths.destination, F_OK) == 0
+        if let state {
+            if destinationExists && access(paths.part, F_OK) != 0 {
+                // A finished download whose clean-up was cut short.
+                if let done = completedResult(paths) {
+                    unlink(paths.state)
+                    unlink(paths.live)
+                    return done
+                }
+            }
+            guard state.url == request.url else {
+                if request.overwrite {
+                    discardLeftovers(paths)
+                    return try checkDestination(paths, exists: destinationExists)
+                }
+                throw DownloadError(
+                    .unusableState,
+                    "\(paths.part) belongs to a download of \(state.url); pass --overwrite to replace it")
+            }
+            let (store, point) = try PartStore.reopen(paths: paths, state: state)
+            self.store = store
+            known = point.offset > 0 ? state.validators : nil
+            resumedFrom = point.offset
+            position.store(point.offset, ordering: .relaxed)
+            if let total = state.validators.totalLength { totalLength.store(total, ordering: .relaxed) }
+            try hashPrefix(store, upTo: point.offset)
+            startCheckpointer(store)
+            emit(.destinationResolved(paths.destination))
+            emit(.resuming(from: point.offset, note: point.note))
+            return nil
+        }
+        return try checkDestination(paths, exists: destinationExists)
+    }
+
+    private func checkDestination(_ paths: DownloadPaths, exists: Bool) throws -> DownloadResult? {
+        guard exists else { return nil }
+        if let done = completedResult(paths) { return done }
+        if request.overwrite { return nil }
+        throw DownloadError(
+            .destinationExists, "\(paths.destination) already exists; pass --overwrite to replace it")
+    }
+
+    private func completedResult(_ paths: DownloadPaths) -> DownloadResult? {
+        guard let mark = CompletionMark.read(at: paths.destination), mark.url == request.url else { return nil }
+        var info = stat()
+        guard stat(paths.destination, &info) == 0, Int64(info.st_size) == mark.length else { return nil }
+        emit(.destinationResolved(paths.destination))
+        return DownloadResult(
+            destination: paths.destination, bytes: mark.length, bytesTransferred: 0, resumedFrom: mark.length,
+            alreadyComplete: true, checksum: nil)
+    }
+
+    private func discardLeftovers(_ paths: DownloadPaths) {
+        unlink(paths.part)
+        unlink(paths.state)
+        unlink(paths.live)
+    }
+
+    /// Hashes the bytes already on disk once, so the running digest covers the whole file.
+    private func hashPrefix(_ store: PartStore, upTo end: Int64) throws {
+        guard let hasher, end > 0 else { return }
+        hasher.reset()
+        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { chunk.deallocate() }
+        var at: Int64 = 0
+        while at < end {
+            let want = Int(min(Int64(chunk.count), end - at))
+            let got = store.read(into: UnsafeMutableRawBufferPointer(rebasing: chunk[0..<want]), at: at)
+            guard got == want else { throw DownloadError(.io, "cannot read \(store.paths.part) to verify it") }
+            hasher.update(UnsafeRawBufferPointer(rebasing: chunk[0..<got]))
+            at += Int64(got)
+        }
+    }
+
+    private func startCheckpointer(_ store: PartStore) {
+        checkpointer = Checkpointer(store: store, interval: options.checkpointInterval)
+        nextPoke = store.written.load(ordering: .relaxed) + options.checkpointBytes
+    }
+
+    private func restart(_ reason: RestartReason) throws {
+        restarts += 1
+        if restarts > options.maxRestarts { throw unstable() }
+        emit(.restarting(reason))
+        try store?.restart(validators: .none)
+        hasher?.reset()
+        known = nil
+        position.store(0, ordering: .relaxed)
+        currentURL = startURL
+    }
+
+    private func unstable() -> DownloadError {
+        DownloadError(
+            .unstableSource,
+            "the file kept changing on the server (\(restarts - 1) restarts); try again later", resumable: false)
+    }
+
+    /// Saves the state durably and describes the interruption.
+    private func interrupted() throws -> DownloadError {
+        checkpointer?.stop()
+        try store?.checkpoint()
+        let saved = store?.durable.load(ordering: .acquiring) ?? 0
+        return DownloadError(
+            .cancelled, "interrupted; \(saved) bytes saved — rerun the same command to resume",
+            resumable: store != nil)
+    }
+
+    private func finish() throws -> DownloadResult {
+        checkpointer?.stop()
+        guard let store else { throw DownloadError(.protocolViolation, "no response body") }
+        let bytes = store.written.load(ordering: .acquiring)
+        var verified: ExpectedChecksum?
+        if let expected = request.checksum, let hasher {
+            let digest = hasher.finalize()
+            guard expected.matches(digest) else {
+                store.discard()
+                throw DownloadError(
+                    .checksumMismatch,
+                    "checksum mismatch: expected \(expected), got \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest)); the downloaded data was deleted and nothing was saved at \(store.paths.destination)"
+                )
+            }
+            verified = expected
+        }
+        try store.finish(url: request.url)
+        return DownloadResult(
+            destination: store.paths.destination, bytes: bytes,
+            bytesTransferred: transferred.load(ordering: .relaxed), resumedFrom: resumedFrom,
+            alreadyComplete: false, checksum: verified)
+    }
+
+    private func startProgressTicker() -> Task<Void, Never> {
+        let interval = options.progressInterval
+        return Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(Int64(interval * 1000)))
+                guard let self, !Task.isCancelled else { return }
+                self.emit(.progress(self.progress))
+            }
+        }
+    }
+
+    var progress: DownloadProgress {
+        let total = totalLength.load(ordering: .relaxed)
+        return DownloadProgress(
+            bytes: position.load(ordering: .relaxed), total: total >= 0 ? total : nil,
+            durableBytes: durableMirror.load(ordering: .relaxed))
+    }
+
+    private let durableMirror = Atomic<Int64>(0)
+
+    // MARK: TransferDelegate (transport thread)
+
+    func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition {
+        let verdict = ResumePolicy.evaluate(head, plan: plan, known: known)
+        self.verdict = verdict
+        switch verdict {
+        case .accept(let start, let validators):
+            do {
+                if store == nil {
+                    guard try createStore(head: head, validators: validators) else { return .abort }
+                } else if validators != known {
+                    store?.update(validators: validators)
+                }
+            } catch {
+                setupError = error as? DownloadError ?? DownloadError(.io, "\(error)")
+                return .abort
+            }
+            known = validators
+            begin(at: start, verifyUpTo: plan.resumeOffset, validators: validators, status: head.status)
+            return .receive
+        case .restartWithBody(let reason, let validators):
+            restarts += 1
+            if restarts > options.maxRestarts { return .abort }
+            emit(.restarting(reason))
+            do {
+                if store == nil {
+                    guard try createStore(head: head, validators: validators) else { return .abort }
+                } else {
+                    try store?.restart(validators: validators)
+                }
+            } catch {
+                setupError = error as? DownloadError ?? DownloadError(.io, "\(error)")
+                return .abort
+            }
+            hasher?.reset()
+            known = validators
+            begin(at: 0, verifyUpTo: 0, validators: validators, status: head.status)
+            return .receive
+        case .restart:
+            return .abort
+        case .complete, .redirect, .retry, .fail:
+            return .discard
+        }
+    }
+
+    private func begin(at start: Int64, verifyUpTo end: Int64, validators: Validators, status: Int) {
+        offset = start
+        verifyEnd = end
+        limit = validators.totalLength
+        totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
+        position.store(max(start, end), ordering: .relaxed)
+        emit(.receiving(status: status, offset: max(start, end), total: validators.totalLength))
+    }
+
+    /// Creates the part file and state once the first usable response names the resource. Returns false when
+    /// the transfer must stop instead (a saved partial to resume was found, or the file is already complete).
+    private func createStore(head: ResponseHead, validators: Validators) throws -> Bool {
+        let path: String
+        switch request.destination {
+        case .file(let file):
+            path = absolutePath(file)
+        case .directory(let directory):
+            let name = FileNaming.resolve(
+                contentDisposition: head.headers["Content-Disposition"], urlPath: currentURL.path)
+            path = absolutePath(directory.hasSuffix("/") ? directory + name : directory + "/" + name)
+            let paths = DownloadPaths(destination: path)
+            if let done = try openExisting(paths) {
+                alreadyComplete = done
+                return false
+            }
+            if store != nil {
+                switchToResume = true  // resume the saved partial with a proper range request
+                return false
+            }
+        }
+        let store = try PartStore.create(
+            paths: DownloadPaths(destination: path), url: request.url,
+            headers: request.headers.map { "\($0.name): \($0.value)" },
+            checksum: request.checksum?.description, validators: validators)
+        self.store = store
+        startCheckpointer(store)
+        emit(.destinationResolved(path))
+        return true
+    }
+
+    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard let store else { return false }
+        if let checkpointer, checkpointer.hasFailed.load(ordering: .relaxed) {
+            sinkFailure = .checkpoint
+            return false
+        }
+        var data = bytes
+        transferred.add(Int64(bytes.count), ordering: .relaxed)
+        if offset < verifyEnd {
+            let count = Int(min(Int64(data.count), verifyEnd - offset))
+            if !matchesDisk(UnsafeRawBufferPointer(rebasing: data[0..<count]), at: offset, store: store) {
+                sinkFailure = .overlapMismatch(verifyEnd)
+                return false
+            }
+            offset += Int64(count)
+            data = UnsafeRawBufferPointer(rebasing: data[count...])
+            if data.isEmpty { return true }
+        }
+        if let limit, offset + Int64(data.count) > limit {
+            sinkFailure = .tooLong
+            return false
+        }
+        if let error = store.write(data, at: offset) {
+            sinkFailure = .write(error)
+            return false
+        }
+        hasher?.update(data)
+        offset += Int64(data.count)
+        store.noteWritten(offset)
+        position.store(offset, ordering: .relaxed)
+        durableMirror.store(store.durable.load(ordering: .relaxed), ordering: .relaxed)
+        if offset >= nextPoke {
+            nextPoke = offset + options.checkpointBytes
+            checkpointer?.poke()
+        }
+        return true
+    }
+
+    private func matchesDisk(_ bytes: UnsafeRawBufferPointer, at offset: Int64, store: PartStore) -> Bool {
+        if compareBuffer == nil {
+            compareBuffer = .allocate(byteCount: Int(options.transport.receiveBufferSize), alignment: 16)
+        }
+        var checked = 0
+        while checked < bytes.count {
+            let count = min(bytes.count - checked, compareBuffer!.count)
+            let target = UnsafeMutableRawBufferPointer(rebasing: compareBuffer![0..<count])
+            guard store.read(into: target, at: offset + Int64(checked)) == count,
+                memcmp(target.baseAddress!, bytes.baseAddress! + checked, count) == 0
+            else { return false }
+            checked += count
+        }
+        return true
+    }
+}
+
+func statusText(_ status: Int) -> String {
+    switch status {
+    case 400: return "Bad Request"
+    case 401: return "Unauthorized"
+    case 403: return "Forbidden"
+    case 404: return "Not Found"
+    case 405: return "Method Not Allowed"
+    case 408: return "Request Timeout"
+    case 410: return "Gone"
+    case 416: return "Range Not Satisfiable"
+    case 429: return "Too Many Requests"
+    case 500: return "Internal Server Error"
+    case 502: return "Bad Gateway"
+    case 503: return "Service Unavailable"
+    case 504: return "Gateway Timeout"
+    default: return ""
+    }
+}

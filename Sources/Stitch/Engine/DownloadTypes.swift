@@ -1,0 +1,142 @@
+/// Where a download goes.
+public enum Destination: Sendable, Hashable {
+    /// Exactly this path (`-o PATH`).
+    case file(String)
+    /// This directory, named from `Content-Disposition`, else the URL path (`-d DIR`).
+    case directory(String)
+}
+
+/// What to download.
+public struct DownloadRequest: Sendable {
+    public var url: String
+    public var destination: Destination
+    /// Extra request headers (`--header`), sent on every request.
+    public var headers: HTTPHeaders
+    /// Verify the finished file against this digest.
+    public var checksum: ExpectedChecksum?
+    /// Replace an existing destination that Stitch did not leave, or an unusable partial download.
+    public var overwrite: Bool
+
+    public init(
+        url: String, destination: Destination, headers: HTTPHeaders = HTTPHeaders(),
+        checksum: ExpectedChecksum? = nil, overwrite: Bool = false
+    ) {
+        self.url = url
+        self.destination = destination
+        self.headers = headers
+        self.checksum = checksum
+        self.overwrite = overwrite
+    }
+}
+
+/// How retries are spaced: exponential backoff with jitter, honouring `Retry-After`.
+public struct RetryPolicy: Sendable, Hashable {
+    /// Consecutive failed attempts that made no progress before giving up. An attempt that wrote data
+    /// resets the count, so a flaky but moving transfer is never abandoned.
+    public var maxRetries: Int = 5
+    public var baseDelay: Double = 1
+    public var maxDelay: Double = 60
+    /// `Retry-After` values above this are clamped to it.
+    public var maxRetryAfter: Double = 600
+
+    public init() {}
+
+    /// Seconds to wait before retry number `attempt` (1-based). `jitter` is in 0...1.
+    public func delay(attempt: Int, retryAfter: String?, now: Int64, jitter: Double) -> Double {
+        if let retryAfter, let seconds = HTTPDate.retryAfterDelay(retryAfter, now: now) {
+            return min(Double(seconds), maxRetryAfter)
+        }
+        let exponential = min(maxDelay, baseDelay * pow2(attempt - 1))
+        // "Equal jitter": half fixed, half random, so retries neither stampede nor collapse to zero.
+        return exponential / 2 + exponential / 2 * jitter
+    }
+
+    private func pow2(_ n: Int) -> Double {
+        var value = 1.0
+        for _ in 0..<max(0, min(n, 30)) { value *= 2 }
+        return value
+    }
+}
+
+/// Waits between retries. Tests inject one that records and returns at once.
+public protocol DownloadClock: Sendable {
+    func sleep(seconds: Double) async throws
+    /// Seconds since the epoch, for `Retry-After` dates.
+    func now() -> Int64
+}
+
+/// The real clock.
+public struct SystemClock: DownloadClock {
+    public init() {}
+    public func sleep(seconds: Double) async throws {
+        try await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
+    }
+    public func now() -> Int64 { Stitch.now() }
+}
+
+/// Tuning for one download.
+public struct DownloadOptions: Sendable {
+    public var transport = TransportOptions()
+    public var retry = RetryPolicy()
+    public var maxRedirects = 10
+    /// A durable checkpoint (fdatasync + state) at least this often while data flows…
+    public var checkpointInterval: Double = 1
+    /// …and after at most this many bytes.
+    public var checkpointBytes: Int64 = 16 << 20
+    /// Restarts from zero allowed in one run before the source is called unstable.
+    public var maxRestarts = 3
+    /// Bytes re-fetched and compared when resuming without a validator.
+    public var overlapWindow: Int64 = 64 * 1024
+    /// How often `.progress` events are sent.
+    public var progressInterval: Double = 0.25
+
+    public init() {}
+}
+
+/// Bytes on disk so far.
+public struct DownloadProgress: Sendable, Hashable {
+    /// Bytes written to the part file (the download's position).
+    public var bytes: Int64
+    /// The complete length, if the server said it.
+    public var total: Int64?
+    /// Bytes that would survive a power cut.
+    public var durableBytes: Int64
+}
+
+/// Something a download wants its user to know. Delivered on an arbitrary thread, in order.
+public enum DownloadEvent: Sendable {
+    /// The final path is known (with `.directory`, after the first response).
+    case destinationResolved(String)
+    /// A partial download was found and will continue from `offset`; `note` says why less was trusted, if so.
+    case resuming(from: Int64, note: String?)
+    /// A response is being saved; `offset` is where its body goes.
+    case receiving(status: Int, offset: Int64, total: Int64?)
+    case progress(DownloadProgress)
+    case redirected(to: String)
+    /// The partial data is discarded and the download starts over.
+    case restarting(RestartReason)
+    case retrying(attempt: Int, maxRetries: Int, delay: Double, reason: String)
+}
+
+/// A finished download.
+public struct DownloadResult: Sendable, Hashable {
+    public var destination: String
+    public var bytes: Int64
+    /// Bytes fetched over the network in this run.
+    public var bytesTransferred: Int64
+    /// The offset this run resumed from (0 for a fresh start).
+    public var resumedFrom: Int64
+    /// True when nothing was fetched because the file was already complete.
+    public var alreadyComplete: Bool
+    /// The verified checksum, if one was asked for.
+    public var checksum: ExpectedChecksum?
+}
+
+/// A partial download found on disk: what `stitch get --resume DEST` continues.
+public struct SavedDownload: Sendable, Hashable {
+    public var url: String
+    public var headers: HTTPHeaders
+    public var checksum: ExpectedChecksum?
+    public var durableBytes: Int64
+    public var totalBytes: Int64?
+}

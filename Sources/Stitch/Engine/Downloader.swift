@@ -1,0 +1,89 @@
+import Foundation
+import Synchronization
+
+/// Downloads one URL to one file, resuming whatever an earlier run left, and never putting anything but
+/// the complete, verified file at the destination.
+///
+/// ```swift
+/// let result = try await Downloader().download(
+///     DownloadRequest(url: "https://example.com/big.iso", destination: .file("big.iso")))
+/// ```
+public struct Downloader: Sendable {
+    let transport: any HTTPTransport
+    let clock: any DownloadClock
+
+    /// - Parameters:
+    ///   - transport: moves the bytes; the shared libcurl transport by default.
+    ///   - clock: waits between retries; inject a fake in tests.
+    public init(transport: any HTTPTransport = CurlTransport.shared, clock: any DownloadClock = SystemClock()) {
+        self.transport = transport
+        self.clock = clock
+    }
+
+    /// Downloads `request`, resuming a partial download at its destination if there is one.
+    ///
+    /// Cancel the calling task to stop: the state is saved and a later call resumes.
+    /// - Parameters:
+    ///   - onEvent: called for each ``DownloadEvent``, on an arbitrary thread, one at a time; keep it quick.
+    /// - Returns: the finished download.
+    /// - Throws: ``DownloadError``.
+    public func download(
+        _ request: DownloadRequest,
+        options: DownloadOptions = DownloadOptions(),
+        onEvent: @escaping @Sendable (DownloadEvent) -> Void = { _ in }
+    ) async throws -> DownloadResult {
+        let run = try DownloadRun(
+            request: request, options: options, transport: transport, clock: clock, onEvent: onEvent)
+        return try await run.run()
+    }
+
+    /// The partial download saved beside `destination`, for resuming it without knowing its URL.
+    /// - Throws: ``DownloadError`` with code `.nothingToResume` or `.unusableState`.
+    public static func savedDownload(at destination: String) throws -> SavedDownload {
+        let paths = DownloadPaths(destination: absolutePath(destination))
+        guard let state = try StateFile.read(paths.state) else {
+            throw DownloadError(.nothingToResume, "no partial download at \(destination) (no \(paths.state))")
+        }
+        var headers = HTTPHeaders()
+        for line in state.headers {
+            guard let (name, value) = parseHeaderLine(line) else { continue }
+            headers.add(name: name, value: value)
+        }
+        return SavedDownload(
+            url: state.url, headers: headers,
+            checksum: state.checksum.flatMap { try? ExpectedChecksum(parsing: $0) },
+            durableBytes: state.durableLength, totalBytes: state.validators.totalLength)
+    }
+
+    /// Splits "Name: value", rejecting what would smuggle another header or request line.
+    public static func parseHeaderLine(_ line: String) -> (String, String)? {
+        guard let colon = line.firstIndex(of: ":") else { return nil }
+        let name = String(line[..<colon])
+        let value = String(line[line.index(after: colon)...]).trimming(" \t")
+        let tokenCharacters = Set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+        guard !name.isEmpty, name.allSatisfy({ tokenCharacters.contains($0) }) else { return nil }
+        guard !value.unicodeScalars.contains(where: { $0.value < 0x20 && $0 != "\t" || $0.value == 0x7f }) else {
+            return nil
+        }
+        return (name, value)
+    }
+}
+
+func absolutePath(_ path: String) -> String {
+    if path.hasPrefix("/") { return path }
+    return FileManager.default.currentDirectoryPath + "/" + path
+}
+
+/// Validates a URL the way the engine needs it: http or https with a host.
+func validateURL(_ text: String) throws(DownloadError) -> URL {
+    guard !text.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value == 0x7f }),
+        let url = URL(string: text), let scheme = url.scheme?.lowercased()
+    else { throw DownloadError(.invalidURL, "not a valid URL: \(text.debugDescription)") }
+    guard scheme == "http" || scheme == "https" else {
+        throw DownloadError(.unsupportedScheme, "unsupported URL scheme '\(scheme)' (use http or https)")
+    }
+    guard let host = url.host, !host.isEmpty else {
+        throw DownloadError(.invalidURL, "URL has no host: \(text)")
+    }
+    return url
+}

@@ -1,0 +1,206 @@
+/// Why a download starts again from byte zero. Every case is said plainly to the user.
+public enum RestartReason: Sendable, Hashable, CustomStringConvertible {
+    /// The server answered a range request with the whole file (200).
+    case rangeIgnored
+    case etagChanged(old: String, new: String)
+    case lastModifiedChanged(old: String, new: String)
+    case lengthChanged(old: Int64, new: Int64)
+    /// A 206 whose `Content-Range` is missing or does not match the request.
+    case contentRangeMismatch(String)
+    /// 416 while the local data is not the complete file.
+    case rangeNotSatisfiable
+    /// With no validator to send, the bytes just before the resume point differed from the file on disk.
+    case overlapMismatch(offset: Int64)
+    /// The saved state could not vouch for the partial data.
+    case untrustedPartial(String)
+
+    public var description: String {
+        switch self {
+        case .rangeIgnored:
+            return "the server sent the whole file instead of the requested range"
+        case .etagChanged(let old, let new):
+            return "the file changed on the server (ETag \(old) → \(new))"
+        case .lastModifiedChanged(let old, let new):
+            return "the file changed on the server (Last-Modified \(old) → \(new))"
+        case .lengthChanged(let old, let new):
+            return "the file changed on the server (length \(old) → \(new) bytes)"
+        case .contentRangeMismatch(let header):
+            return "the server's Content-Range (\(header.isEmpty ? "none" : header)) does not match the request"
+        case .rangeNotSatisfiable:
+            return "the server refused the range (416) and the local copy is not complete"
+        case .overlapMismatch(let offset):
+            return "the bytes before offset \(offset) no longer match the server's (no validator to check)"
+        case .untrustedPartial(let why):
+            return why
+        }
+    }
+}
+
+/// The request to send for the next attempt.
+struct RequestPlan: Sendable, Hashable {
+    /// The first byte asked for (`Range: bytes=N-`), or nil for the whole file.
+    var rangeStart: Int64?
+    /// The bytes below this offset are already on disk; anything the server sends below it is compared, not written.
+    var resumeOffset: Int64
+    var ifRange: String?
+
+    var isRanged: Bool { rangeStart != nil }
+}
+
+/// What to do with a response head. Pure decisions, tested without sockets.
+enum HeadVerdict: Sendable, Hashable {
+    /// Take the body; its first byte belongs at `bodyStart`.
+    case accept(bodyStart: Int64, validators: Validators)
+    /// A 200 to a range request: discard the partial and take this body as the file from zero.
+    case restartWithBody(RestartReason, validators: Validators)
+    /// Abort this transfer, discard the partial, request the whole file again.
+    case restart(RestartReason)
+    /// 416 confirming the local data already is the whole file.
+    case complete
+    case redirect(location: String)
+    /// A temporary failure (408, 429, 5xx); `retryAfter` is the raw header.
+    case retry(status: Int, retryAfter: String?)
+    case fail(status: Int)
+}
+
+/// The resume rules of DEVELOPERS.md rule 3 as functions of (what we know, what we asked, what came back).
+enum ResumePolicy {
+    /// Bytes re-fetched and compared when no validator can be sent with the range request.
+    static let defaultOverlapWindow: Int64 = 64 * 1024
+
+    /// Plans the next request given `offset` trusted bytes and what we know of the resource.
+    static func plan(offset: Int64, known: Validators?, overlapWindow: Int64 = defaultOverlapWindow) -> RequestPlan {
+        guard offset > 0, let known else { return RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil) }
+        if let ifRange = known.ifRange {
+            return RequestPlan(rangeStart: offset, resumeOffset: offset, ifRange: ifRange)
+        }
+        return RequestPlan(rangeStart: max(0, offset - overlapWindow), resumeOffset: offset, ifRange: nil)
+    }
+
+    /// The request headers a plan needs (besides the user's).
+    static func headers(for plan: RequestPlan) -> [(String, String)] {
+        var headers = [("Accept-Encoding", "identity")]
+        if let start = plan.rangeStart {
+            headers.append(("Range", "bytes=\(start)-"))
+            if let ifRange = plan.ifRange { headers.append(("If-Range", ifRange)) }
+        }
+        return headers
+    }
+
+    static func validators(from head: ResponseHead) -> Validators {
+        let headers = head.headers
+        var total: Int64?
+        if head.status == 206 {
+            total = headers["Content-Range"].flatMap(ContentRange.init(parsing:))?.completeLength
+        } else if head.status == 200, headers["Transfer-Encoding"] == nil {
+            total = headers["Content-Length"].flatMap { Int64($0) }.flatMap { $0 >= 0 ? $0 : nil }
+        }
+        let acceptRanges = headers["Accept-Ranges"]?.lowercased().contains("bytes") ?? (head.status == 206)
+        return Validators(
+            etag: headers["ETag"], lastModified: headers["Last-Modified"], date: headers["Date"],
+            totalLength: total, acceptRanges: acceptRanges)
+    }
+
+    /// Judges a final response head against the plan and the known validators.
+    static func evaluate(_ head: ResponseHead, plan: RequestPlan, known: Validators?) -> HeadVerdict {
+        let status = head.status
+        switch status {
+        case 301, 302, 303, 307, 308:
+            guard let location = head.headers["Location"], !location.isEmpty else { return .fail(status: status) }
+            return .redirect(location: location)
+        case 206:
+            guard let start = plan.rangeStart else {
+                return .restart(.contentRangeMismatch("a partial response to a request for the whole file"))
+            }
+            let header = head.headers["Content-Range"] ?? ""
+            guard let range = ContentRange(parsing: header), let first = range.first, let last = range.last,
+                let complete = range.completeLength, first == start, last < complete
+            else { return .restart(.contentRangeMismatch(header)) }
+            if let length = head.headers["Content-Length"].flatMap({ Int64($0) }), length != last - first + 1 {
+                return .restart(.contentRangeMismatch(header))
+            }
+            var fresh = validators(from: head)
+            if let change = change(from: known, to: fresh) { return .restart(change) }
+            // Keep what we knew where the partial response is silent.
+            fresh.etag = fresh.etag ?? known?.etag
+            fresh.lastModified = fresh.lastModified ?? known?.lastModified
+            fresh.date = known?.date ?? fresh.date
+            fresh.acceptRanges = true
+            return .accept(bodyStart: start, validators: fresh)
+        case 200:
+            let fresh = validators(from: head)
+            if plan.isRanged {
+                return .restartWithBody(change(from: known, to: fresh) ?? .rangeIgnored, validators: fresh)
+            }
+            return .accept(bodyStart: 0, validators: fresh)
+        case 416:
+            let complete = head.headers["Content-Range"].flatMap(ContentRange.init(parsing:))?.completeLength
+            if let complete, let total = known?.totalLength, complete == total, plan.resumeOffset == total {
+                return .complete
+            }
+            return .restart(.rangeNotSatisfiable)
+        case 408, 429, 500...599:
+            return .retry(status: status, retryAfter: head.headers["Retry-After"])
+        default:
+            return .fail(status: status)
+        }
+    }
+
+    /// The first difference between what we knew and what the server says now, if any.
+    static func change(from known: Validators?, to fresh: Validators) -> RestartReason? {
+        guard let known else { return nil }
+        if let old = known.etag, let new = fresh.etag, old != new { return .etagChanged(old: old, new: new) }
+        if let old = known.lastModified, let new = fresh.lastModified, old != new {
+            return .lastModifiedChanged(old: old, new: new)
+        }
+        if let old = known.totalLength, let new = fresh.totalLength, old != new {
+            return .lengthChanged(old: old, new: new)
+        }
+        return nil
+    }
+}
+
+/// A parsed `Content-Range: bytes first-last/complete` (or `bytes */complete`).
+struct ContentRange: Sendable, Hashable {
+    var first: Int64?
+    var last: Int64?
+    var completeLength: Int64?
+
+    init?(parsing header: String) {
+        let trimmed = header.trimming(" \t")
+        guard trimmed.lowercased().hasPrefix("bytes ") else { return nil }
+        let spec = String(trimmed.dropFirst(6)).trimming(" \t")
+        let halves = spec.split(separator: "/", omittingEmptySubsequences: false)
+        guard halves.count == 2 else { return nil }
+        if halves[1] == "*" {
+            completeLength = nil
+        } else {
+            guard let value = Self.number(halves[1]) else { return nil }
+            completeLength = value
+        }
+        if halves[0] == "*" {
+            guard completeLength != nil else { return nil }
+            first = nil
+            last = nil
+        } else {
+            let ends = halves[0].split(separator: "-", omittingEmptySubsequences: false)
+            guard ends.count == 2, let a = Self.number(ends[0]), let b = Self.number(ends[1]), a <= b else { return nil }
+            first = a
+            last = b
+        }
+    }
+
+    private static func number(_ text: Substring) -> Int64? {
+        guard !text.isEmpty, text.count <= 18, text.allSatisfy({ $0.isASCII && $0.isNumber }) else { return nil }
+        return Int64(text)
+    }
+}
+
+extension String {
+    func trimming(_ set: String) -> String {
+        var s = Substring(self)
+        while let f = s.first, set.contains(f) { s.removeFirst() }
+        while let l = s.last, set.contains(l) { s.removeLast() }
+        return String(s)
+    }
+}

@@ -1,0 +1,98 @@
+import Glibc
+
+/// A failed system call's `errno`, with its message.
+public struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
+    public let rawValue: Int32
+
+    public init(rawValue: Int32) { self.rawValue = rawValue }
+
+    /// The calling thread's current `errno`.
+    static var current: Errno { Errno(rawValue: errno) }
+
+    public static let noSpace = Errno(rawValue: ENOSPC)
+    public static let interrupted = Errno(rawValue: EINTR)
+    public static let noEntry = Errno(rawValue: ENOENT)
+
+    public var description: String { String(cString: strerror(rawValue)) }
+}
+
+/// Retries a system call while it fails with `EINTR`, as swift-system does.
+@inline(__always)
+func retryingOnInterrupt<T: BinaryInteger>(_ call: () -> T) -> T {
+    while true {
+        let result = call()
+        if result == -1 && errno == EINTR { continue }
+        return result
+    }
+}
+
+/// Why a download did not finish.
+///
+/// One struct with an extensible ``Code`` (as async-http-client's `HTTPClientError`), a message for people and the
+/// underlying cause. Only the CLI maps codes to exit statuses.
+public struct DownloadError: Error, Sendable, CustomStringConvertible {
+    /// What kind of failure this is. Compare with the static members; new codes may be added.
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
+        private let name: String
+        private init(_ name: String) { self.name = name }
+        public var description: String { name }
+
+        /// The URL cannot be parsed or has no host.
+        public static let invalidURL = Code("invalidURL")
+        /// A scheme other than http or https.
+        public static let unsupportedScheme = Code("unsupportedScheme")
+        /// A user-supplied option or header is malformed.
+        public static let invalidOption = Code("invalidOption")
+        /// The server answered with a status that is not worth retrying (4xx), or retries ran out on one.
+        public static let httpStatus = Code("httpStatus")
+        /// More than the allowed number of redirects, or a redirect loop.
+        public static let redirects = Code("redirects")
+        /// Certificate or handshake failure.
+        public static let tls = Code("tls")
+        /// Network failures went on past the retry budget; the partial download is kept and resumable.
+        public static let retriesExhausted = Code("retriesExhausted")
+        /// The server broke the protocol in a way that cannot be retried.
+        public static let protocolViolation = Code("protocolViolation")
+        /// The file kept changing on the server across restarts.
+        public static let unstableSource = Code("unstableSource")
+        /// The downloaded bytes did not match the expected checksum.
+        public static let checksumMismatch = Code("checksumMismatch")
+        /// The destination exists and was not left by Stitch; pass `overwrite` to replace it.
+        public static let destinationExists = Code("destinationExists")
+        /// A state file beside the destination cannot be read or belongs to another download.
+        public static let unusableState = Code("unusableState")
+        /// A local file-system operation failed (disk full, permissions, …).
+        public static let io = Code("io")
+        /// The download was cancelled (or interrupted by a signal) after saving its state.
+        public static let cancelled = Code("cancelled")
+        /// There is no saved download to resume at the given path.
+        public static let nothingToResume = Code("nothingToResume")
+    }
+
+    public let code: Code
+    /// One line for people.
+    public let message: String
+    /// The underlying error (`Errno`, `TransportError`), if any.
+    public let cause: (any Error & Sendable)?
+    /// The HTTP status involved, if any.
+    public let httpStatus: Int?
+    /// Whether a rerun of the same command continues from the saved state.
+    public let isResumable: Bool
+
+    init(
+        _ code: Code, _ message: String, cause: (any Error & Sendable)? = nil, httpStatus: Int? = nil,
+        resumable: Bool = false
+    ) {
+        self.code = code
+        self.message = message
+        self.cause = cause
+        self.httpStatus = httpStatus
+        self.isResumable = resumable
+    }
+
+    public var description: String { message }
+
+    static func io(_ what: String, path: String, _ errno: Errno) -> DownloadError {
+        DownloadError(.io, "\(what) \(path): \(errno)", cause: errno, resumable: true)
+    }
+}

@@ -1,0 +1,160 @@
+import Foundation
+
+/// What a response told us about the resource: the evidence a resume is checked against.
+struct Validators: Codable, Sendable, Hashable {
+    var etag: String?
+    var lastModified: String?
+    /// The `Date` of the response that carried `lastModified` (RFC 9110 §8.8.2.2 needs it to call a date strong).
+    var date: String?
+    /// The complete length, when the server said it.
+    var totalLength: Int64?
+    var acceptRanges: Bool
+
+    static let none = Validators(etag: nil, lastModified: nil, date: nil, totalLength: nil, acceptRanges: false)
+
+    var strongETag: String? {
+        guard let etag, !etag.hasPrefix("W/"), etag.hasPrefix("\"") else { return nil }
+        return etag
+    }
+
+    /// Last-Modified counts as strong only if it is at least one second older than the response's Date.
+    var strongLastModified: String? {
+        guard let lastModified, let modified = HTTPDate.parse(lastModified),
+            let date, let sent = HTTPDate.parse(date), sent - modified >= 1
+        else { return nil }
+        return lastModified
+    }
+
+    /// The `If-Range` value to send, if any validator is strong enough for it.
+    var ifRange: String? { strongETag ?? strongLastModified }
+}
+
+/// The state file beside a partial download (`NAME.stitch`): versioned JSON, rewritten atomically at each
+/// durable checkpoint. Documented in docs/state-file.md.
+struct DownloadState: Codable, Sendable, Hashable {
+    static let currentSchemaVersion = 1
+
+    var schemaVersion: Int = DownloadState.currentSchemaVersion
+    /// The URL the user asked for (before redirects).
+    var url: String
+    /// The user's extra request headers, as "Name: value".
+    var headers: [String]
+    var checksum: String?
+    var validators: Validators
+    /// Bytes `0..<durableLength` of the part file are on stable storage.
+    var durableLength: Int64
+    /// The boot that wrote this file; the live record is trusted only within the same boot.
+    var bootID: String
+    /// Pairs this state with its live record (hex); redrawn at every restart from zero.
+    var liveNonce: String
+    var updatedAt: Int64
+
+    var nonce: UInt64 { UInt64(liveNonce, radix: 16) ?? 0 }
+}
+
+enum StateFile {
+    /// Larger than any state file we write; a bigger file is not ours.
+    static let maximumSize = 1 << 20
+
+    /// Reads the state at `path`; `nil` if there is none.
+    static func read(_ path: String) throws(DownloadError) -> DownloadState? {
+        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
+        if fd < 0 {
+            if errno == ENOENT { return nil }
+            throw .io("cannot read state file", path: path, .current)
+        }
+        defer { close(fd) }
+        var bytes = [UInt8]()
+        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { buffer in
+                retryingOnInterrupt { Glibc.read(fd, buffer.baseAddress, buffer.count) }
+            }
+            if n < 0 { throw .io("cannot read state file", path: path, .current) }
+            if n == 0 { break }
+            bytes += chunk[0..<n]
+            if bytes.count > maximumSize {
+                throw DownloadError(.unusableState, "\(path) is not a Stitch state file (too large)")
+            }
+        }
+        struct VersionProbe: Decodable { var schemaVersion: Int }
+        let decoder = JSONDecoder()
+        guard let probe = try? decoder.decode(VersionProbe.self, from: Data(bytes)) else {
+            throw DownloadError(.unusableState, "\(path) is corrupt (not a Stitch state file)")
+        }
+        guard probe.schemaVersion == DownloadState.currentSchemaVersion else {
+            throw DownloadError(
+                .unusableState,
+                "\(path) has state format \(probe.schemaVersion); this stitch reads format \(DownloadState.currentSchemaVersion)"
+            )
+        }
+        do {
+            let state = try decoder.decode(DownloadState.self, from: Data(bytes))
+            guard state.durableLength >= 0, state.validators.totalLength ?? 0 >= 0,
+                state.durableLength <= state.validators.totalLength ?? Int64.max
+            else { throw DownloadError(.unusableState, "\(path) is corrupt (impossible lengths)") }
+            return state
+        } catch let error as DownloadError {
+            throw error
+        } catch {
+            throw DownloadError(.unusableState, "\(path) is corrupt (\(describe(error)))")
+        }
+    }
+
+    /// Replaces the state at `path` so that a crash or power cut at any instant leaves either the old or the
+    /// new file: write a temporary file, fsync it, rename it over, fsync the directory.
+    static func write(_ state: DownloadState, to path: String) throws(DownloadError) {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        let data: Data
+        do { data = try encoder.encode(state) } catch {
+            throw DownloadError(.io, "cannot encode state: \(error)")
+        }
+        let temporary = path + ".tmp"
+        let fd = retryingOnInterrupt { open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
+        guard fd >= 0 else { throw .io("cannot write state file", path: temporary, .current) }
+        var failure: Errno?
+        data.withUnsafeBytes { buffer in
+            var done = 0
+            while done < buffer.count {
+                let n = retryingOnInterrupt { Glibc.write(fd, buffer.baseAddress! + done, buffer.count - done) }
+                if n <= 0 {
+                    failure = n < 0 ? .current : .noSpace
+                    return
+                }
+                done += n
+            }
+        }
+        if failure == nil && fsync(fd) != 0 { failure = .current }
+        close(fd)
+        if let failure {
+            unlink(temporary)
+            throw .io("cannot write state file", path: temporary, failure)
+        }
+        guard rename(temporary, path) == 0 else {
+            let error = Errno.current
+            unlink(temporary)
+            throw .io("cannot replace state file", path: path, error)
+        }
+        try syncDirectory(containing: path)
+    }
+
+    private static func describe(_ error: any Error) -> String {
+        if case DecodingError.keyNotFound(let key, _) = error { return "missing \(key.stringValue)" }
+        if case DecodingError.typeMismatch(_, let context) = error {
+            return "bad value at \(context.codingPath.map(\.stringValue).joined(separator: "."))"
+        }
+        return "unreadable"
+    }
+}
+
+/// fsyncs the directory holding `path`, making a rename or unlink in it durable.
+func syncDirectory(containing path: String) throws(DownloadError) {
+    let directory = (path as NSString).deletingLastPathComponent
+    let fd = retryingOnInterrupt { open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
+    guard fd >= 0 else { throw .io("cannot open directory", path: directory, .current) }
+    defer { close(fd) }
+    if fsync(fd) != 0 && errno != EINVAL {
+        throw .io("cannot sync directory", path: directory, .current)
+    }
+}

@@ -1,0 +1,243 @@
+import CStitchSystem
+import Foundation
+import Glibc
+import Synchronization
+
+/// The files of one download: the destination and, beside it until the end, the part file, the state
+/// file and the live record.
+public struct DownloadPaths: Sendable, Hashable {
+    /// Where the finished, verified file appears — and nothing else ever does.
+    public let destination: String
+    public var part: String { destination + ".part" }
+    public var state: String { destination + ".stitch" }
+    public var live: String { destination + ".stitch-live" }
+
+    public init(destination: String) { self.destination = destination }
+}
+
+/// The mark a finished download leaves on its file (an extended attribute), so that a rerun of the same
+/// command can say "already complete" instead of refusing to clobber a file it does not know.
+struct CompletionMark: Codable, Hashable {
+    static let attributeName = "user.stitch"
+    var url: String
+    var length: Int64
+    var etag: String?
+
+    static func read(at path: String) -> CompletionMark? {
+        var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+        let n = buffer.withUnsafeMutableBytes { getxattr(path, attributeName, $0.baseAddress, $0.count) }
+        guard n > 0 else { return nil }
+        return try? JSONDecoder().decode(CompletionMark.self, from: Data(buffer[0..<n]))
+    }
+}
+
+/// What resuming found on disk.
+struct ResumePoint: Sendable {
+    /// Bytes `0..<offset` of the part file are vouched for.
+    var offset: Int64
+    /// Why less than the state file's best record was trusted, for the user.
+    var note: String?
+}
+
+/// Owns what is on disk for one download. Every write the crash rules depend on goes through here.
+///
+/// Threads: `write`, `read` and `noteWritten` are called on the transport thread during a transfer;
+/// `checkpoint` on the checkpointer thread; the rest by the engine between transfers. State changes are
+/// serialised by one lock; `written` is an atomic so that progress can be read from anywhere.
+final class PartStore: @unchecked Sendable {
+    let paths: DownloadPaths
+    let fd: Int32
+    private let live: LiveRecord
+    private let state: Mutex<DownloadState>
+    /// Bytes `0..<written` have been handed to the kernel (page cache).
+    let written: Atomic<Int64>
+    /// The last durable extent, mirrored for readers outside the lock.
+    let durable: Atomic<Int64>
+
+    private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState, written: Int64) {
+        self.paths = paths
+        self.fd = fd
+        self.live = live
+        self.state = Mutex(state)
+        self.written = Atomic(written)
+        self.durable = Atomic(state.durableLength)
+    }
+
+    deinit { close(fd) }
+
+    var snapshot: DownloadState { state.withLock { $0 } }
+
+    /// Starts a fresh download: empty part file, state at zero, a new live record.
+    static func create(
+        paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators
+    ) throws(DownloadError) -> PartStore {
+        let state = DownloadState(
+            url: url, headers: headers, checksum: checksum, validators: validators, durableLength: 0,
+            bootID: BootID.current, liveNonce: newNonce(), updatedAt: now())
+        // The state is durable before any data exists, so a crash at any later point finds it.
+        try StateFile.write(state, to: paths.state)
+        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644) }
+        guard fd >= 0 else { throw .io("cannot create", path: paths.part, .current) }
+        do {
+            let live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: 0)
+            return PartStore(paths: paths, fd: fd, live: live, state: state, written: 0)
+        } catch {
+            close(fd)
+            throw error
+        }
+    }
+
+    /// Reopens a partial download from its state file and decides how much of the part file to trust:
+    /// the live record's extent within the same boot, else the durable extent. The untrusted tail is cut off.
+    static func reopen(paths: DownloadPaths, state: DownloadState) throws(DownloadError) -> (PartStore, ResumePoint) {
+        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CREAT | O_CLOEXEC, 0o644) }
+        guard fd >= 0 else { throw .io("cannot open", path: paths.part, .current) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else {
+            let error = Errno.current
+            close(fd)
+            throw .io("cannot stat", path: paths.part, error)
+        }
+        let size = Int64(info.st_size)
+        var state = state
+        var note: String?
+        var trusted = state.durableLength
+        if state.bootID == BootID.current {
+            if let written = LiveRecord.read(at: paths.live, nonce: state.nonce), written > trusted {
+                trusted = written
+            }
+        } else if size > state.durableLength {
+            note = "the machine restarted since the last run; trusting only the \(state.durableLength) bytes synced to disk"
+        }
+        if size < state.durableLength {
+            note = "the part file is shorter than its state records; starting over"
+            trusted = 0
+        }
+        trusted = min(trusted, size, state.validators.totalLength ?? Int64.max)
+        if trusted < state.durableLength { state.durableLength = trusted }
+        guard ftruncate(fd, off_t(trusted)) == 0 else {
+            let error = Errno.current
+            close(fd)
+            throw .io("cannot truncate", path: paths.part, error)
+        }
+        state.bootID = BootID.current
+        do {
+            let live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: trusted)
+            // The new boot id must not be recorded before the data it vouches for is durable.
+            let store = PartStore(paths: paths, fd: fd, live: live, state: state, written: trusted)
+            try store.checkpoint(force: true)
+            return (store, ResumePoint(offset: trusted, note: note))
+        } catch {
+            close(fd)
+            throw error
+        }
+    }
+
+    // MARK: Transport-thread hot path
+
+    /// Writes all of `buffer` at `offset`, retrying short writes and `EINTR`.
+    @inline(__always)
+    func write(_ buffer: UnsafeRawBufferPointer, at offset: Int64) -> Errno? {
+        var done = 0
+        while done < buffer.count {
+            let n = retryingOnInterrupt {
+                pwrite(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done))
+            }
+            if n < 0 { return .current }
+            if n == 0 { return .noSpace }
+            done += n
+        }
+        return nil
+    }
+
+    /// Reads up to `buffer.count` bytes at `offset`; returns how many were read.
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int64) -> Int {
+        var done = 0
+        while done < buffer.count {
+            let n = retryingOnInterrupt {
+                pread(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done))
+            }
+            if n <= 0 { break }
+            done += n
+        }
+        return done
+    }
+
+    /// Records that bytes `0..<end` are written: an atomic for readers plus one store into the live record.
+    @inline(__always)
+    func noteWritten(_ end: Int64) {
+        written.store(end, ordering: .releasing)
+        live.store(written: end)
+    }
+
+    // MARK: Durable steps
+
+    /// Makes everything written so far durable: `fdatasync` the data, then atomically replace the state
+    /// with the new durable extent (temp, fsync, rename, fsync directory).
+    func checkpoint(force: Bool = false) throws(DownloadError) {
+        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+            let end = written.load(ordering: .acquiring)
+            guard force || end != state.durableLength else { return }
+            guard fdatasync(fd) == 0 else { throw .io("cannot sync", path: paths.part, .current) }
+            state.durableLength = end
+            state.updatedAt = now()
+            try StateFile.write(state, to: paths.state)
+            durable.store(end, ordering: .releasing)
+        }
+    }
+
+    /// Throws the partial data away and starts again from zero with new validators. The new state (with a
+    /// new nonce) is durable before the part file is cut, so a crash in between trusts nothing old.
+    func restart(validators: Validators) throws(DownloadError) {
+        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+            state.validators = validators
+            state.durableLength = 0
+            state.liveNonce = Self.newNonce()
+            state.updatedAt = now()
+            try StateFile.write(state, to: paths.state)
+            durable.store(0, ordering: .releasing)
+            live.reset(nonce: state.nonce, written: 0)
+            written.store(0, ordering: .releasing)
+            guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
+        }
+    }
+
+    /// Records validators learnt later (e.g. the length from a `Content-Range`) at the next checkpoint.
+    func update(validators: Validators) {
+        state.withLock { $0.validators = validators }
+    }
+
+    /// Completes the download: sync the data, mark it, rename it into place, sync the directory, then
+    /// remove the state and live record.
+    func finish(url: String) throws(DownloadError) {
+        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+            guard fdatasync(fd) == 0 else { throw .io("cannot sync", path: paths.part, .current) }
+            let mark = CompletionMark(url: url, length: written.load(ordering: .acquiring), etag: state.validators.etag)
+            if let data = try? JSONEncoder().encode(mark) {
+                // Best effort: a file system without user xattrs only loses the "already complete" message.
+                _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0) }
+            }
+            guard rename(paths.part, paths.destination) == 0 else {
+                throw .io("cannot rename into place", path: paths.destination, .current)
+            }
+            try syncDirectory(containing: paths.destination)
+            unlink(paths.state)
+            unlink(paths.live)
+        }
+    }
+
+    /// Removes the part file, state and live record.
+    func discard() {
+        state.withLock { _ in
+            unlink(paths.part)
+            unlink(paths.state)
+            unlink(paths.live)
+        }
+    }
+
+    private static func newNonce() -> String {
+        String(UInt64.random(in: 1...UInt64.max), radix: 16)
+    }
+}
+
+func now() -> Int64 { Int64(time(nil)) }

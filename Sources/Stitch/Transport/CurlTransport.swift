@@ -1,0 +1,304 @@
+import CCurl
+import Foundation
+import Glibc
+import Synchronization
+
+/// The libcurl transport: one multi handle driven by one event-loop thread.
+///
+/// Every transfer of the process shares the loop (`CurlTransport.shared`), so later connection pools,
+/// segmented downloads and the daemon multiplex on one thread. Other threads only post commands to a
+/// small locked queue and wake the loop with `curl_multi_wakeup`.
+public final class CurlTransport: HTTPTransport {
+    /// The process-wide transport.
+    public static let shared = CurlTransport()
+
+    private let loop: CurlEventLoop
+
+    public init() {
+        loop = CurlEventLoop()
+    }
+
+    public func perform(
+        _ request: TransportRequest,
+        delegate: any TransferDelegate
+    ) async -> Result<Void, TransportError> {
+        let transfer = CurlTransfer(request: request, delegate: delegate)
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                transfer.continuation = continuation
+                loop.submit(.add(transfer))
+            }
+        } onCancel: {
+            transfer.cancelRequested.store(true, ordering: .releasing)
+            loop.submit(.cancel(transfer))
+        }
+    }
+}
+
+/// The state of one easy handle. After `submit(.add)` it is touched only on the loop thread; the
+/// continuation is resumed exactly once, there.
+final class CurlTransfer: @unchecked Sendable {
+    let request: TransportRequest
+    let delegate: any TransferDelegate
+    var continuation: CheckedContinuation<Result<Void, TransportError>, Never>?
+    let cancelRequested = Atomic<Bool>(false)
+
+    var easy: UnsafeMutableRawPointer?
+    var headerList: UnsafeMutablePointer<curl_slist>?
+    let errorBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
+
+    // Response parsing state.
+    var status = 0
+    var headers = HTTPHeaders()
+    var headDelivered = false
+    var disposition = BodyDisposition.receive
+    var delegateAborted = false
+
+    init(request: TransportRequest, delegate: any TransferDelegate) {
+        self.request = request
+        self.delegate = delegate
+        errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+    }
+
+    deinit {
+        if let easy { curl_easy_cleanup(easy) }
+        if let headerList { curl_slist_free_all(headerList) }
+        errorBuffer.deallocate()
+    }
+
+    /// Creates and configures the easy handle. Returns an error for options libcurl refuses.
+    func configure() -> TransportError? {
+        guard let easy = curl_easy_init() else { return TransportError(.other, "curl_easy_init failed") }
+        self.easy = easy
+        let options = request.options
+        var failed: CURLcode = CURLE_OK
+        func set(_ code: CURLcode) { if code != CURLE_OK && failed == CURLE_OK { failed = code } }
+
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        set(stitch_easy_setopt_string(easy, CURLOPT_URL, request.url))
+        set(stitch_easy_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "http,https"))
+        set(stitch_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
+        set(stitch_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))  // the engine follows, checking loops
+        set(stitch_easy_setopt_long(easy, CURLOPT_BUFFERSIZE, options.receiveBufferSize))
+        set(stitch_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, Int(options.connectTimeout * 1000)))
+        // A stall: under one byte per second for `stallTimeout` seconds.
+        set(stitch_easy_setopt_long(easy, CURLOPT_LOW_SPEED_LIMIT, 1))
+        set(stitch_easy_setopt_long(easy, CURLOPT_LOW_SPEED_TIME, max(1, Int(options.stallTimeout.rounded(.up)))))
+        set(stitch_easy_setopt_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_2TLS)))
+        set(stitch_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1))
+        set(stitch_easy_setopt_long(easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1))
+        set(stitch_easy_setopt_string(easy, CURLOPT_USERAGENT, options.userAgent))
+        set(stitch_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer))
+        switch options.tlsVerification {
+        case .verify:
+            set(stitch_easy_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1))
+            set(stitch_easy_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2))
+        case .insecure:
+            set(stitch_easy_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 0))
+            set(stitch_easy_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 0))
+        }
+        if let ca = options.caCertificatePath {
+            set(stitch_easy_setopt_string(easy, CURLOPT_CAINFO, ca))
+        }
+        for field in request.headers {
+            headerList = curl_slist_append(headerList, "\(field.name): \(field.value)")
+        }
+        set(stitch_easy_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList))
+        set(stitch_easy_setopt_pointer(easy, CURLOPT_PRIVATE, me))
+        set(stitch_easy_setopt_pointer(easy, CURLOPT_HEADERDATA, me))
+        set(stitch_easy_setopt_data_callback(easy, CURLOPT_HEADERFUNCTION, curlHeaderCallback))
+        set(stitch_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, me))
+        set(stitch_easy_setopt_data_callback(easy, CURLOPT_WRITEFUNCTION, curlWriteCallback))
+        if failed != CURLE_OK {
+            return TransportError(.other, "libcurl refused an option: \(String(cString: curl_easy_strerror(failed)))",
+                underlyingCode: Int(failed.rawValue))
+        }
+        return nil
+    }
+
+    /// One header line (with its CRLF). Returns false to abort.
+    func receiveHeaderLine(_ raw: UnsafeRawBufferPointer) -> Bool {
+        var length = raw.count
+        while length > 0, raw[length - 1] == 0x0A || raw[length - 1] == 0x0D { length -= 1 }
+        let line = Substring(String(decoding: UnsafeRawBufferPointer(rebasing: raw[0..<length]), as: UTF8.self))
+        if line.hasPrefix("HTTP/") {
+            let parts = line.split(separator: " ", maxSplits: 2)
+            status = parts.count > 1 ? Int(parts[1]) ?? 0 : 0
+            headers = HTTPHeaders()
+            headDelivered = false
+            return status != 0
+        }
+        if line.isEmpty {
+            if (100..<200).contains(status) { return true }  // interim response; a final one follows
+            headDelivered = true
+            disposition = delegate.transferDidReceiveHead(ResponseHead(status: status, headers: headers))
+            if disposition == .abort {
+                delegateAborted = true
+                return false
+            }
+            return true
+        }
+        if line.first == " " || line.first == "\t" {
+            return true  // obsolete line folding: ignored, as RFC 9112 allows a client to
+        }
+        guard let colon = line.firstIndex(of: ":") else { return true }
+        let name = line[..<colon].trimmingWhitespace()
+        let value = line[line.index(after: colon)...].trimmingWhitespace()
+        headers.add(name: String(name), value: String(value))
+        return true
+    }
+
+    /// Body bytes. Returns false to abort.
+    func receiveBody(_ raw: UnsafeRawBufferPointer) -> Bool {
+        switch disposition {
+        case .discard: return true
+        case .abort: return false
+        case .receive:
+            guard headDelivered else { return true }
+            if delegate.transferDidReceive(raw) { return true }
+            delegateAborted = true
+            return false
+        }
+    }
+
+    func complete(_ result: Result<Void, TransportError>) {
+        continuation?.resume(returning: result)
+        continuation = nil
+    }
+
+    /// Maps libcurl's result to ours.
+    func outcome(for code: CURLcode) -> Result<Void, TransportError> {
+        if code == CURLE_OK {
+            if !headDelivered { return .failure(.protocolError("the server sent no complete response")) }
+            return .success(())
+        }
+        if delegateAborted { return .failure(.abortedByDelegate) }
+        let detail = String(cString: errorBuffer)
+        let message = detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail
+        let kind: TransportError.Code
+        switch code {
+        case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY: kind = .resolve
+        case CURLE_COULDNT_CONNECT: kind = .connect
+        case CURLE_OPERATION_TIMEDOUT: kind = headDelivered ? .stalled : .connectTimeout
+        case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CONNECT_ERROR, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER,
+            CURLE_SSL_CACERT_BADFILE, CURLE_SSL_ENGINE_NOTFOUND, CURLE_SSL_ENGINE_SETFAILED,
+            CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS,
+            CURLE_SSL_CRL_BADFILE, CURLE_USE_SSL_FAILED:
+            kind = .tls
+        case CURLE_PARTIAL_FILE: kind = .partialBody
+        case CURLE_RECV_ERROR, CURLE_SEND_ERROR, CURLE_GOT_NOTHING, CURLE_HTTP2, CURLE_HTTP2_STREAM,
+            CURLE_HTTP3, CURLE_QUIC_CONNECT_ERROR:
+            kind = .network
+        case CURLE_WEIRD_SERVER_REPLY, CURLE_BAD_CONTENT_ENCODING: kind = .protocolError
+        case CURLE_ABORTED_BY_CALLBACK: kind = .cancelled
+        default: kind = .other
+        }
+        return .failure(TransportError(kind, message, underlyingCode: Int(code.rawValue)))
+    }
+}
+
+extension Substring {
+    func trimmingWhitespace() -> Substring {
+        var s = self
+        while let f = s.first, f == " " || f == "\t" { s.removeFirst() }
+        while let l = s.last, l == " " || l == "\t" { s.removeLast() }
+        return s
+    }
+}
+
+private let curlHeaderCallback: stitch_curl_data_callback = { pointer, size, count, userdata in
+    let length = size * count
+    guard let pointer, let userdata else { return 0 }
+    let transfer = Unmanaged<CurlTransfer>.fromOpaque(userdata).takeUnretainedValue()
+    return transfer.receiveHeaderLine(UnsafeRawBufferPointer(start: pointer, count: length)) ? length : 0
+}
+
+private let curlWriteCallback: stitch_curl_data_callback = { pointer, size, count, userdata in
+    let length = size * count
+    guard let userdata else { return 0 }
+    guard let pointer, length > 0 else { return length }
+    let transfer = Unmanaged<CurlTransfer>.fromOpaque(userdata).takeUnretainedValue()
+    return transfer.receiveBody(UnsafeRawBufferPointer(start: pointer, count: length)) ? length : 0
+}
+
+/// Owns the multi handle and the thread that drives it.
+final class CurlEventLoop: @unchecked Sendable {
+    enum Command {
+        case add(CurlTransfer)
+        case cancel(CurlTransfer)
+    }
+
+    private let multi: UnsafeMutableRawPointer
+    private let commands = Mutex<[Command]>([])
+    /// Loop thread only.
+    private var active: [UnsafeMutableRawPointer: CurlTransfer] = [:]
+
+    init() {
+        curlGlobalInit
+        guard let multi = curl_multi_init() else { fatalError("curl_multi_init failed") }
+        self.multi = multi
+        let thread = Thread { [self] in self.run() }
+        thread.name = "stitch.curl"
+        thread.start()
+    }
+
+    func submit(_ command: Command) {
+        commands.withLock { $0.append(command) }
+        curl_multi_wakeup(multi)
+    }
+
+    private func run() {
+        while true {
+            let batch = commands.withLock { pending -> [Command] in
+                defer { pending.removeAll(keepingCapacity: true) }
+                return pending
+            }
+            for command in batch { handle(command) }
+            var running: Int32 = 0
+            curl_multi_perform(multi, &running)
+            var left: Int32 = 0
+            while let message = curl_multi_info_read(multi, &left) {
+                guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle else { continue }
+                let code = stitch_msg_result(message)
+                finish(easy, outcome: nil, code: code)
+            }
+            var ready: Int32 = 0
+            curl_multi_poll(multi, nil, 0, 1000, &ready)
+        }
+    }
+
+    private func handle(_ command: Command) {
+        switch command {
+        case .add(let transfer):
+            if transfer.cancelRequested.load(ordering: .acquiring) {
+                transfer.complete(.failure(.cancelled))
+                return
+            }
+            if let error = transfer.configure() {
+                transfer.complete(.failure(error))
+                return
+            }
+            guard let easy = transfer.easy else { return }
+            active[easy] = transfer
+            let code = curl_multi_add_handle(multi, easy)
+            if code != CURLM_OK {
+                active[easy] = nil
+                transfer.complete(.failure(TransportError(.other, "curl_multi_add_handle failed")))
+            }
+        case .cancel(let transfer):
+            guard let easy = transfer.easy, active[easy] != nil else { return }
+            finish(easy, outcome: .failure(.cancelled), code: CURLE_OK)
+        }
+    }
+
+    private func finish(_ easy: UnsafeMutableRawPointer, outcome: Result<Void, TransportError>?, code: CURLcode) {
+        guard let transfer = active.removeValue(forKey: easy) else { return }
+        curl_multi_remove_handle(multi, easy)
+        transfer.complete(outcome ?? transfer.outcome(for: code))
+    }
+}
+
+/// `curl_global_init` must run once before any other libcurl call, before threads use libcurl.
+private let curlGlobalInit: Void = {
+    curl_global_init(Int(CURL_GLOBAL_ALL))
+}()

@@ -1,0 +1,161 @@
+/// A case-insensitive, order-preserving list of HTTP header fields.
+public struct HTTPHeaders: Sendable, Hashable, Sequence {
+    public struct Field: Sendable, Hashable {
+        public var name: String
+        public var value: String
+        public init(name: String, value: String) {
+            self.name = name
+            self.value = value
+        }
+    }
+
+    public private(set) var fields: [Field] = []
+
+    public init() {}
+
+    public init(_ pairs: [(String, String)]) {
+        self.fields = pairs.map { Field(name: $0.0, value: $0.1) }
+    }
+
+    public mutating func add(name: String, value: String) {
+        fields.append(Field(name: name, value: value))
+    }
+
+    /// The first value of `name`, compared case-insensitively.
+    public subscript(name: String) -> String? {
+        let lowered = name.lowercased()
+        return fields.first { $0.name.lowercased() == lowered }?.value
+    }
+
+    public func contains(_ name: String) -> Bool { self[name] != nil }
+
+    public func makeIterator() -> IndexingIterator<[Field]> { fields.makeIterator() }
+}
+
+/// One HTTP GET as the engine asks the transport to perform it.
+public struct TransportRequest: Sendable {
+    public var url: String
+    public var headers: HTTPHeaders
+    public var options: TransportOptions
+
+    public init(url: String, headers: HTTPHeaders, options: TransportOptions) {
+        self.url = url
+        self.headers = headers
+        self.options = options
+    }
+}
+
+/// Connection-level settings for one request.
+public struct TransportOptions: Sendable, Hashable {
+    /// How TLS certificates are checked.
+    public enum TLSVerification: Sendable, Hashable {
+        /// Verify against the system trust store, or `caCertificatePath` when set.
+        case verify
+        /// Do not verify peer or host name (`--insecure`).
+        case insecure
+    }
+
+    /// Seconds allowed to establish the connection (TCP and TLS).
+    public var connectTimeout: Double = 30
+    /// Seconds without a single body byte after which the transfer counts as stalled.
+    public var stallTimeout: Double = 30
+    public var tlsVerification: TLSVerification = .verify
+    /// A PEM bundle used instead of the system trust store.
+    public var caCertificatePath: String?
+    public var userAgent: String = "stitch/\(StitchVersion.string)"
+    /// Receive buffer size handed to the transport; 512 KiB measured best here.
+    public var receiveBufferSize: Int = 512 * 1024
+
+    public init() {}
+}
+
+/// The status line and header fields of a final (non-1xx) response.
+public struct ResponseHead: Sendable, Hashable {
+    public var status: Int
+    public var headers: HTTPHeaders
+
+    public init(status: Int, headers: HTTPHeaders) {
+        self.status = status
+        self.headers = headers
+    }
+}
+
+/// What to do with a response body once its head has been seen.
+public enum BodyDisposition: Sendable {
+    /// Hand every body byte to `transferDidReceive(_:)`.
+    case receive
+    /// Read and drop the body (error pages, redirects), keeping the connection reusable.
+    case discard
+    /// Stop the transfer now.
+    case abort
+}
+
+/// Receives a transfer's events. Every method is called on the transport's event-loop thread, one at a
+/// time and in order, so implementations must be quick and must not block.
+public protocol TransferDelegate: AnyObject, Sendable {
+    func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition
+    /// Body bytes in order. Return `false` to abort the transfer (the outcome is then `.abortedByDelegate`).
+    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> Bool
+}
+
+/// Moves bytes: performs one request and streams its response to a delegate.
+///
+/// No transport type from a C library appears here, so the engine can be driven by a fake in tests.
+public protocol HTTPTransport: Sendable {
+    /// Performs `request`, calling `delegate` on the transport's thread, and returns when the transfer
+    /// has ended. Cancelling the calling task stops the transfer and yields `TransportError.cancelled`.
+    func perform(_ request: TransportRequest, delegate: any TransferDelegate) async -> Result<Void, TransportError>
+}
+
+/// Why a transfer ended without success.
+public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible {
+    enum Code: Sendable, Hashable {
+        case cancelled
+        case abortedByDelegate
+        case resolve
+        case connect
+        case connectTimeout
+        case stalled
+        case tls
+        case partialBody
+        case network
+        case protocolError
+        case other
+    }
+
+    let code: Code
+    /// A message for people, e.g. libcurl's error buffer.
+    public let message: String
+    /// The underlying library's error number (a `CURLcode`), where there is one.
+    public let underlyingCode: Int?
+
+    init(_ code: Code, _ message: String, underlyingCode: Int? = nil) {
+        self.code = code
+        self.message = message
+        self.underlyingCode = underlyingCode
+    }
+
+    public static let cancelled = TransportError(.cancelled, "cancelled")
+    public static let abortedByDelegate = TransportError(.abortedByDelegate, "aborted")
+    public static func resolve(_ m: String) -> TransportError { .init(.resolve, m) }
+    public static func connect(_ m: String) -> TransportError { .init(.connect, m) }
+    public static func connectTimeout(_ m: String) -> TransportError { .init(.connectTimeout, m) }
+    public static func stalled(_ m: String) -> TransportError { .init(.stalled, m) }
+    public static func tls(_ m: String) -> TransportError { .init(.tls, m) }
+    public static func partialBody(_ m: String) -> TransportError { .init(.partialBody, m) }
+    public static func network(_ m: String) -> TransportError { .init(.network, m) }
+    public static func protocolError(_ m: String) -> TransportError { .init(.protocolError, m) }
+
+    public var isCancelled: Bool { code == .cancelled }
+    public var isAbortedByDelegate: Bool { code == .abortedByDelegate }
+    /// TLS failures and cancellation are final; everything else may succeed on another try.
+    public var isRetryable: Bool {
+        switch code {
+        case .cancelled, .abortedByDelegate, .tls, .other: return false
+        case .resolve, .connect, .connectTimeout, .stalled, .partialBody, .network, .protocolError: return true
+        }
+    }
+    public var isTLS: Bool { code == .tls }
+
+    public var description: String { message }
+}

@@ -1,0 +1,45 @@
+import Stitch
+
+enum Help {
+    static let main = """
+        stitch \(StitchVersion.string) — resumable, crash-safe HTTP(S) downloads
+
+        USAGE:
+          stitch get URL [options]       download URL (rerun the same command to resume)
+          stitch get --resume DEST       continue the partial download saved at DEST
+          stitch --version
+          stitch help [get]
+
+        Run 'stitch get --help' for the options.
+        """
+
+    static let get = """
+        USAGE: stitch get URL [-o PATH | -d DIR] [options]
+               stitch get --resume DEST [options]
+
+        Downloads URL. Data goes to DEST.part with its state in DEST.stitch; DEST appears only when the
+        file is complete and verified. After any interruption (network, Ctrl-C, kill -9, power cut) the
+        same command continues where it stopped.
+
+        OPTIONS:
+          -o, --output PATH         save to PATH
+          -d, --dir DIR             save in DIR, named from Content-Disposition or the URL (default: .)
+              --resume DEST         continue the download saved at DEST (URL and options come from DEST.stitch)
+              --checksum ALGO=HEX   verify the file (sha-256, sha-512, sha-1, md5)
+              --retries N           give up after N failed attempts in a row that made no progress (default 5)
+              --timeout SECS        a transfer with no data for SECS seconds is retried (default 30)
+              --connect-timeout SECS  time allowed to connect, TLS included (default 30)
+          -H, --header 'K: V'       add a request header (repeatable)
+              --ca-cert FILE        trust the certificates in FILE (PEM) instead of the system store
+          -k, --insecure            do not verify TLS certificates
+              --overwrite           replace an existing DEST, or a partial download that cannot be resumed
+          -q, --quiet               no progress output
+              --json                one JSON object per line on stdout (see docs/cli.md)
+          -h, --help                this help
+
+        EXIT STATUS:
+          0 done (or already complete)   1 failed   64 usage error   74 local I/O error
+          75 network failures outlasted --retries (rerun to resume)   130 interrupted by SIGINT
+          143 terminated by SIGTERM (state saved; rerun to resume)
+        """
+}

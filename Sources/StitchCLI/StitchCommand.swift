@@ -1,0 +1,224 @@
+import Dispatch
+import Foundation
+import Stitch
+import Synchronization
+
+/// Exit statuses; documented in `stitch get --help` and docs/cli.md.
+enum ExitStatus: Int32 {
+    case success = 0
+    case failure = 1
+    case usage = 64
+    case io = 74
+    case temporaryFailure = 75
+    case interrupted = 130
+    case terminated = 143
+
+    init(for error: DownloadError) {
+        switch error.code {
+        case .invalidURL, .unsupportedScheme, .invalidOption, .nothingToResume: self = .usage
+        case .io: self = .io
+        case .retriesExhausted: self = .temporaryFailure
+        default: self = .failure
+        }
+    }
+}
+
+@main
+struct StitchCommand {
+    static func main() async {
+        let arguments = Array(CommandLine.arguments.dropFirst())
+        let status = await run(arguments)
+        exit(status.rawValue)
+    }
+
+    static func run(_ arguments: [String]) async -> ExitStatus {
+        guard let command = arguments.first else {
+            writeAll(STDERR_FILENO, Help.main + "\n")
+            return .usage
+        }
+        switch command {
+        case "-h", "--help", "help":
+            if arguments.dropFirst().first == "get" {
+                Output.stdout(Help.get + "\n")
+            } else {
+                Output.stdout(Help.main + "\n")
+            }
+            return .success
+        case "--version", "version":
+            Output.stdout("stitch \(StitchVersion.string)\n")
+            return .success
+        case "get":
+            let rest = Array(arguments.dropFirst())
+            if rest.contains("-h") || rest.contains("--help") {
+                Output.stdout(Help.get + "\n")
+                return .success
+            }
+            return await get(rest)
+        default:
+            writeAll(STDERR_FILENO, "stitch: unknown command '\(command)'\n\(Help.main)\n")
+            return .usage
+        }
+    }
+
+    static func get(_ arguments: [String]) async -> ExitStatus {
+        let options: GetOptions
+        do {
+            options = try GetOptions.parse(arguments)
+        } catch let error as UsageError {
+            writeAll(STDERR_FILENO, "stitch: \(error.message)\nUsage: stitch get URL [-o PATH | -d DIR] [options]; see 'stitch get --help'\n")
+            return .usage
+        } catch {
+            writeAll(STDERR_FILENO, "stitch: \(error)\n")
+            return .usage
+        }
+        let output = Output(mode: options.json ? .json : options.quiet ? .quiet : .human)
+
+        var request: DownloadRequest
+        if let resumePath = options.resumePath {
+            do {
+                let saved = try Downloader.savedDownload(at: resumePath)
+                var headers = saved.headers
+                for field in options.headers { headers.add(name: field.name, value: field.value) }
+                request = DownloadRequest(
+                    url: saved.url, destination: .file(resumePath), headers: headers,
+                    checksum: options.checksum ?? saved.checksum, overwrite: options.overwrite)
+            } catch let error as DownloadError {
+                output.error(error.message)
+                output.json("error", ["code": "\(error.code)", "message": error.message])
+                return ExitStatus(for: error)
+            } catch {
+                output.error("\(error)")
+                return .failure
+            }
+        } else {
+            let destination: Destination =
+                options.output.map { .file($0) } ?? .directory(options.directory ?? ".")
+            request = DownloadRequest(
+                url: options.url ?? "", destination: destination, headers: options.headers,
+                checksum: options.checksum, overwrite: options.overwrite)
+        }
+        if let caCert = options.caCert, access(caCert, R_OK) != 0 {
+            output.error("--ca-cert: cannot read \(caCert)")
+            return .usage
+        }
+
+        var downloadOptions = DownloadOptions()
+        downloadOptions.retry.maxRetries = options.retries
+        downloadOptions.transport.stallTimeout = options.timeout
+        downloadOptions.transport.connectTimeout = options.connectTimeout
+        downloadOptions.transport.caCertificatePath = options.caCert
+        downloadOptions.transport.tlsVerification = options.insecure ? .insecure : .verify
+        if let base = ProcessInfo.processInfo.environment["STITCH_RETRY_BASE_DELAY"], let value = Double(base) {
+            downloadOptions.retry.baseDelay = value  // for tests of the binary; not a user-facing option
+        }
+
+        let signals = SignalCatcher()
+        let task = Task { () -> Result<DownloadResult, any Error> in
+            do {
+                let result = try await Downloader().download(request, options: downloadOptions) { event in
+                    report(event, to: output)
+                }
+                return .success(result)
+            } catch {
+                return .failure(error)
+            }
+        }
+        signals.onSignal { task.cancel() }
+        let outcome = await task.value
+
+        switch outcome {
+        case .success(let result):
+            output.endProgressLine()
+            if result.alreadyComplete {
+                output.message("\(result.destination) is already complete (\(result.bytes) bytes)")
+            } else {
+                var line = "saved \(result.destination) (\(Output.bytes(result.bytes))"
+                if result.resumedFrom > 0 { line += ", resumed at \(Output.bytes(result.resumedFrom))" }
+                if let checksum = result.checksum { line += ", \(checksum.algorithm.name) verified" }
+                output.message(line + ")")
+            }
+            if output.mode == .json {
+                var fields: [String: Any] = [
+                    "path": result.destination, "bytes": result.bytes, "transferred": result.bytesTransferred,
+                    "resumed_from": result.resumedFrom, "already_complete": result.alreadyComplete,
+                ]
+                if let checksum = result.checksum { fields["checksum"] = checksum.description }
+                output.json("done", fields)
+            } else {
+                Output.stdout(result.destination + "\n")
+            }
+            return .success
+        case .failure(let error as DownloadError):
+            output.error(error.message)
+            output.json("error", ["code": "\(error.code)", "message": error.message, "resumable": error.isResumable])
+            if error.code == .cancelled {
+                return signals.received == SIGTERM ? .terminated : .interrupted
+            }
+            return ExitStatus(for: error)
+        case .failure(let error):
+            output.error("\(error)")
+            return .failure
+        }
+    }
+
+    static func report(_ event: DownloadEvent, to output: Output) {
+        switch event {
+        case .destinationResolved(let path):
+            output.json("destination", ["path": path])
+        case .resuming(let offset, let note):
+            if let note { output.message("stitch: \(note)") }
+            if offset > 0 { output.message("resuming at \(Output.bytes(offset)) (\(offset) bytes)") }
+            var fields: [String: Any] = ["offset": offset]
+            if let note { fields["note"] = note }
+            output.json("resume", fields)
+        case .receiving(let status, let offset, let total):
+            var fields: [String: Any] = ["status": status, "offset": offset]
+            if let total { fields["total"] = total }
+            output.json("response", fields)
+        case .progress(let progress):
+            output.progress(progress)
+        case .redirected(let url):
+            output.json("redirect", ["url": url])
+        case .restarting(let reason):
+            output.message("stitch: restarting from zero: \(reason)", always: true)
+            output.json("restart", ["reason": reason.description])
+        case .retrying(let attempt, let maxRetries, let delay, let reason):
+            output.message(String(format: "stitch: %@; retry %d of %d in %.1fs", reason, attempt, maxRetries, delay))
+            output.json("retry", ["attempt": attempt, "max": maxRetries, "delay": delay, "reason": reason])
+        }
+    }
+}
+
+/// Turns SIGINT and SIGTERM into task cancellation, so the download saves its state before exiting.
+/// A second signal exits at once (the live record still lets the next run resume).
+/// `@unchecked`: `sources` is set once in `init` and only kept alive afterwards.
+final class SignalCatcher: @unchecked Sendable {
+    private let sources: [any DispatchSourceSignal]
+    private let receivedSignal = Atomic<Int32>(0)
+    private let handler = Mutex<(@Sendable () -> Void)?>(nil)
+
+    init() {
+        var sources: [any DispatchSourceSignal] = []
+        for number in [SIGINT, SIGTERM] {
+            signal(number, SIG_IGN)
+            sources.append(DispatchSource.makeSignalSource(signal: number, queue: .global()))
+        }
+        self.sources = sources
+        for (source, number) in zip(sources, [SIGINT, SIGTERM]) {
+            source.setEventHandler { [self] in
+                if receivedSignal.exchange(number, ordering: .acquiringAndReleasing) != 0 {
+                    exit(number == SIGTERM ? ExitStatus.terminated.rawValue : ExitStatus.interrupted.rawValue)
+                }
+                handler.withLock { $0 }?()
+            }
+            source.resume()
+        }
+    }
+
+    var received: Int32 { receivedSignal.load(ordering: .acquiring) }
+
+    func onSignal(_ action: @escaping @Sendable () -> Void) {
+        handler.withLock { $0 = action }
+        if received != 0 { action() }
+    }
+}
