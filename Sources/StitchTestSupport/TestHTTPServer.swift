@@ -1,0 +1,340 @@
+import Glibc
+import Synchronization
+
+/// An error starting ``TestHTTPServer``.
+public struct TestServerError: Error, Sendable, CustomStringConvertible {
+    /// What went wrong.
+    public let description: String
+
+    init(_ description: String) {
+        self.description = description
+    }
+}
+
+/// A loopback HTTP/1.1 server for tests, with per-request fault injection.
+///
+/// The server listens on `127.0.0.1` with an ephemeral port as soon as it is created, and
+/// handles each connection on its own thread. It serves in-memory ``ServedFile``s with correct
+/// range, `If-Range`, `HEAD` and keep-alive handling (like nginx), unless a ``Fault`` chosen by
+/// the path's ``FaultPolicy`` tells it to misbehave. Every request is recorded, and body bytes
+/// sent are counted so tests can assert how much was (re-)fetched.
+///
+/// ```swift
+/// let server = try TestHTTPServer()
+/// defer { server.stop() }
+/// server.serve("/file", file: .random(size: 1 << 20, seed: 1, etag: "\"v1\""),
+///              faults: .onRequest(0, .dropAfter(1000)))
+/// // ... download server.url("/file") ...
+/// #expect(server.requests(for: "/file").count == 2)
+/// ```
+///
+/// Paths are matched exactly against the request path with the query removed (no percent-decoding).
+/// Unknown paths get 404. Call ``stop()`` when done (it is also called on deinit).
+public final class TestHTTPServer: Sendable {
+    private let core: ServerCore
+
+    /// Starts a server on `127.0.0.1` with an ephemeral port.
+    public init() throws(TestServerError) {
+        core = try ServerCore()
+    }
+
+    deinit {
+        core.stop()
+    }
+
+    /// The TCP port the server listens on.
+    public var port: Int { core.port }
+
+    /// `http://127.0.0.1:<port>`.
+    public var baseURL: String { "http://127.0.0.1:\(core.port)" }
+
+    /// The absolute URL for `path` (which should start with `/`).
+    public func url(_ path: String) -> String {
+        baseURL + path
+    }
+
+    // MARK: Routes
+
+    /// Serves `file` at `path` with the given fault policy, replacing whatever was there
+    /// (file, faults, or redirect). The per-path request index keeps counting across replacements.
+    public func serve(_ path: String, file: ServedFile, faults: FaultPolicy = .none) {
+        core.state.withLock { $0.routes[path] = Route(kind: .file(file), faults: faults) }
+    }
+
+    /// Serves `file` at `path`, choosing a fault for every request with `faults(request, index)`,
+    /// where `index` is the 0-based count of earlier requests to `path`.
+    public func serve(
+        _ path: String, file: ServedFile, faults: @escaping @Sendable (RecordedRequest, Int) -> Fault
+    ) {
+        serve(path, file: file, faults: FaultPolicy(faults))
+    }
+
+    /// Replaces the file at `path` but keeps its current fault policy (none if `path` was not a file).
+    /// Use it to simulate the resource changing (new ETag, Last-Modified or length) between requests.
+    public func replaceFile(_ path: String, with file: ServedFile) {
+        core.state.withLock { state in
+            let faults = state.routes[path]?.faults ?? .none
+            state.routes[path] = Route(kind: .file(file), faults: faults)
+        }
+    }
+
+    /// Changes the fault policy of `path` (kept if the file is later replaced with ``replaceFile(_:with:)``).
+    public func setFaults(_ path: String, _ faults: FaultPolicy) {
+        core.state.withLock { state in
+            if let route = state.routes[path] {
+                state.routes[path] = Route(kind: route.kind, faults: faults)
+            }
+        }
+    }
+
+    /// Makes `path` answer every request with a redirect to `location` (sent verbatim: a path
+    /// such as `/b`, or an absolute URL, e.g. ``url(_:)``). Chains and loops (`/a`→`/b`→`/a`) are fine.
+    public func redirect(from path: String, to location: String, status: Int = 302) {
+        core.state.withLock {
+            $0.routes[path] = Route(kind: .redirect(location: location, status: status), faults: .none)
+        }
+    }
+
+    /// Stops serving `path` (later requests get 404).
+    public func remove(_ path: String) {
+        core.state.withLock { _ = $0.routes.removeValue(forKey: path) }
+    }
+
+    /// A default pace, in body bytes per second, for every file response that has no
+    /// ``Fault/throttle(bytesPerSecond:)`` of its own. Nil (the default) means full speed.
+    public var throttle: Int? {
+        get { core.state.withLock { $0.throttle } }
+        set { core.state.withLock { $0.throttle = newValue } }
+    }
+
+    // MARK: Observations
+
+    /// A snapshot of every request received so far, in arrival order.
+    public var requests: [RecordedRequest] {
+        core.state.withLock { $0.requests }
+    }
+
+    /// A snapshot of the requests received for `path` (query ignored), in arrival order.
+    public func requests(for path: String) -> [RecordedRequest] {
+        core.state.withLock { $0.requests.filter { $0.path == path } }
+    }
+
+    /// Total file-body bytes handed to the kernel (`send` succeeded) across all responses. Header,
+    /// chunk-framing, and error/redirect body bytes are not counted. Exact once the client has
+    /// received a complete response; while a write is in flight it may count bytes not yet accepted.
+    /// Use ``waitUntilIdle(timeout:)`` first if a client aborted mid-transfer.
+    public var bodyBytesSent: Int {
+        core.state.withLock { $0.bodyBytes }
+    }
+
+    /// File-body bytes sent for `path` (see ``bodyBytesSent``).
+    public func bodyBytesSent(for path: String) -> Int {
+        core.state.withLock { $0.bodyBytesPerPath[path] ?? 0 }
+    }
+
+    /// The number of TCP connections accepted so far.
+    public var connectionCount: Int {
+        core.state.withLock { $0.nextConnectionID }
+    }
+
+    // MARK: Synchronisation
+
+    /// Releases every response currently stalled by ``Fault/stallAfter(_:then:)`` or
+    /// ``Fault/stallBeforeHeaders(then:)``. Stalls reached later block until the next call.
+    /// Returns how many stalls were released.
+    @discardableResult
+    public func releaseStalls() -> Int {
+        core.state.withLock { state in
+            let count = state.stalls.count
+            for fd in state.stalls.values { signalPipe(fd) }
+            state.stalls.removeAll()
+            return count
+        }
+    }
+
+    /// Waits until a response reaches a stall point, consuming one stall event (so the n-th call
+    /// returns for the n-th stall, even if it was reached before the call). Returns false on timeout.
+    public func waitForStall(timeout: Duration = .seconds(10)) -> Bool {
+        core.progress.wait(timeout: timeout) { progress in
+            guard progress.stallsReached > progress.stallsAwaited else { return false }
+            progress.stallsAwaited += 1
+            return true
+        }
+    }
+
+    /// Waits until at least `count` requests in total have been received. Returns false on timeout.
+    public func waitForRequests(_ count: Int, timeout: Duration = .seconds(10)) -> Bool {
+        core.progress.wait(timeout: timeout) { $0.requestCount >= count }
+    }
+
+    /// Waits until no response is being written (a stalled response counts as being written), so
+    /// that counters such as ``bodyBytesSent`` are settled. Returns false on timeout.
+    public func waitUntilIdle(timeout: Duration = .seconds(10)) -> Bool {
+        core.progress.wait(timeout: timeout) { $0.activeResponses == 0 }
+    }
+
+    /// Stops the server: closes the listener and every live connection, ends stalls and throttled
+    /// transfers, and waits for all server threads to finish. Idempotent. Do not call it from a
+    /// fault closure (it would wait for its own thread).
+    public func stop() {
+        core.stop()
+    }
+}
+
+// MARK: - Core
+
+/// What a path serves.
+struct Route: Sendable {
+    enum Kind: Sendable {
+        case file(ServedFile)
+        case redirect(location: String, status: Int)
+    }
+
+    var kind: Kind
+    var faults: FaultPolicy
+}
+
+/// Server state guarded by a `Mutex`.
+struct ServerState: Sendable {
+    var routes: [String: Route] = [:]
+    var requests: [RecordedRequest] = []
+    var requestsPerPath: [String: Int] = [:]
+    var bodyBytes = 0
+    var bodyBytesPerPath: [String: Int] = [:]
+    /// Live connection descriptors by connection id (shut down by `stop`).
+    var connections: [Int: Int32] = [:]
+    var nextConnectionID = 0
+    /// Write ends of the wake-up pipes of responses currently stalled, by stall id.
+    var stalls: [Int: Int32] = [:]
+    var nextStallID = 0
+    var throttle: Int?
+    var stopped = false
+}
+
+/// Counters that threads wait on, guarded by a `Condition`.
+struct Progress: Sendable {
+    var stallsReached = 0
+    var stallsAwaited = 0
+    var requestCount = 0
+    var activeResponses = 0
+    var liveThreads = 0
+}
+
+/// The shared engine behind ``TestHTTPServer``; server threads hold this, not the public object,
+/// so the public object's deinit can stop the server.
+final class ServerCore: Sendable {
+    static let headerLimit = 64 * 1024
+
+    let listenFD: Int32
+    let port: Int
+    /// A pipe that becomes (and stays) readable once the server stops.
+    let stopSignal: (read: Int32, write: Int32)
+    let state = Mutex(ServerState())
+    let progress = Condition(Progress())
+    /// Set once `stop()` has finished closing the listener and the stop pipe.
+    private let closed = Mutex(false)
+
+    init() throws(TestServerError) {
+        let listener = try makeLoopbackListener()
+        guard let signal = makePipe() else {
+            closeDescriptor(listener.fd)
+            throw TestServerError("pipe() failed: errno \(errno)")
+        }
+        listenFD = listener.fd
+        port = listener.port
+        stopSignal = signal
+        progress.update { $0.liveThreads += 1 }
+        if !spawnThread({ [self] in acceptLoop() }) {
+            progress.update { $0.liveThreads -= 1 }
+            closeDescriptor(listenFD)
+            closeDescriptor(signal.read)
+            closeDescriptor(signal.write)
+            throw TestServerError("could not start the accept thread")
+        }
+    }
+
+    private func acceptLoop() {
+        defer { progress.update { $0.liveThreads -= 1 } }
+        while true {
+            var fds = [
+                pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: stopSignal.read, events: Int16(POLLIN), revents: 0),
+            ]
+            if poll(&fds, 2, -1) < 0 {
+                if errno == EINTR { continue }
+                return
+            }
+            if fds[1].revents != 0 { return }
+            guard fds[0].revents != 0 else { continue }
+            let fd = accept(listenFD, nil, nil)
+            if fd < 0 {
+                // Back off briefly on persistent errors such as EMFILE instead of spinning.
+                if errno != EINTR, errno != ECONNABORTED {
+                    var stopFD = [pollfd(fd: stopSignal.read, events: Int16(POLLIN), revents: 0)]
+                    _ = poll(&stopFD, 1, 10)
+                }
+                continue
+            }
+            setCloseOnExec(fd)
+            setNoDelay(fd)
+            let id: Int? = state.withLock { state in
+                if state.stopped { return nil }
+                let id = state.nextConnectionID
+                state.nextConnectionID += 1
+                state.connections[id] = fd
+                return id
+            }
+            guard let id else {
+                closeDescriptor(fd)
+                return
+            }
+            progress.update { $0.liveThreads += 1 }
+            let started = spawnThread { [self] in
+                ConnectionHandler(core: self, fd: fd, id: id).run()
+                progress.update { $0.liveThreads -= 1 }
+            }
+            if !started {
+                progress.update { $0.liveThreads -= 1 }
+                state.withLock { _ = $0.connections.removeValue(forKey: id) }
+                closeDescriptor(fd)
+            }
+        }
+    }
+
+    /// Records a request and returns it with the route it maps to.
+    func record(_ head: RequestHead, connectionID: Int, indexOnConnection: Int) -> (RecordedRequest, Route?) {
+        let (path, query) = splitTarget(head.target)
+        let result = state.withLock { state in
+            let index = state.requestsPerPath[path, default: 0]
+            state.requestsPerPath[path] = index + 1
+            let request = RecordedRequest(
+                serial: state.requests.count, index: index, method: head.method, target: head.target,
+                path: path, query: query, version: head.version, headers: head.headers,
+                connectionID: connectionID, indexOnConnection: indexOnConnection)
+            state.requests.append(request)
+            return (request, state.routes[path])
+        }
+        progress.update { $0.requestCount += 1 }
+        return result
+    }
+
+    func stop() {
+        let first = state.withLock { state in
+            if state.stopped { return false }
+            state.stopped = true
+            // Shut down under the lock: a connection thread removes its fd here before closing it,
+            // so we can never shut down a recycled descriptor.
+            for fd in state.connections.values { _ = shutdown(fd, Int32(SHUT_RDWR)) }
+            return true
+        }
+        if first { signalPipe(stopSignal.write) }
+        _ = progress.wait(timeout: nil) { $0.liveThreads == 0 }
+        closed.withLock { closed in
+            guard !closed else { return }
+            closed = true
+            closeDescriptor(listenFD)
+            closeDescriptor(stopSignal.read)
+            closeDescriptor(stopSignal.write)
+        }
+    }
+}

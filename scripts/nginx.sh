@@ -1,0 +1,348 @@
+#!/usr/bin/env bash
+# Loopback nginx for Stitch integration tests (and bench/run.sh).
+#
+#   scripts/nginx.sh start DIR   # create DIR, cert, test files, start nginx
+#   scripts/nginx.sh stop DIR    # stop it (safe to call twice / if never started)
+#
+# `start` writes DIR/ports.env (KEY=VALUE lines, no quoting, also printed on
+# stdout so `eval "$(scripts/nginx.sh start DIR)"` works):
+#   NGINX_HTTP_PORT   plain HTTP/1.1
+#   NGINX_HTTPS_PORT  HTTPS, HTTP/2 via ALPN (and HTTP/1.1)
+#   NGINX_SLOW_PORT   plain HTTP with limit_rate (NGINX_SLOW_RATE per connection)
+#   NGINX_SLOW_RATE   e.g. 2m (nginx size syntax; 2m = 2 MiB/s)
+#   NGINX_CA_CERT     DIR/cert.pem, self-signed, its own CA (IP:127.0.0.1, DNS:localhost)
+#   NGINX_WWW         DIR/www (document root)
+#   NGINX_DIR, NGINX_PID_FILE, NGINX_ACCESS_LOG, NGINX_ERROR_LOG
+# DIR/www holds small.bin (1 MiB random), medium.bin (16 MiB random),
+# empty.bin (0 bytes) and SHA256SUMS (check with `cd DIR/www && sha256sum -c SHA256SUMS`).
+# Files already present with the right size are kept (a second `start` after
+# `stop` serves the same bytes).  nginx sends ETag, Last-Modified and
+# Accept-Ranges: bytes for static files by default and honours Range requests.
+# The access log records the Range request header and the protocol of every request.
+#
+# Environment knobs (all optional):
+#   NGINX=/path/to/nginx      nginx binary (default: nginx in PATH, else /usr/sbin/nginx)
+#   NGINX_SLOW_RATE=2m        limit_rate for the slow port
+#   NGINX_START_TIMEOUT=15    seconds to wait for nginx to answer
+#
+# Runs as root (workers then run as root too, so a mode-700 mktemp DIR is fine)
+# or as an ordinary user (no `user` directive; everything lives in DIR).
+# Needs: bash, coreutils, openssl, nginx with http_ssl + http_v2 (nginx-light).
+set -euo pipefail
+
+prog=${0##*/}
+die() { printf '%s: error: %s\n' "$prog" "$*" >&2; exit 1; }
+note() { printf '%s: %s\n' "$prog" "$*" >&2; }
+usage() {
+    printf 'usage: %s start DIR | stop DIR\n' "$prog" >&2
+    exit 2
+}
+
+[[ $# -eq 2 ]] || usage
+cmd=$1
+dir_arg=$2
+[[ -n $dir_arg ]] || usage
+
+find_nginx() {
+    if [[ -n ${NGINX:-} ]]; then
+        [[ -x $NGINX ]] || die "NGINX=$NGINX is not executable"
+        printf '%s\n' "$NGINX"
+    elif command -v nginx >/dev/null 2>&1; then
+        command -v nginx
+    elif [[ -x /usr/sbin/nginx ]]; then
+        printf '%s\n' /usr/sbin/nginx
+    else
+        die "nginx not found (apt-get install nginx-light)"
+    fi
+}
+
+# Prints the pid of the nginx master serving DIR, or nothing.
+running_pid() {
+    local dir=$1 pid cmdline
+    [[ -f $dir/nginx.pid ]] || return 0
+    pid=$(<"$dir/nginx.pid") || return 0
+    [[ $pid =~ ^[0-9]+$ ]] || return 0
+    [[ -r /proc/$pid/cmdline ]] || return 0
+    # Guard against pid reuse: the master's argv mentions our config file.
+    cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 0
+    [[ $cmdline == *nginx* && $cmdline == *"$dir/nginx.conf"* ]] || return 0
+    printf '%s\n' "$pid"
+}
+
+# True while PID exists and is not a zombie (our daemonized nginx is reparented
+# to PID 1, which may reap it late or never, e.g. in containers without init).
+alive() {
+    local state
+    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null) || return 1
+    [[ -n $state && $state != Z && $state != X ]]
+}
+
+do_stop() {
+    local dir=$1 pid i
+    pid=$(running_pid "$dir")
+    if [[ -z $pid ]]; then
+        rm -f "$dir/nginx.pid"
+        return 0
+    fi
+    kill -TERM "$pid" 2>/dev/null || true # TERM = fast shutdown, does not wait for slow transfers
+    for ((i = 0; i < 100; i++)); do
+        alive "$pid" || break
+        sleep 0.1
+    done
+    if alive "$pid"; then
+        note "nginx (pid $pid) did not exit after TERM; sending KILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        for ((i = 0; i < 50; i++)); do
+            alive "$pid" || break
+            sleep 0.1
+        done
+    fi
+    rm -f "$dir/nginx.pid"
+}
+
+# HTTP/1.0 HEAD over bash's /dev/tcp; succeeds if the port answers "HTTP/1.x 200".
+http_ok() {
+    local port=$1 line
+    (
+        exec 3<>"/dev/tcp/127.0.0.1/$port" || exit 1
+        printf 'HEAD /small.bin HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+        IFS= read -r -t 3 line <&3 || exit 1
+        [[ $line == HTTP/1.?\ 200* ]]
+    ) 2>/dev/null
+}
+
+# True if something accepts connections on 127.0.0.1:PORT.
+port_busy() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# Fills file $1 with $2 random bytes unless it already has that size.
+make_file() {
+    local path=$1 size=$2
+    if [[ -f $path && $(stat -c %s "$path") == "$size" ]]; then
+        return 0
+    fi
+    head -c "$size" /dev/urandom >"$path.tmp"
+    mv -f "$path.tmp" "$path"
+}
+
+make_cert() {
+    local dir=$1
+    if [[ -s $dir/cert.pem && -s $dir/key.pem ]] &&
+        openssl x509 -in "$dir/cert.pem" -noout -checkend 86400 >/dev/null 2>&1; then
+        return 0
+    fi
+    # Own config file: independent of /etc/ssl/openssl.cnf. The certificate is
+    # both the server certificate and the CA to pass to --ca-cert/--cacert.
+    cat >"$dir/openssl.cnf" <<'EOF'
+[req]
+distinguished_name = dn
+x509_extensions = v3
+prompt = no
+[dn]
+CN = localhost
+[v3]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, digitalSignature, keyEncipherment, keyCertSign
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always
+EOF
+    openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 30 \
+        -config "$dir/openssl.cnf" -keyout "$dir/key.pem.tmp" -out "$dir/cert.pem.tmp" \
+        >"$dir/logs/openssl.log" 2>&1 ||
+        { cat "$dir/logs/openssl.log" >&2; die "openssl failed to create the certificate"; }
+    chmod 600 "$dir/key.pem.tmp"
+    mv -f "$dir/key.pem.tmp" "$dir/key.pem"
+    mv -f "$dir/cert.pem.tmp" "$dir/cert.pem"
+}
+
+write_conf() {
+    local dir=$1 http=$2 https=$3 slow=$4 rate=$5 user_line=""
+    if [[ $(id -u) -eq 0 ]]; then
+        # Default worker user (nobody) could not read a mode-700 temp dir.
+        user_line="user root;"
+    fi
+    cat >"$dir/nginx.conf" <<EOF
+# Generated by scripts/nginx.sh; started as: nginx -p $dir -c $dir/nginx.conf
+$user_line
+daemon on;
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+
+events {
+    worker_connections 512;
+}
+
+http {
+    types {
+        application/octet-stream bin;
+        text/plain txt;
+    }
+    default_type application/octet-stream;
+
+    log_format stitch '\$remote_addr [\$time_local] "\$request" \$status \$body_bytes_sent '
+                      'port=\$server_port proto=\$server_protocol range="\$http_range" '
+                      'if_range="\$http_if_range" ua="\$http_user_agent" rt=\$request_time';
+    access_log $dir/logs/access.log stitch;
+
+    client_body_temp_path $dir/tmp/client_body;
+    proxy_temp_path       $dir/tmp/proxy;
+    fastcgi_temp_path     $dir/tmp/fastcgi;
+    uwsgi_temp_path       $dir/tmp/uwsgi;
+    scgi_temp_path        $dir/tmp/scgi;
+
+    sendfile on;
+    tcp_nopush on;
+    keepalive_timeout 30s;
+    server_tokens off;
+
+    # ETag, Last-Modified and "Accept-Ranges: bytes" are nginx defaults for static files.
+    etag on;
+
+    ssl_certificate     $dir/cert.pem;
+    ssl_certificate_key $dir/key.pem;
+    ssl_protocols TLSv1.2 TLSv1.3;
+
+    server {
+        listen 127.0.0.1:$http;
+        server_name localhost 127.0.0.1;
+        root $dir/www;
+    }
+
+    server {
+        listen 127.0.0.1:$https ssl http2;
+        server_name localhost 127.0.0.1;
+        root $dir/www;
+    }
+
+    server {
+        listen 127.0.0.1:$slow;
+        server_name localhost 127.0.0.1;
+        root $dir/www;
+        limit_rate $rate;
+    }
+}
+EOF
+}
+
+# Three distinct random ports below Linux's default ephemeral range
+# (32768-60999) that nobody is listening on right now.
+pick_ports() {
+    local -a ports=()
+    local p tries=0
+    while ((${#ports[@]} < 3)); do
+        ((++tries < 1000)) || die "could not find free ports"
+        p=$((20000 + RANDOM % 12000))
+        [[ " ${ports[*]-} " == *" $p "* ]] && continue
+        port_busy "$p" && continue
+        ports+=("$p")
+    done
+    printf '%s %s %s\n' "${ports[@]}"
+}
+
+do_start() {
+    local dir=$1 nginx rate timeout pid attempt http https slow i ok
+    nginx=$(find_nginx)
+    rate=${NGINX_SLOW_RATE:-2m}
+    [[ $rate =~ ^[0-9]+[kKmMgG]?$ ]] || die "bad NGINX_SLOW_RATE=$rate (want e.g. 2m, 500k)"
+    timeout=${NGINX_START_TIMEOUT:-15}
+
+    # Already running for this DIR and answering? Then start is a no-op.
+    pid=$(running_pid "$dir")
+    if [[ -n $pid && -f $dir/ports.env ]]; then
+        http=$(sed -n 's/^NGINX_HTTP_PORT=//p' "$dir/ports.env")
+        if [[ -n $http ]] && http_ok "$http"; then
+            note "nginx already running for $dir (pid $pid)"
+            cat "$dir/ports.env"
+            return 0
+        fi
+    fi
+    [[ -z $pid ]] || do_stop "$dir"
+
+    command -v openssl >/dev/null 2>&1 || die "openssl not found (apt-get install openssl)"
+    mkdir -p "$dir/www" "$dir/logs" "$dir/tmp"
+
+    make_cert "$dir"
+    make_file "$dir/www/small.bin" $((1 << 20))
+    make_file "$dir/www/medium.bin" $((16 << 20))
+    : >"$dir/www/empty.bin.tmp" && mv -f "$dir/www/empty.bin.tmp" "$dir/www/empty.bin"
+    (cd "$dir/www" && sha256sum small.bin medium.bin empty.bin >SHA256SUMS.tmp && mv -f SHA256SUMS.tmp SHA256SUMS)
+
+    ok=""
+    for ((attempt = 1; attempt <= 8; attempt++)); do
+        read -r http https slow < <(pick_ports)
+        write_conf "$dir" "$http" "$https" "$slow" "$rate"
+        rm -f "$dir/nginx.pid"
+        : >"$dir/logs/start.log"
+        # nginx binds all listen sockets before daemonizing, so a zero exit
+        # means the ports are ours. A bind race with another process makes
+        # it fail ("Address already in use") and we retry with new ports.
+        if "$nginx" -p "$dir" -c "$dir/nginx.conf" -e "$dir/logs/error.log" \
+            >"$dir/logs/start.log" 2>&1; then
+            ok=1
+            break
+        fi
+        if grep -q 'Address already in use' "$dir/logs/start.log" "$dir/logs/error.log" 2>/dev/null; then
+            note "port collision (attempt $attempt), retrying with other ports"
+            : >"$dir/logs/error.log"
+            continue
+        fi
+        cat "$dir/logs/start.log" >&2
+        tail -n 20 "$dir/logs/error.log" >&2 2>/dev/null || true
+        die "nginx failed to start (config: $dir/nginx.conf)"
+    done
+    [[ -n $ok ]] || die "nginx failed to start: ports kept colliding"
+
+    # Wait until the master wrote its pid and every port answers.
+    for ((i = 0; i < timeout * 10; i++)); do
+        if [[ -n $(running_pid "$dir") ]] && http_ok "$http" && http_ok "$slow" && port_busy "$https"; then
+            break
+        fi
+        sleep 0.1
+    done
+    if ! { [[ -n $(running_pid "$dir") ]] && http_ok "$http" && http_ok "$slow" && port_busy "$https"; }; then
+        tail -n 20 "$dir/logs/error.log" >&2 2>/dev/null || true
+        do_stop "$dir"
+        die "nginx did not answer on 127.0.0.1:$http/$https/$slow within ${timeout}s"
+    fi
+
+    cat >"$dir/ports.env.tmp" <<EOF
+NGINX_HTTP_PORT=$http
+NGINX_HTTPS_PORT=$https
+NGINX_SLOW_PORT=$slow
+NGINX_SLOW_RATE=$rate
+NGINX_CA_CERT=$dir/cert.pem
+NGINX_WWW=$dir/www
+NGINX_DIR=$dir
+NGINX_PID_FILE=$dir/nginx.pid
+NGINX_ACCESS_LOG=$dir/logs/access.log
+NGINX_ERROR_LOG=$dir/logs/error.log
+EOF
+    mv -f "$dir/ports.env.tmp" "$dir/ports.env"
+    note "nginx running (pid $(running_pid "$dir")): http=$http https+h2=$https slow($rate/s)=$slow www=$dir/www"
+    cat "$dir/ports.env"
+}
+
+case $cmd in
+start)
+    mkdir -p "$dir_arg" || die "cannot create $dir_arg"
+    dir=$(cd "$dir_arg" && pwd -P)
+    # ports.env is read by non-shell parsers too, so values stay unquoted.
+    [[ $dir =~ ^[A-Za-z0-9/._+@,:-]+$ ]] ||
+        die "DIR must be a path without spaces or shell metacharacters: $dir"
+    do_start "$dir"
+    ;;
+stop)
+    if [[ ! -d $dir_arg ]]; then
+        exit 0
+    fi
+    dir=$(cd "$dir_arg" && pwd -P)
+    do_stop "$dir"
+    ;;
+*)
+    usage
+    ;;
+esac
