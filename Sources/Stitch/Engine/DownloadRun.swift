@@ -418,6 +418,9 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     }
 
     private func begin(at start: Int64, verifyUpTo end: Int64, validators: Validators, status: Int) {
+        if let total = validators.totalLength, let error = store?.preallocate(totalLength: total) {
+            sinkFailure = .write(error)
+        }
         offset = start
         verifyEnd = end
         limit = validators.totalLength
@@ -458,7 +461,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     }
 
     func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        guard let store else { return false }
+        guard let store, sinkFailure == nil else { return false }
         if let checkpointer, checkpointer.hasFailed.load(ordering: .relaxed) {
             sinkFailure = .checkpoint
             return false

@@ -133,6 +133,17 @@ final class PartStore: @unchecked Sendable {
         }
     }
 
+    /// Reserves disk blocks for the rest of the file (keeping the size, which tracks written data), so a full
+    /// disk shows up before the transfer rather than in the middle, and the file system allocates once.
+    /// Returns `ENOSPC` when the space is not there; other failures (a file system without fallocate) are
+    /// ignored.
+    func preallocate(totalLength: Int64) -> Errno? {
+        let from = written.load(ordering: .relaxed)
+        guard totalLength > from else { return nil }
+        if stitch_preallocate(fd, from, totalLength - from) != 0, errno == ENOSPC { return .noSpace }
+        return nil
+    }
+
     // MARK: Transport-thread hot path
 
     /// Writes all of `buffer` at `offset`, retrying short writes and `EINTR`.
