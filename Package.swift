@@ -48,7 +48,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StitchCLITests",
-            dependencies: ["Stitch", "StitchTestSupport"],
+            dependencies: ["Stitch", "StitchTestSupport", "StitchCLI"],
             swiftSettings: swiftSettings
         ),
     ],

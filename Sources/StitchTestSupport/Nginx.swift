@@ -1,0 +1,116 @@
+import Foundation
+import Synchronization
+
+/// A real nginx on loopback for integration tests, started by `scripts/nginx.sh`.
+///
+/// If `STITCH_NGINX_DIR` names a directory holding a `ports.env` (as `scripts/test.sh` arranges), that
+/// nginx is used; otherwise one is started on first use and stopped when the test process exits.
+public final class Nginx: Sendable {
+    public let directory: String
+    public let httpPort: Int
+    public let httpsPort: Int
+    /// A port whose responses are rate-limited per connection (`slowRate`), for interrupting transfers.
+    public let slowPort: Int
+    public let slowRate: String
+    /// The self-signed certificate (its own CA) for 127.0.0.1 and localhost.
+    public let caCertificate: String
+    /// The document root: small.bin (1 MiB), medium.bin (16 MiB), empty.bin, SHA256SUMS.
+    public let documentRoot: String
+    /// Each line: method, URI, status, body bytes, Range, If-Range, protocol (see scripts/nginx.sh).
+    public let accessLog: String
+
+    private static let instance = Mutex<Result<Nginx, NginxError>?>(nil)
+
+    /// The process-wide nginx, started on first use.
+    public static func shared() throws -> Nginx {
+        try instance.withLock { cached in
+            if let cached { return try cached.get() }
+            let result = Result { () throws(NginxError) -> Nginx in try start() }
+            cached = result
+            return try result.get()
+        }
+    }
+
+    /// The repository's root, found from this source file's path.
+    public static var repositoryRoot: String {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().path
+    }
+
+    private static func start() throws(NginxError) -> Nginx {
+        if let dir = ProcessInfo.processInfo.environment["STITCH_NGINX_DIR"],
+            FileManager.default.fileExists(atPath: dir + "/ports.env")
+        {
+            return try Nginx(directory: dir)
+        }
+        let dir = NSTemporaryDirectory() + "stitch-nginx-\(getpid())"
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/bash")
+        process.arguments = [repositoryRoot + "/scripts/nginx.sh", "start", dir]
+        process.standardOutput = FileHandle.nullDevice
+        do { try process.run() } catch { throw NginxError("cannot run scripts/nginx.sh: \(error)") }
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw NginxError("scripts/nginx.sh start failed (\(process.terminationStatus)); is nginx installed?")
+        }
+        startedDirectory.withLock { $0 = dir }
+        atexit {
+            guard let dir = startedDirectory.withLock({ $0 }) else { return }
+            let stop = Process()
+            stop.executableURL = URL(fileURLWithPath: "/bin/bash")
+            stop.arguments = [Nginx.repositoryRoot + "/scripts/nginx.sh", "stop", dir]
+            try? stop.run()
+            stop.waitUntilExit()
+        }
+        return try Nginx(directory: dir)
+    }
+
+    private init(directory: String) throws(NginxError) {
+        guard let text = try? String(contentsOfFile: directory + "/ports.env", encoding: .utf8) else {
+            throw NginxError("cannot read \(directory)/ports.env")
+        }
+        var values: [String: String] = [:]
+        for line in text.split(separator: "\n") {
+            let parts = line.split(separator: "=", maxSplits: 1)
+            if parts.count == 2 { values[String(parts[0])] = String(parts[1]) }
+        }
+        guard let http = values["NGINX_HTTP_PORT"].flatMap(Int.init),
+            let https = values["NGINX_HTTPS_PORT"].flatMap(Int.init),
+            let slow = values["NGINX_SLOW_PORT"].flatMap(Int.init),
+            let ca = values["NGINX_CA_CERT"], let www = values["NGINX_WWW"]
+        else { throw NginxError("incomplete \(directory)/ports.env") }
+        self.directory = directory
+        self.httpPort = http
+        self.httpsPort = https
+        self.slowPort = slow
+        self.slowRate = values["NGINX_SLOW_RATE"] ?? "?"
+        self.caCertificate = ca
+        self.documentRoot = www
+        self.accessLog = values["NGINX_ACCESS_LOG"] ?? directory + "/access.log"
+    }
+
+    public func httpURL(_ name: String) -> String { "http://127.0.0.1:\(httpPort)/\(name)" }
+    public func httpsURL(_ name: String, host: String = "localhost") -> String { "https://\(host):\(httpsPort)/\(name)" }
+    public func slowURL(_ name: String) -> String { "http://127.0.0.1:\(slowPort)/\(name)" }
+
+    /// Writes `bytes` into the document root as `name` and returns its path.
+    @discardableResult
+    public func publish(_ name: String, bytes: [UInt8]) throws -> String {
+        let path = documentRoot + "/" + name
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        return path
+    }
+
+    /// Access-log lines whose URI contains `needle`.
+    public func accessLogLines(containing needle: String) -> [String] {
+        guard let text = try? String(contentsOfFile: accessLog, encoding: .utf8) else { return [] }
+        return text.split(separator: "\n").map(String.init).filter { $0.contains(needle) }
+    }
+}
+
+private let startedDirectory = Mutex<String?>(nil)
+
+public struct NginxError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
