@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Stitch builds and tests with (run as root). Safe to rerun.
+#   build:  libcurl4-openssl-dev (HTTP transport), libssl-dev (libcrypto: checksums), pkg-config
+#   tests:  nginx-light + openssl (loopback integration server, self-signed certificate), curl, time
+set -euo pipefail
+packages=(libcurl4-openssl-dev libssl-dev pkg-config ca-certificates nginx-light openssl curl time)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "install-deps.sh: missing ${missing[*]}; run as root (or: sudo apt-get install ${missing[*]})" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

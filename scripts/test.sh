@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: a warning-free build, then `swift test` with a loopback nginx started for the
+# integration tests (stopped on exit). Extra arguments go to `swift test` (e.g. --filter CrashTests).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+command -v swift >/dev/null || export PATH="$PATH:/opt/swift/usr/bin"
+bash scripts/install-deps.sh
+
+nginx_dir=$(mktemp -d /tmp/stitch-test-nginx.XXXXXX)
+cleanup() {
+    bash scripts/nginx.sh stop "$nginx_dir" >/dev/null 2>&1 || true
+    rm -rf "$nginx_dir"
+}
+trap cleanup EXIT
+bash scripts/nginx.sh start "$nginx_dir" >/dev/null
+export STITCH_NGINX_DIR="$nginx_dir"
+
+# Swift 6 strict concurrency must stay warning-free.
+build_log=$(mktemp)
+swift build --build-tests 2>&1 | tee "$build_log"
+if grep -E '^/.*: warning:' "$build_log" | grep -v '/.build/' >/dev/null; then
+    echo "test.sh: the build has warnings (see above)" >&2
+    exit 1
+fi
+rm -f "$build_log"
+
+swift test --skip-build "$@"
