@@ -36,6 +36,12 @@ let package = Package(
             dependencies: ["Stitch"],
             swiftSettings: swiftSettings
         ),
+        .executableTarget(
+            name: "stitch-example",
+            dependencies: ["Stitch"],
+            path: "Examples/SimpleDownload",
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "StitchTestSupport",
             dependencies: [],
