@@ -12,7 +12,10 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     let options: DownloadOptions
     let transport: any HTTPTransport
     let clock: any DownloadClock
-    let emit: @Sendable (DownloadEvent) -> Void
+    private let onEvent: @Sendable (DownloadEvent) -> Void
+    /// Open while events may be delivered. The lock also serialises delivery: the transport thread, the engine
+    /// task and the progress ticker all emit, and the callback is promised one event at a time.
+    private let eventGate = Mutex(true)
     let startURL: URL
 
     // Across attempts.
@@ -35,6 +38,10 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     private var verifyEnd: Int64 = 0
     private var limit: Int64?
     private var nextPoke: Int64 = 0
+    /// Set once the store's files are renamed into place or deleted: nothing may be written for it after.
+    private var storeClosed = false
+    /// Set once a store exists, so progress is never reported before the destination is.
+    private let hasStore = Atomic<Bool>(false)
     private var compareBuffer: UnsafeMutableRawBufferPointer?
 
     // Read from anywhere.
@@ -57,7 +64,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         self.options = options
         self.transport = transport
         self.clock = clock
-        self.emit = onEvent
+        self.onEvent = onEvent
         self.startURL = try validateURL(request.url)
         self.currentURL = startURL
         if let checksum = request.checksum { hasher = DigestHasher(checksum.algorithm) }
@@ -71,11 +78,21 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     // MARK: The attempt loop
 
     func run() async throws -> DownloadResult {
+        defer {
+            // The run is over, whatever the outcome: no more timed checkpoints, one last one for a partial that
+            // stays (an error that is not retried), and the next run may take the files.
+            checkpointer?.stop()
+            if !storeClosed { try? store?.checkpoint() }
+            store?.unlock()
+        }
         if case .file(let path) = request.destination {
             if let done = try openExisting(DownloadPaths(destination: absolutePath(path))) { return done }
         }
         let ticker = startProgressTicker()
-        defer { ticker.cancel() }
+        defer {
+            ticker.cancel()
+            closeEvents()
+        }
 
         var failures = 0
         var redirects: [String] = []
@@ -87,16 +104,21 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             setupError = nil
             sinkFailure = nil
             switchToResume = false
-            let before = transferred.load(ordering: .relaxed)
-            var headers = request.headers
-            for (name, value) in ResumePolicy.headers(for: plan) where !headers.contains(name) {
+            let before = store?.written.load(ordering: .relaxed) ?? 0
+            // The resume headers are the engine's: a caller's Range, If-Range or Accept-Encoding would splice
+            // or encode the file behind its back, so they are replaced, never merged.
+            var headers = HTTPHeaders()
+            for field in request.headers where !ResumePolicy.ownedHeaders.contains(field.name.lowercased()) {
+                headers.add(name: field.name, value: field.value)
+            }
+            for (name, value) in ResumePolicy.headers(for: plan) {
                 headers.add(name: name, value: value)
             }
             let transportRequest = TransportRequest(
                 url: currentURL.absoluteString, headers: headers, options: options.transport)
             let result = await transport.perform(transportRequest, delegate: self)
-            let progressed = transferred.load(ordering: .relaxed) > before
-            if progressed { failures = 0 }
+            // Progress means new bytes saved: re-fetching the overlap window again and again is not progress.
+            if let written = store?.written.load(ordering: .relaxed), written > before { failures = 0 }
 
             if let setupError { throw setupError }
             if let alreadyComplete { return alreadyComplete }
@@ -220,7 +242,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                     .unusableState, "\(error.message); the partial data is kept — pass --overwrite to start over",
                     cause: error)
             }
-            discardLeftovers(paths)
+            try discardLeftovers(paths)
             state = nil
         }
         let destinationExists = access(paths.destination, F_OK) == 0
@@ -235,12 +257,19 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             }
             guard state.url == request.url else {
                 if request.overwrite {
-                    discardLeftovers(paths)
+                    try discardLeftovers(paths)
                     return try checkDestination(paths, exists: destinationExists)
                 }
                 throw DownloadError(
                     .unusableState,
                     "\(paths.part) belongs to a download of \(state.url); pass --overwrite to replace it")
+            }
+            // A file that appeared at the destination while the partial waited is not ours to replace.
+            if destinationExists && !request.overwrite {
+                throw DownloadError(
+                    .destinationExists,
+                    "\(paths.destination) already exists; pass --overwrite to replace it "
+                        + "(the partial download beside it is kept)")
             }
             let (store, point) = try PartStore.reopen(paths: paths, state: state)
             self.store = store
@@ -275,10 +304,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             alreadyComplete: true, checksum: nil)
     }
 
-    private func discardLeftovers(_ paths: DownloadPaths) {
-        unlink(paths.part)
-        unlink(paths.state)
-        unlink(paths.live)
+    private func discardLeftovers(_ paths: DownloadPaths) throws(DownloadError) {
+        try PartStore.removeLeftovers(at: paths)
     }
 
     /// Hashes the bytes already on disk once, so the running digest covers the whole file.
@@ -300,6 +327,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     private func startCheckpointer(_ store: PartStore) {
         checkpointer = Checkpointer(store: store, interval: options.checkpointInterval)
         nextPoke = store.written.load(ordering: .relaxed) + options.checkpointBytes
+        hasStore.store(true, ordering: .releasing)
     }
 
     private func restart(_ reason: RestartReason) throws {
@@ -310,6 +338,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         hasher?.reset()
         known = nil
         position.store(0, ordering: .relaxed)
+        durableMirror.store(0, ordering: .relaxed)  // nothing of the new start is durable yet
+        nextPoke = options.checkpointBytes
         currentURL = startURL
     }
 
@@ -331,12 +361,16 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     private func finish() throws -> DownloadResult {
         checkpointer?.stop()
+        // No event after this point: once the file is renamed into place the download is over, and a late
+        // progress tick must not reach the caller after (or while) the result is returned.
+        closeEvents()
         guard let store else { throw DownloadError(.protocolViolation, "no response body") }
         let bytes = store.written.load(ordering: .acquiring)
         var verified: ExpectedChecksum?
         if let expected = request.checksum, let hasher {
             let digest = hasher.finalize()
             guard expected.matches(digest) else {
+                storeClosed = true
                 store.discard()
                 throw DownloadError(
                     .checksumMismatch,
@@ -345,11 +379,23 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             }
             verified = expected
         }
+        storeClosed = true
         try store.finish(url: request.url)
         return DownloadResult(
             destination: store.paths.destination, bytes: bytes,
             bytesTransferred: transferred.load(ordering: .relaxed), resumedFrom: resumedFrom,
             alreadyComplete: false, checksum: verified)
+    }
+
+    /// Delivers `event` unless the run has ended, one event at a time.
+    func emit(_ event: DownloadEvent) {
+        eventGate.withLock { open in
+            if open { onEvent(event) }
+        }
+    }
+
+    private func closeEvents() {
+        eventGate.withLock { $0 = false }
     }
 
     private func startProgressTicker() -> Task<Void, Never> {
@@ -358,7 +404,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(Int64(interval * 1000)))
                 guard let self, !Task.isCancelled else { return }
-                self.emit(.progress(self.progress))
+                if self.hasStore.load(ordering: .acquiring) { self.emit(.progress(self.progress)) }
             }
         }
     }
@@ -407,6 +453,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 return .abort
             }
             hasher?.reset()
+            durableMirror.store(0, ordering: .relaxed)  // nothing of the new start is durable yet
+            nextPoke = options.checkpointBytes
             known = validators
             begin(at: 0, verifyUpTo: 0, validators: validators, status: head.status)
             return .receive
@@ -437,8 +485,13 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         case .file(let file):
             path = absolutePath(file)
         case .directory(let directory):
-            let name = FileNaming.resolve(
-                contentDisposition: head.headers["Content-Disposition"], urlPath: currentURL.path)
+            // Leave room for the longest sidecar suffix, or `NAME.stitch-live` would exceed NAME_MAX.
+            let name = FileNaming.truncated(
+                Array(
+                    FileNaming.resolve(
+                        contentDisposition: head.headers["Content-Disposition"], urlPath: currentURL.path
+                    ).unicodeScalars),
+                maxBytes: FileNaming.maxNameBytes - DownloadPaths.longestSuffixBytes)
             path = absolutePath(directory.hasSuffix("/") ? directory + name : directory + "/" + name)
             let paths = DownloadPaths(destination: path)
             if let done = try openExisting(paths) {

@@ -77,6 +77,9 @@ enum ResumePolicy {
         return RequestPlan(rangeStart: max(0, offset - overlapWindow), resumeOffset: offset, ifRange: nil)
     }
 
+    /// Request headers the engine alone sets (lowercased); a caller's values for them are dropped.
+    static let ownedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]
+
     /// The request headers a plan needs (besides the user's).
     static func headers(for plan: RequestPlan) -> [(String, String)] {
         var headers = [("Accept-Encoding", "identity")]

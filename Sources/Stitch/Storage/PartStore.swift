@@ -11,6 +11,9 @@ public struct DownloadPaths: Sendable, Hashable {
     public var part: String { destination + ".part" }
     public var state: String { destination + ".stitch" }
     public var live: String { destination + ".stitch-live" }
+    /// UTF-8 bytes the longest of these add to the destination's name (`.stitch-live`; the state's temporary
+    /// `.stitch.tmp` is shorter).
+    static let longestSuffixBytes = 12
 
     public init(destination: String) { self.destination = destination }
 }
@@ -74,11 +77,12 @@ final class PartStore: @unchecked Sendable {
         let state = DownloadState(
             url: url, headers: headers, checksum: checksum, validators: validators, durableLength: 0,
             bootID: BootID.current, liveNonce: newNonce(), updatedAt: now())
-        // The state is durable before any data exists, so a crash at any later point finds it.
-        try StateFile.write(state, to: paths.state)
-        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644) }
-        guard fd >= 0 else { throw .io("cannot create", path: paths.part, .current) }
-        do {
+        // Locked before anything changes; emptied; the state durable before any data exists, so a crash at any
+        // later point finds it.
+        let fd = try openLocked(paths)
+        do throws(DownloadError) {
+            guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
+            try StateFile.write(state, to: paths.state)
             let live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: 0)
             return PartStore(paths: paths, fd: fd, live: live, state: state, written: 0)
         } catch {
@@ -90,8 +94,7 @@ final class PartStore: @unchecked Sendable {
     /// Reopens a partial download from its state file and decides how much of the part file to trust:
     /// the live record's extent within the same boot, else the durable extent. The untrusted tail is cut off.
     static func reopen(paths: DownloadPaths, state: DownloadState) throws(DownloadError) -> (PartStore, ResumePoint) {
-        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CREAT | O_CLOEXEC, 0o644) }
-        guard fd >= 0 else { throw .io("cannot open", path: paths.part, .current) }
+        let fd = try openLocked(paths)
         var info = stat()
         guard fstat(fd, &info) == 0 else {
             let error = Errno.current
@@ -131,6 +134,48 @@ final class PartStore: @unchecked Sendable {
             close(fd)
             throw error
         }
+    }
+
+    /// Opens (creating) the part file and takes the download's lock, an exclusive `flock` held until ``unlock()``
+    /// or the store's end, so that two runs — two processes, or two calls in one — never write one partial
+    /// download. Nothing on disk is changed before the lock is held.
+    private static func openLocked(_ paths: DownloadPaths) throws(DownloadError) -> Int32 {
+        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CREAT | O_CLOEXEC, 0o644) }
+        guard fd >= 0 else { throw .io("cannot open", path: paths.part, .current) }
+        if let busy = lock(fd, paths) {
+            close(fd)
+            throw busy
+        }
+        return fd
+    }
+
+    /// Takes the lock on `fd`; returns the error if another run holds it. Other failures (a file system
+    /// without `flock`) are ignored: the lock guards against a mistake, it must not stop downloads.
+    private static func lock(_ fd: Int32, _ paths: DownloadPaths) -> DownloadError? {
+        guard retryingOnInterrupt({ flock(fd, LOCK_EX | LOCK_NB) }) != 0 else { return nil }
+        let error = Errno.current
+        guard error.rawValue == EWOULDBLOCK else { return nil }
+        return DownloadError(
+            .io, "\(paths.destination) is being downloaded by another stitch run; wait for it to end or stop it",
+            cause: error, resumable: true)
+    }
+
+    /// Removes the part file, state and live record an earlier run left at `paths` — unless a running download
+    /// holds them (then throws, removing nothing).
+    static func removeLeftovers(at paths: DownloadPaths) throws(DownloadError) {
+        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CLOEXEC) }
+        if fd >= 0 {
+            defer { close(fd) }
+            if let busy = lock(fd, paths) { throw busy }
+            unlink(paths.part)
+        }
+        unlink(paths.state)
+        unlink(paths.live)
+    }
+
+    /// Releases the lock (the run is over); the files stay as they are.
+    func unlock() {
+        _ = flock(fd, LOCK_UN)
     }
 
     /// Reserves disk blocks for the rest of the file (keeping the size, which tracks written data), so a full

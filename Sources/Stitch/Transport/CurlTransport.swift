@@ -1,4 +1,5 @@
 import CCurl
+import CStitchSystem
 import Foundation
 import Glibc
 import Synchronization
@@ -54,6 +55,12 @@ final class CurlTransfer: @unchecked Sendable {
     var disposition = BodyDisposition.receive
     var delegateAborted = false
 
+    // Stall detection: seconds (monotonic) of the last header or body byte, or of the moment the request was
+    // sent. libcurl's low-speed limit averages over several seconds, so a stall after fast data was seen late.
+    var lastActivity = 0.0
+    var requestSent = false
+    var stalled = false
+
     init(request: TransportRequest, delegate: any TransferDelegate) {
         self.request = request
         self.delegate = delegate
@@ -81,9 +88,11 @@ final class CurlTransfer: @unchecked Sendable {
         set(stitch_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))  // the engine follows, checking loops
         set(stitch_easy_setopt_long(easy, CURLOPT_BUFFERSIZE, options.receiveBufferSize))
         set(stitch_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, Int(options.connectTimeout * 1000)))
-        // A stall: under one byte per second for `stallTimeout` seconds.
-        set(stitch_easy_setopt_long(easy, CURLOPT_LOW_SPEED_LIMIT, 1))
-        set(stitch_easy_setopt_long(easy, CURLOPT_LOW_SPEED_TIME, max(1, Int(options.stallTimeout.rounded(.up)))))
+        // A stall: no byte for `stallTimeout` seconds once the request is out, checked by the progress callback
+        // (libcurl calls it at least once a second, also while idle).
+        set(stitch_easy_setopt_long(easy, CURLOPT_NOPROGRESS, 0))
+        set(stitch_easy_setopt_pointer(easy, CURLOPT_XFERINFODATA, me))
+        set(stitch_easy_setopt_xferinfo_callback(easy, curlProgressCallback))
         set(stitch_easy_setopt_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_2TLS)))
         set(stitch_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1))
         set(stitch_easy_setopt_long(easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1))
@@ -116,8 +125,26 @@ final class CurlTransfer: @unchecked Sendable {
         return nil
     }
 
+    /// Called by libcurl's progress callback. Returns false when the transfer has stalled.
+    func checkStall() -> Bool {
+        let now = monotonicNow()
+        if !requestSent {
+            var pretransfer: curl_off_t = 0
+            _ = stitch_easy_getinfo_off(easy, CURLINFO_PRETRANSFER_TIME_T, &pretransfer)
+            lastActivity = now  // connecting is bounded by the connect timeout, not this one
+            requestSent = pretransfer > 0
+            return true
+        }
+        if now - lastActivity > request.options.stallTimeout {
+            stalled = true
+            return false
+        }
+        return true
+    }
+
     /// One header line (with its CRLF). Returns false to abort.
     func receiveHeaderLine(_ raw: UnsafeRawBufferPointer) -> Bool {
+        lastActivity = monotonicNow()
         var length = raw.count
         while length > 0, raw[length - 1] == 0x0A || raw[length - 1] == 0x0D { length -= 1 }
         let line = Substring(String(decoding: UnsafeRawBufferPointer(rebasing: raw[0..<length]), as: UTF8.self))
@@ -150,6 +177,7 @@ final class CurlTransfer: @unchecked Sendable {
 
     /// Body bytes. Returns false to abort.
     func receiveBody(_ raw: UnsafeRawBufferPointer) -> Bool {
+        lastActivity = monotonicNow()
         switch disposition {
         case .discard: return true
         case .abort: return false
@@ -173,6 +201,10 @@ final class CurlTransfer: @unchecked Sendable {
             return .success(())
         }
         if delegateAborted { return .failure(.abortedByDelegate) }
+        if stalled {
+            let seconds = request.options.stallTimeout
+            return .failure(.stalled("no data for \(String(format: "%g", seconds)) s (stalled transfer)"))
+        }
         let detail = String(cString: errorBuffer)
         let message = detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail
         let kind: TransportError.Code
@@ -211,6 +243,19 @@ private let curlHeaderCallback: stitch_curl_data_callback = { pointer, size, cou
     guard let pointer, let userdata else { return 0 }
     let transfer = Unmanaged<CurlTransfer>.fromOpaque(userdata).takeUnretainedValue()
     return transfer.receiveHeaderLine(UnsafeRawBufferPointer(start: pointer, count: length)) ? length : 0
+}
+
+private let curlProgressCallback: stitch_curl_xferinfo_callback = { userdata, _, _, _, _ in
+    guard let userdata else { return 0 }
+    let transfer = Unmanaged<CurlTransfer>.fromOpaque(userdata).takeUnretainedValue()
+    return transfer.checkStall() ? 0 : 1
+}
+
+@inline(__always)
+func monotonicNow() -> Double {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &now)
+    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
 }
 
 private let curlWriteCallback: stitch_curl_data_callback = { pointer, size, count, userdata in
