@@ -39,7 +39,8 @@ enum Help {
 
         EXIT STATUS:
           0 done (or already complete)   1 failed   64 usage error   74 local I/O error
-          75 network failures outlasted --retries (rerun to resume)   130 interrupted by SIGINT
+          75 network failures or temporary HTTP errors (408, 429, 5xx) outlasted --retries (rerun to resume)
+          130 interrupted by SIGINT (state saved; rerun to resume)
           143 terminated by SIGTERM (state saved; rerun to resume)
         """
 }

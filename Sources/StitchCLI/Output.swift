@@ -66,6 +66,8 @@ final class Output: Sendable {
     func progress(_ progress: DownloadProgress) {
         let now = monotonicSeconds()
         state.withLock { state in
+            // The first sample has no speed yet; a plain line would always say "0 B/s, ETA --:--".
+            let firstSample = state.lastTime == 0
             if state.lastTime > 0, now > state.lastTime {
                 let instant = Double(progress.bytes - state.lastBytes) / (now - state.lastTime)
                 state.speed = state.speed == 0 ? instant : state.speed * 0.7 + instant * 0.3
@@ -88,7 +90,7 @@ final class Output: Sendable {
                 if isTTY {
                     writeAll(STDERR_FILENO, "\r\u{1B}[K" + line)
                     state.barShown = true
-                } else if now - state.lastPlainLine >= 5 {
+                } else if !firstSample, now - state.lastPlainLine >= 5 {
                     state.lastPlainLine = now
                     writeAll(STDERR_FILENO, line + "\n")
                 }

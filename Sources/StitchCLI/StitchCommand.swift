@@ -18,8 +18,16 @@ enum ExitStatus: Int32 {
         case .invalidURL, .unsupportedScheme, .invalidOption, .nothingToResume: self = .usage
         case .io: self = .io
         case .retriesExhausted: self = .temporaryFailure
+        case .httpStatus where error.httpStatus.map(Self.isTemporary) ?? false:
+            // The engine retries 408, 429 and 5xx; reaching the CLI with one means --retries ran out.
+            self = .temporaryFailure
         default: self = .failure
         }
+    }
+
+    /// HTTP statuses the engine treats as temporary (and retries).
+    static func isTemporary(_ status: Int) -> Bool {
+        status == 408 || status == 429 || (500...599).contains(status)
     }
 }
 
@@ -55,7 +63,10 @@ struct StitchCommand {
             }
             return await get(rest)
         default:
-            writeAll(STDERR_FILENO, "stitch: unknown command '\(command)'\n\(Help.main)\n")
+            let what = command.hasPrefix("-") ? "option" : "command"
+            writeAll(
+                STDERR_FILENO,
+                "stitch: unknown \(what) '\(command)'\nUsage: stitch get URL [options]; see 'stitch --help'\n")
             return .usage
         }
     }
@@ -74,7 +85,11 @@ struct StitchCommand {
         let output = Output(mode: options.json ? .json : options.quiet ? .quiet : .human)
 
         var request: DownloadRequest
-        if let resumePath = options.resumePath {
+        if let output = options.output, isDirectory(output) {
+            writeAll(STDERR_FILENO, "stitch: -o \(output) is a directory; use -d DIR to save into it\n")
+            return .usage
+        }
+        if let resumePath = options.resumePath.map(normalizedPath) {
             do {
                 let saved = try Downloader.savedDownload(at: resumePath)
                 var headers = saved.headers
@@ -84,7 +99,8 @@ struct StitchCommand {
                     checksum: options.checksum ?? saved.checksum, overwrite: options.overwrite)
             } catch let error as DownloadError {
                 output.error(error.message)
-                output.json("error", ["code": "\(error.code)", "message": error.message])
+                output.json(
+                    "error", ["code": "\(error.code)", "message": error.message, "resumable": error.isResumable])
                 return ExitStatus(for: error)
             } catch {
                 output.error("\(error)")
@@ -92,7 +108,8 @@ struct StitchCommand {
             }
         } else {
             let destination: Destination =
-                options.output.map { .file($0) } ?? .directory(options.directory ?? ".")
+                options.output.map { .file(normalizedPath($0)) }
+                ?? .directory(normalizedPath(options.directory ?? "."))
             request = DownloadRequest(
                 url: options.url ?? "", destination: destination, headers: options.headers,
                 checksum: options.checksum, overwrite: options.overwrite)
@@ -187,6 +204,20 @@ struct StitchCommand {
             output.json("retry", ["attempt": attempt, "max": maxRetries, "delay": delay, "reason": reason])
         }
     }
+}
+
+/// `path` made absolute (against the working directory) without `.` components or repeated slashes, so
+/// that messages and `--json` show `/home/me/f.bin` rather than `/home/me/./f.bin`. `..` is kept: resolving
+/// it lexically would be wrong after a symbolic link.
+func normalizedPath(_ path: String) -> String {
+    let absolute = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+    let components = absolute.split(separator: "/").filter { $0 != "." }
+    return "/" + components.joined(separator: "/")
+}
+
+func isDirectory(_ path: String) -> Bool {
+    var info = stat()
+    return stat(path, &info) == 0 && (info.st_mode & S_IFMT) == S_IFDIR
 }
 
 /// Turns SIGINT and SIGTERM into task cancellation, so the download saves its state before exiting.

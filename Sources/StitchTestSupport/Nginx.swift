@@ -46,7 +46,9 @@ public final class Nginx: Sendable {
         let dir = NSTemporaryDirectory() + "stitch-nginx-\(getpid())"
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/bin/bash")
-        process.arguments = [repositoryRoot + "/scripts/nginx.sh", "start", dir]
+        process.arguments = [
+            "-c", closeInheritedDescriptors, "nginx.sh", repositoryRoot + "/scripts/nginx.sh", "start", dir,
+        ]
         process.standardOutput = FileHandle.nullDevice
         do { try process.run() } catch { throw NginxError("cannot run scripts/nginx.sh: \(error)") }
         process.waitUntilExit()
@@ -61,6 +63,7 @@ public final class Nginx: Sendable {
             stop.arguments = [Nginx.repositoryRoot + "/scripts/nginx.sh", "stop", dir]
             try? stop.run()
             stop.waitUntilExit()
+            try? FileManager.default.removeItem(atPath: dir)
         }
         return try Nginx(directory: dir)
     }
@@ -109,6 +112,20 @@ public final class Nginx: Sendable {
 }
 
 private let startedDirectory = Mutex<String?>(nil)
+
+/// A `bash -c` prelude that closes every inherited descriptor above 2, then runs `"$@"`.
+///
+/// Foundation's `Process` (Linux) learns that a child exited when the child's copy of a socketpair end
+/// closes, and it leaves that end open in the child. The daemonized nginx would inherit it (and any
+/// descriptor another thread opened during the spawn, such as a pipe of a concurrently started process)
+/// and keep it open for its whole life, so `waitUntilExit()` would never return. Closed here, Foundation
+/// falls back to a blocking `waitpid`, which returns when the script itself exits.
+private let closeInheritedDescriptors = """
+    for fd in $(ls /proc/$$/fd); do
+        if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null; fi
+    done
+    exec /bin/bash "$@"
+    """
 
 public struct NginxError: Error, CustomStringConvertible {
     public let description: String

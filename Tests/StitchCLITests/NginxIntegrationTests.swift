@@ -1,0 +1,191 @@
+import Foundation
+import Glibc
+import Stitch
+import StitchTestSupport
+import Testing
+
+/// `stitch` against a real nginx (scripts/nginx.sh): plain HTTP, the rate-limited port for interruptions,
+/// HTTPS with HTTP/2 and a self-signed certificate.
+@Suite("stitch against nginx")
+struct NginxIntegrationTests {
+
+    @Test func cleanDownloadWithChecksum() async throws {
+        let nginx = try await sharedNginx()
+        let sums = try String(contentsOfFile: nginx.documentRoot + "/SHA256SUMS", encoding: .utf8)
+        let line = try #require(sums.split(separator: "\n").first { $0.hasSuffix(" medium.bin") })
+        let hex = String(line.prefix(64))
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(
+            ["get", nginx.httpURL("medium.bin"), "-o", "medium.bin", "--checksum", "sha256:\(hex)"])
+        #expect(result.status == 0, "\(result)")
+        #expect(result.stdout == sandbox.path("medium.bin") + "\n")
+        #expect(result.stderr.contains("sha-256 verified"))
+        let saved = try #require(readBytes(sandbox.path("medium.bin")))
+        #expect(saved.count == 16 << 20)
+        #expect(sha256Hex(saved) == hex)
+        #expect(sandbox.entries() == ["medium.bin"])
+    }
+
+    @Test func interruptedAndResumedWithRangeAndIfRange() async throws {
+        let nginx = try await sharedNginx()
+        let name = "resume-\(UUID().uuidString).bin"
+        let bytes = ServedFile.randomBytes(count: 4 << 20, seed: 21)
+        try nginx.publish(name, bytes: bytes)
+        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        let arguments = ["get", nginx.slowURL(name), "-o", "out.bin"]
+
+        let first = try sandbox.start(arguments)
+        let written = await waitForBytes(1 << 20, while: first, onReach: { _ in first.kill() }) {
+            fileSize(sandbox.path("out.bin.part"))
+        }
+        first.kill()
+        let killed = await first.wait()
+        try #require(written != nil && killed.signal == SIGKILL, "not killed mid-way: \(killed)")
+        #expect(!fileExists(sandbox.path("out.bin")))
+        let kept = fileSize(sandbox.path("out.bin.part"))
+
+        let rerun = try await sandbox.run(arguments)
+        #expect(rerun.status == 0, "\(rerun)")
+        #expect(rerun.stderr.contains("resuming at"))
+        #expect(readBytes(sandbox.path("out.bin")) == bytes)
+
+        // nginx logs a request when it has finished it, possibly just after the client is done.
+        var resumed: [String] = []
+        _ = await waitUntil {
+            resumed = nginx.accessLogLines(containing: name).filter { $0.contains("range=\"bytes=") }
+            return !resumed.isEmpty
+        }
+        let line = try #require(resumed.first, "no ranged request in \(nginx.accessLogLines(containing: name))")
+        // The part file may hold one write more than the written record vouches for (killed in between).
+        let start = try #require(Self.loggedRangeStart(line), "\(line)")
+        #expect(
+            start > 0 && start <= kept && start >= kept - (1 << 20), "resumed at \(start), \(kept) bytes kept: \(line)")
+        #expect(line.contains("\" 206 "), "\(line)")
+        #expect(!line.contains("if_range=\"\""), "If-Range must be sent: \(line)")
+        #expect(line.contains("if_range=\"\\x22"), "If-Range carries the ETag: \(line)")
+    }
+
+    /// N from `range="bytes=N-"` in an access-log line.
+    static func loggedRangeStart(_ line: String) -> Int? {
+        guard let start = line.range(of: "range=\"bytes=") else { return nil }
+        return Int(line[start.upperBound...].prefix { $0.isNumber })
+    }
+
+    @Test func httpsWithCACertUsesHTTP2() async throws {
+        let nginx = try await sharedNginx()
+        let name = "h2-\(UUID().uuidString).bin"
+        let bytes = ServedFile.randomBytes(count: 700_000, seed: 22)
+        try nginx.publish(name, bytes: bytes)
+        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(
+            ["get", nginx.httpsURL(name), "-o", "out.bin", "--ca-cert", nginx.caCertificate])
+        #expect(result.status == 0, "\(result)")
+        #expect(readBytes(sandbox.path("out.bin")) == bytes)
+        var lines: [String] = []
+        _ = await waitUntil {
+            lines = nginx.accessLogLines(containing: name)
+            return !lines.isEmpty
+        }
+        #expect(!lines.isEmpty)
+        for line in lines {
+            #expect(line.contains("proto=HTTP/2.0"), "HTTPS should negotiate HTTP/2: \(line)")
+            #expect(line.contains("port=\(nginx.httpsPort)"))
+        }
+
+        // By IP address too (the certificate names 127.0.0.1).
+        let byIP = try await sandbox.run(
+            ["get", nginx.httpsURL(name, host: "127.0.0.1"), "-o", "ip.bin", "--ca-cert", nginx.caCertificate])
+        #expect(byIP.status == 0, "\(byIP)")
+        #expect(readBytes(sandbox.path("ip.bin")) == bytes)
+    }
+
+    @Test func httpsSelfSignedWithoutCACertFails() async throws {
+        let nginx = try await sharedNginx()
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(["get", nginx.httpsURL("small.bin"), "-o", "small.bin"])
+        #expect(result.status == 1, "\(result)")
+        #expect(result.stdout.isEmpty)
+        #expect(errorLines(result).count == 1)
+        #expect(result.stderr.contains("TLS"), "\(result)")
+        #expect(result.stderr.lowercased().contains("certificate"), "\(result)")
+        #expect(sandbox.entries().isEmpty, "\(sandbox.entries())")
+
+        for flag in ["--insecure", "-k"] {
+            let insecure = try await sandbox.run(["get", nginx.httpsURL("small.bin"), "-o", "small\(flag).bin", flag])
+            #expect(insecure.status == 0, "\(insecure)")
+            let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+            #expect(readBytes(sandbox.path("small\(flag).bin")) == expected)
+        }
+    }
+
+    @Test func directoryNamesTheFileFromTheURL() async throws {
+        let nginx = try await sharedNginx()
+        let name = "named-\(UUID().uuidString).bin"
+        let bytes = ServedFile.randomBytes(count: 123_456, seed: 23)
+        try nginx.publish(name, bytes: bytes)
+        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        try FileManager.default.createDirectory(atPath: sandbox.path("downloads"), withIntermediateDirectories: false)
+
+        let result = try await sandbox.run(["get", nginx.httpURL(name) + "?x=1#frag", "-d", "downloads"])
+        #expect(result.status == 0, "\(result)")
+        #expect(result.stdout == sandbox.path("downloads/\(name)") + "\n")
+        #expect(sandbox.entries("downloads") == [name])
+        #expect(readBytes(sandbox.path("downloads/\(name)")) == bytes)
+
+        // No -o and no -d: the current directory.
+        let here = try await sandbox.run(["get", nginx.httpURL(name), "-q"])
+        #expect(here.status == 0, "\(here)")
+        #expect(readBytes(sandbox.path(name)) == bytes)
+    }
+
+    @Test func etagChangeBetweenRunsRestartsFromZero() async throws {
+        let nginx = try await sharedNginx()
+        let name = "etag-\(UUID().uuidString).bin"
+        let old = ServedFile.randomBytes(count: 4 << 20, seed: 24)
+        let new = ServedFile.randomBytes(count: 4 << 20, seed: 25)
+        let published = try nginx.publish(name, bytes: old)
+        defer { try? FileManager.default.removeItem(atPath: published) }
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        let arguments = ["get", nginx.slowURL(name), "-o", "out.bin"]
+
+        let first = try sandbox.start(arguments)
+        let written = await waitForBytes(1 << 20, while: first, onReach: { _ in first.kill() }) {
+            fileSize(sandbox.path("out.bin.part"))
+        }
+        first.kill()
+        let killed = await first.wait()
+        try #require(written != nil && killed.signal == SIGKILL, "not killed mid-way: \(killed)")
+
+        // Same size, new bytes; move the mtime so nginx's ETag (mtime-size) and Last-Modified change even
+        // within the same second.
+        try nginx.publish(name, bytes: new)
+        let attributes = try FileManager.default.attributesOfItem(atPath: published)
+        let mtime = try #require(attributes[.modificationDate] as? Date)
+        try FileManager.default.setAttributes(
+            [.modificationDate: mtime.addingTimeInterval(100)], ofItemAtPath: published)
+
+        let rerun = try await sandbox.run(arguments)
+        #expect(rerun.status == 0, "\(rerun)")
+        #expect(rerun.stderr.contains("restarting from zero"), "\(rerun)")
+        #expect(rerun.stderr.contains("ETag"), "\(rerun)")
+        let saved = try #require(readBytes(sandbox.path("out.bin")))
+        #expect(saved == new, "the final file must be the new content")
+        #expect(sandbox.entries() == ["out.bin"])
+        var lines: [String] = []
+        _ = await waitUntil {
+            lines = nginx.accessLogLines(containing: name).filter { $0.contains("range=\"bytes=") }
+            return !lines.isEmpty
+        }
+        let line = try #require(lines.first)
+        #expect(line.contains("\" 200 "), "a stale If-Range gets the whole new file: \(line)")
+    }
+}
