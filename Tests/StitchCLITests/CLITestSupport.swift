@@ -372,19 +372,6 @@ func errorLines(_ result: CommandResult) -> [String] {
     result.stderrLines.filter { $0.hasPrefix("stitch: ") }
 }
 
-/// A small seeded RNG (SplitMix64), so random choices are repeatable from a printed seed.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// The seed for randomised tests: `STITCH_TEST_SEED` if set (decimal or 0x-hex), else `fallback`.
 func testSeed(_ fallback: UInt64) -> UInt64 {
     guard let text = ProcessInfo.processInfo.environment["STITCH_TEST_SEED"] else { return fallback }

@@ -930,7 +930,7 @@ import Testing
         state.durableLength = 1_000_000
         try StateFile.write(state, to: f.paths.state)
         var part = try readFile(f.paths.part)
-        var scrambler = SplitMix(seed: 99)
+        var scrambler = SplitMix64(seed: 99)
         for index in 1_000_000..<part.count { part[index] = UInt8(truncatingIfNeeded: scrambler.next()) }
         try writeFile(f.paths.part, part)
 

@@ -442,7 +442,7 @@ import Testing
         var policy = RetryPolicy()
         policy.baseDelay = 0.25
         policy.maxDelay = 10
-        var generator = SplitMix(seed: 1)
+        var generator = SplitMix64(seed: 1)
         var previousLow = 0.0
         for attempt in 0...20 {
             let full = min(10, 0.25 * Double(1 << max(0, attempt - 1)))
@@ -458,15 +458,3 @@ import Testing
     }
 }
 
-/// A small seeded generator, so property tests repeat exactly.
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
