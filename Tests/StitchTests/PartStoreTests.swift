@@ -340,6 +340,62 @@ import Testing
         #expect(!fileExists(paths.destination))
     }
 
+    /// A restart whose state write fails (disk full) must not leave the new validators in memory beside the old
+    /// bytes: a later checkpoint would record them as a pair and a resume would splice two versions.
+    @Test func failedRestartStopsEveryLaterCheckpoint() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let data = ServedFile.randomBytes(count: 100_000, seed: 8)
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: 100_000).validators)
+        try write(store, data, 0..<60_000)
+        try store.checkpoint()
+
+        // The temporary state file cannot be created while a directory has its name.
+        #expect(mkdir(paths.state + ".tmp", 0o755) == 0)
+        var changed = makeState(durable: 0, total: 100_000).validators
+        changed.etag = "\"v2\""
+        #expect(throws: DownloadError.self) { try store.restart(validators: changed) }
+        #expect(rmdir(paths.state + ".tmp") == 0)
+
+        #expect(throws: DownloadError.self) { try store.checkpoint(force: true) }
+        #expect(throws: DownloadError.self) { try store.update(validators: changed) }
+        #expect(throws: DownloadError.self) { try store.finish(url: "http://x/file.bin") }
+        let onDisk = try #require(try StateFile.read(paths.state))
+        #expect(onDisk.validators.etag == "\"v1\"")
+        #expect(onDisk.durableLength == 60_000)
+        #expect(!fileExists(paths.destination))
+    }
+
+    /// Validators learnt from a later response are in the state file before any of that response's bytes can be
+    /// vouched for by the live record.
+    @Test func updatedValidatorsAreDurableAtOnce() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil, validators: .none)
+        var learnt = makeState(durable: 0, total: 5_000).validators
+        learnt.etag = "\"fresh\""
+        try store.update(validators: learnt)
+        #expect(try StateFile.read(paths.state)?.validators == learnt)
+    }
+
+    /// The state is read before the lock is taken; if another run changed it in between, reopening refuses
+    /// instead of resuming from a stale picture.
+    @Test func reopenRefusesAStateChangedUnderIt() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let seen = makeState(durable: 0, total: 1_000)
+        try StateFile.write(seen, to: paths.state)
+        try writeFile(paths.part, [])
+        var changed = seen
+        changed.liveNonce = "99"
+        try StateFile.write(changed, to: paths.state)
+        let error = #expect(throws: DownloadError.self) { try PartStore.reopen(paths: paths, state: seen) }
+        #expect(error?.isResumable == true)
+    }
+
     // MARK: Helpers
 
     static func makeState(durable: Int64, total: Int64?) -> DownloadState {

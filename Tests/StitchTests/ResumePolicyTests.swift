@@ -154,6 +154,11 @@ import Testing
             plan: resumePlan, known: known, expected: .restart(.lastModifiedChanged(old: lastModified, new: dateLater))
         ),
         VerdictCase(
+            name: "206 without validators, shorter than the data on disk",
+            head: head(206, [("Content-Range", "bytes 0-49999/50000")]),
+            plan: RequestPlan(rangeStart: 0, resumeOffset: 70_000, ifRange: nil), known: Validators.none,
+            expected: .restart(.lengthChanged(old: 70_000, new: 50_000))),
+        VerdictCase(
             name: "206 to a request for the whole file", head: head(206, [("Content-Range", "bytes 0-999/1000")]),
             plan: wholePlan, known: nil,
             expected: .restart(.contentRangeMismatch("a partial response to a request for the whole file"))),

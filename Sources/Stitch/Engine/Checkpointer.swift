@@ -24,7 +24,12 @@ final class Checkpointer: Sendable {
 
     var error: DownloadError? { failure.withLock { $0 } }
 
-    func poke() { wake.signal() }
+    /// Asks for a checkpoint soon. Pokes while one is pending collapse into it.
+    func poke() {
+        if !pending.exchange(true, ordering: .acquiringAndReleasing) { wake.signal() }
+    }
+
+    private let pending = Atomic<Bool>(false)
 
     /// Stops the thread and waits for it; no checkpoint runs after this returns.
     func stop() {
@@ -36,6 +41,7 @@ final class Checkpointer: Sendable {
     private func run() {
         while !stopped.load(ordering: .acquiring) {
             _ = wake.wait(timeout: .now() + interval)
+            pending.store(false, ordering: .releasing)
             if stopped.load(ordering: .acquiring) { break }
             do {
                 try store.checkpoint()

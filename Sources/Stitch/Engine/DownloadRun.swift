@@ -366,6 +366,11 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         closeEvents()
         guard let store else { throw DownloadError(.protocolViolation, "no response body") }
         let bytes = store.written.load(ordering: .acquiring)
+        if let total = known?.totalLength, bytes != total {
+            throw DownloadError(
+                .protocolViolation, "have \(bytes) bytes but the server said the file has \(total); rerun to resume",
+                resumable: true)
+        }
         var verified: ExpectedChecksum?
         if let expected = request.checksum, let hasher {
             let digest = hasher.finalize()
@@ -429,7 +434,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 if store == nil {
                     guard try createStore(head: head, validators: validators) else { return .abort }
                 } else if validators != known {
-                    store?.update(validators: validators)
+                    try store?.update(validators: validators)
                 }
             } catch {
                 setupError = error as? DownloadError ?? DownloadError(.io, "\(error)")

@@ -119,6 +119,10 @@ enum ResumePolicy {
             guard let range = ContentRange(parsing: header), let first = range.first, let last = range.last,
                 let complete = range.completeLength, first == start, last < complete
             else { return .restart(.contentRangeMismatch(header)) }
+            // Shorter than what is already on disk: whatever we hold past its end is not this file.
+            if complete < plan.resumeOffset {
+                return .restart(.lengthChanged(old: known?.totalLength ?? plan.resumeOffset, new: complete))
+            }
             if let length = head.headers["Content-Length"].flatMap({ Int64($0) }), length != last - first + 1 {
                 return .restart(.contentRangeMismatch(header))
             }

@@ -5,7 +5,9 @@ import Foundation
 /// extent is trusted.
 enum BootID {
     static let current: String = {
-        let raw = (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? "unknown"
-        return raw.trimmingCharacters(in: .whitespacesAndNewlines)
+        let raw = (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? ""
+        let id = raw.trimmingCharacters(in: .whitespacesAndNewlines)
+        // Unknown: a value no other process shares, so only the durable extent is ever trusted.
+        return id.isEmpty ? "unknown-\(UInt64.random(in: 1...UInt64.max))" : id
     }()
 }

@@ -90,7 +90,7 @@ enum StateFile {
         }
         do {
             let state = try decoder.decode(DownloadState.self, from: Data(bytes))
-            guard state.durableLength >= 0, state.validators.totalLength ?? 0 >= 0,
+            guard state.durableLength >= 0, UInt64(state.liveNonce, radix: 16) != nil, state.validators.totalLength ?? 0 >= 0,
                 state.durableLength <= state.validators.totalLength ?? Int64.max
             else { throw DownloadError(.unusableState, "\(path) is corrupt (impossible lengths)") }
             return state
@@ -111,7 +111,9 @@ enum StateFile {
             throw DownloadError(.io, "cannot encode state: \(error)")
         }
         let temporary = path + ".tmp"
-        let fd = retryingOnInterrupt { open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
+        let fd = retryingOnInterrupt {
+            open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        }
         guard fd >= 0 else { throw .io("cannot write state file", path: temporary, .current) }
         var failure: Errno?
         data.withUnsafeBytes { buffer in

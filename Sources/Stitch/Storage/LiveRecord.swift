@@ -20,7 +20,10 @@ final class LiveRecord: @unchecked Sendable {
     init(creatingAt path: String, nonce: UInt64, written: Int64) throws(DownloadError) {
         let fd = retryingOnInterrupt { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
         guard fd >= 0 else { throw .io("cannot create", path: path, .current) }
-        guard ftruncate(fd, off_t(Self.size)) == 0,
+        // Written, not just extended: the block is allocated now, so a full disk is an error here instead of a
+        // SIGBUS at the first store into a sparse mapping.
+        let zeros = [UInt8](repeating: 0, count: Self.size)
+        guard zeros.withUnsafeBytes({ pwrite(fd, $0.baseAddress, $0.count, 0) }) == Self.size,
             let mapped = mmap(nil, Self.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), mapped != MAP_FAILED
         else {
             let error = Errno.current

@@ -56,6 +56,10 @@ final class PartStore: @unchecked Sendable {
     let written: Atomic<Int64>
     /// The last durable extent, mirrored for readers outside the lock.
     let durable: Atomic<Int64>
+    /// Set after a failed `fdatasync` or a half-done restart: nothing this store writes may be trusted as
+    /// durable any more (Linux reports a writeback error to one fsync only; a retried one would lie), so
+    /// every later durable step fails and the run ends with the error.
+    private let broken = Atomic<Bool>(false)
 
     private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState, written: Int64) {
         self.paths = paths
@@ -80,21 +84,34 @@ final class PartStore: @unchecked Sendable {
         // Locked before anything changes; emptied; the state durable before any data exists, so a crash at any
         // later point finds it.
         let fd = try openLocked(paths)
+        let live: LiveRecord
         do throws(DownloadError) {
             guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
             try StateFile.write(state, to: paths.state)
-            let live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: 0)
-            return PartStore(paths: paths, fd: fd, live: live, state: state, written: 0)
+            live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: 0)
         } catch {
             close(fd)
             throw error
         }
+        return PartStore(paths: paths, fd: fd, live: live, state: state, written: 0)
     }
 
     /// Reopens a partial download from its state file and decides how much of the part file to trust:
     /// the live record's extent within the same boot, else the durable extent. The untrusted tail is cut off.
     static func reopen(paths: DownloadPaths, state: DownloadState) throws(DownloadError) -> (PartStore, ResumePoint) {
         let fd = try openLocked(paths)
+        // The state was read before the lock; another run may have finished or restarted in between.
+        let current: DownloadState?
+        do { current = try StateFile.read(paths.state) } catch {
+            close(fd)
+            throw error
+        }
+        guard current == state else {
+            close(fd)
+            throw DownloadError(
+                .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
+                resumable: true)
+        }
         var info = stat()
         guard fstat(fd, &info) == 0 else {
             let error = Errno.current
@@ -124,16 +141,16 @@ final class PartStore: @unchecked Sendable {
             throw .io("cannot truncate", path: paths.part, error)
         }
         state.bootID = BootID.current
-        do {
-            let live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: trusted)
-            // The new boot id must not be recorded before the data it vouches for is durable.
-            let store = PartStore(paths: paths, fd: fd, live: live, state: state, written: trusted)
-            try store.checkpoint(force: true)
-            return (store, ResumePoint(offset: trusted, note: note))
-        } catch {
+        let live: LiveRecord
+        do { live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: trusted) } catch {
             close(fd)
             throw error
         }
+        // From here the store owns (and closes) the descriptor. The new boot id must not be recorded before the
+        // data it vouches for is durable.
+        let store = PartStore(paths: paths, fd: fd, live: live, state: state, written: trusted)
+        try store.checkpoint(force: true)
+        return (store, ResumePoint(offset: trusted, note: note))
     }
 
     /// Opens (creating) the part file and takes the download's lock, an exclusive `flock` held until ``unlock()``
@@ -145,6 +162,17 @@ final class PartStore: @unchecked Sendable {
         if let busy = lock(fd, paths) {
             close(fd)
             throw busy
+        }
+        // The name may have been renamed or removed by a run that finished between our open and our lock.
+        var opened = stat()
+        var named = stat()
+        guard fstat(fd, &opened) == 0, stat(paths.part, &named) == 0,
+            opened.st_ino == named.st_ino, opened.st_dev == named.st_dev
+        else {
+            close(fd)
+            throw DownloadError(
+                .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
+                resumable: true)
         }
         return fd
     }
@@ -170,6 +198,7 @@ final class PartStore: @unchecked Sendable {
             unlink(paths.part)
         }
         unlink(paths.state)
+        unlink(paths.state + ".tmp")
         unlink(paths.live)
     }
 
@@ -232,13 +261,28 @@ final class PartStore: @unchecked Sendable {
     /// with the new durable extent (temp, fsync, rename, fsync directory).
     func checkpoint(force: Bool = false) throws(DownloadError) {
         try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+            try checkUsable()
             let end = written.load(ordering: .acquiring)
             guard force || end != state.durableLength else { return }
-            guard fdatasync(fd) == 0 else { throw .io("cannot sync", path: paths.part, .current) }
-            state.durableLength = end
-            state.updatedAt = now()
-            try StateFile.write(state, to: paths.state)
+            guard fdatasync(fd) == 0 else {
+                broken.store(true, ordering: .releasing)
+                throw .io("cannot sync", path: paths.part, .current)
+            }
+            // The in-memory state changes only once the file says the same.
+            var next = state
+            next.durableLength = end
+            next.updatedAt = now()
+            try StateFile.write(next, to: paths.state)
+            state = next
             durable.store(end, ordering: .releasing)
+        }
+    }
+
+    private func checkUsable() throws(DownloadError) {
+        if broken.load(ordering: .acquiring) {
+            throw DownloadError(
+                .io, "an earlier write of \(paths.part) failed; stopping so nothing unverified is kept as saved",
+                resumable: true)
         }
     }
 
@@ -246,38 +290,66 @@ final class PartStore: @unchecked Sendable {
     /// new nonce) is durable before the part file is cut, so a crash in between trusts nothing old.
     func restart(validators: Validators) throws(DownloadError) {
         try state.withLock { (state: inout DownloadState) throws(DownloadError) in
-            state.validators = validators
-            state.durableLength = 0
-            state.liveNonce = Self.newNonce()
-            state.updatedAt = now()
-            try StateFile.write(state, to: paths.state)
+            try checkUsable()
+            var next = state
+            next.validators = validators
+            next.durableLength = 0
+            next.liveNonce = Self.newNonce()
+            next.updatedAt = now()
+            do throws(DownloadError) {
+                try StateFile.write(next, to: paths.state)
+            } catch {
+                // The file may hold either generation now; memory must not pair new validators with old bytes.
+                broken.store(true, ordering: .releasing)
+                throw error
+            }
+            state = next
             durable.store(0, ordering: .releasing)
-            live.reset(nonce: state.nonce, written: 0)
+            live.reset(nonce: next.nonce, written: 0)
             written.store(0, ordering: .releasing)
-            guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
+            guard ftruncate(fd, 0) == 0 else {
+                broken.store(true, ordering: .releasing)
+                throw .io("cannot truncate", path: paths.part, .current)
+            }
         }
     }
 
-    /// Records validators learnt later (e.g. the length from a `Content-Range`) at the next checkpoint.
-    func update(validators: Validators) {
-        state.withLock { $0.validators = validators }
+    /// Records validators learnt from a later response (e.g. after a restart, or the length from a
+    /// `Content-Range`) durably at once, so bytes the live record vouches for are never paired with validators
+    /// that were only in memory.
+    func update(validators: Validators) throws(DownloadError) {
+        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+            try checkUsable()
+            guard state.validators != validators else { return }
+            var next = state
+            next.validators = validators
+            next.updatedAt = now()
+            try StateFile.write(next, to: paths.state)
+            state = next
+        }
     }
 
     /// Completes the download: sync the data, mark it, rename it into place, sync the directory, then
     /// remove the state and live record.
     func finish(url: String) throws(DownloadError) {
         try state.withLock { (state: inout DownloadState) throws(DownloadError) in
-            guard fdatasync(fd) == 0 else { throw .io("cannot sync", path: paths.part, .current) }
+            try checkUsable()
             let mark = CompletionMark(url: url, length: written.load(ordering: .acquiring), etag: state.validators.etag)
             if let data = try? JSONEncoder().encode(mark) {
                 // Best effort: a file system without user xattrs only loses the "already complete" message.
                 _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0) }
+            }
+            // fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes.
+            guard fsync(fd) == 0 else {
+                broken.store(true, ordering: .releasing)
+                throw .io("cannot sync", path: paths.part, .current)
             }
             guard rename(paths.part, paths.destination) == 0 else {
                 throw .io("cannot rename into place", path: paths.destination, .current)
             }
             try syncDirectory(containing: paths.destination)
             unlink(paths.state)
+            unlink(paths.state + ".tmp")
             unlink(paths.live)
         }
     }
@@ -287,6 +359,7 @@ final class PartStore: @unchecked Sendable {
         state.withLock { _ in
             unlink(paths.part)
             unlink(paths.state)
+            unlink(paths.state + ".tmp")
             unlink(paths.live)
         }
     }

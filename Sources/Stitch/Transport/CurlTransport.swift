@@ -145,6 +145,8 @@ final class CurlTransfer: @unchecked Sendable {
     /// One header line (with its CRLF). Returns false to abort.
     func receiveHeaderLine(_ raw: UnsafeRawBufferPointer) -> Bool {
         lastActivity = monotonicNow()
+        // Trailer fields after a body are not a new head: ignore them.
+        if headDelivered { return true }
         var length = raw.count
         while length > 0, raw[length - 1] == 0x0A || raw[length - 1] == 0x0D { length -= 1 }
         let line = Substring(String(decoding: UnsafeRawBufferPointer(rebasing: raw[0..<length]), as: UTF8.self))
