@@ -186,6 +186,26 @@ struct CLIBasicsTests {
         #expect(request.header("X-Other") == "v")
     }
 
+    /// Proxies come from the usual environment variables: the request reaches the proxy in absolute form, with
+    /// stitch's User-Agent and `Accept-Encoding: identity`.
+    @Test func proxyFromEnvironment() async throws {
+        let proxy = try TestHTTPServer()
+        defer { proxy.stop() }
+        let file = ServedFile.random(size: 5000, seed: 4)
+        proxy.serve("/via-proxy.bin", file: file)
+        let sandbox = try Sandbox()
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(
+            ["get", "http://downloads.example.invalid/via-proxy.bin", "-o", "out", "-q"],
+            environment: ["http_proxy": proxy.baseURL])
+        #expect(result.status == 0, "\(result)")
+        let request = try #require(proxy.requests.first)
+        #expect(request.target == "http://downloads.example.invalid/via-proxy.bin")
+        #expect(request.header("User-Agent")?.hasPrefix("stitch/") == true)
+        #expect(request.header("Accept-Encoding") == "identity")
+        #expect(readBytes(sandbox.directory + "/out") == file.data)
+    }
+
     // MARK: Failures
 
     @Test func notFound() async throws {

@@ -864,6 +864,25 @@ import Testing
         #expect(f.server.requests.count == 1)
     }
 
+    /// "Already complete" with a checksum asked for means the file on disk was hashed and matches.
+    @Test func alreadyCompleteIsCheckedAgainstAChecksum() async throws {
+        let f = try Fixture()
+        let file = ServedFile.random(size: 300_000, seed: 37, etag: Self.etag)
+        f.serve(file)
+        _ = try await f.download(f.request())
+        f.watch.disarm()
+        let right = try ExpectedChecksum(algorithm: .sha256, digest: DigestHasher.digest(.sha256, of: file.data))
+        let again = try await f.download(f.request(checksum: right))
+        #expect(again.alreadyComplete)
+        #expect(again.checksum == right)
+
+        let wrong = try ExpectedChecksum(algorithm: .sha256, digest: [UInt8](repeating: 7, count: 32))
+        let error = await #expect(throws: DownloadError.self) { try await f.download(f.request(checksum: wrong)) }
+        #expect(error?.code == .checksumMismatch)
+        #expect(try readFile(f.dest) == file.data)  // the finished file is left as it is
+        #expect(f.server.requests.count == 1)
+    }
+
     @Test func rerunAfterSuccessIsAlreadyComplete() async throws {
         let f = try Fixture()
         let file = ServedFile.random(size: 1 << 20, seed: 36, etag: Self.etag)

@@ -249,7 +249,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         if let state {
             if destinationExists && access(paths.part, F_OK) != 0 {
                 // A finished download whose clean-up was cut short.
-                if let done = completedResult(paths) {
+                if let done = try completedResult(paths) {
                     unlink(paths.state)
                     unlink(paths.live)
                     return done
@@ -288,20 +288,46 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     private func checkDestination(_ paths: DownloadPaths, exists: Bool) throws -> DownloadResult? {
         guard exists else { return nil }
-        if let done = completedResult(paths) { return done }
+        if let done = try completedResult(paths) { return done }
         if request.overwrite { return nil }
         throw DownloadError(
             .destinationExists, "\(paths.destination) already exists; pass --overwrite to replace it")
     }
 
-    private func completedResult(_ paths: DownloadPaths) -> DownloadResult? {
+    /// The result for a destination this run's URL already completed, if it is that; with a checksum asked
+    /// for, the file is hashed and must match.
+    private func completedResult(_ paths: DownloadPaths) throws -> DownloadResult? {
         guard let mark = CompletionMark.read(at: paths.destination), mark.url == request.url else { return nil }
         var info = stat()
         guard stat(paths.destination, &info) == 0, Int64(info.st_size) == mark.length else { return nil }
+        if let expected = request.checksum {
+            let digest = try digestOfFile(at: paths.destination, expected.algorithm)
+            guard expected.matches(digest) else {
+                throw DownloadError(
+                    .checksumMismatch,
+                    "\(paths.destination) is already downloaded but does not match \(expected) (it has \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest))); pass --overwrite to download it again"
+                )
+            }
+        }
         emit(.destinationResolved(paths.destination))
         return DownloadResult(
             destination: paths.destination, bytes: mark.length, bytesTransferred: 0, resumedFrom: mark.length,
-            alreadyComplete: true, checksum: nil)
+            alreadyComplete: true, checksum: request.checksum)
+    }
+
+    private func digestOfFile(at path: String, _ algorithm: ChecksumAlgorithm) throws -> [UInt8] {
+        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
+        guard fd >= 0 else { throw DownloadError.io("cannot read", path: path, .current) }
+        defer { close(fd) }
+        let hasher = DigestHasher(algorithm)
+        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { chunk.deallocate() }
+        while true {
+            let n = retryingOnInterrupt { Glibc.read(fd, chunk.baseAddress, chunk.count) }
+            if n < 0 { throw DownloadError.io("cannot read", path: path, .current) }
+            if n == 0 { return hasher.finalize() }
+            hasher.update(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))
+        }
     }
 
     private func discardLeftovers(_ paths: DownloadPaths) throws(DownloadError) {
