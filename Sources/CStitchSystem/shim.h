@@ -9,4 +9,14 @@
 static inline int stitch_preallocate(int fd, long long offset, long long length) {
     return fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length);
 }
+
+/* Aligned 64-bit release store / acquire load, for the shared-memory written record (its words are read by
+   the checkpoint thread while the transport thread stores them). */
+#include <stdint.h>
+static inline void stitch_store_release_i64(int64_t *pointer, int64_t value) {
+    __atomic_store_n(pointer, value, __ATOMIC_RELEASE);
+}
+static inline int64_t stitch_load_acquire_i64(const int64_t *pointer) {
+    return __atomic_load_n(pointer, __ATOMIC_ACQUIRE);
+}
 #endif

@@ -22,6 +22,8 @@ struct GetOptions {
     var overwrite = false
     var quiet = false
     var json = false
+    var connections: Int?
+    var limitRate: Int64?
 
     static let reservedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]
 
@@ -87,6 +89,18 @@ struct GetOptions {
             case "--ca-cert", "--cacert":
                 let path = try take(argument)
                 options.caCert = path
+            case "-c", "--connections":
+                let text = try take(argument)
+                guard let n = Int(text), (1...16).contains(n) else {
+                    throw UsageError("--connections takes a whole number from 1 to 16, not '\(text)'")
+                }
+                options.connections = n
+            case "--limit-rate":
+                let text = try take(argument)
+                guard let rate = RateLimiter.parse(text) else {
+                    throw UsageError("--limit-rate takes a rate like 500K, 2M or 1.5M (bytes per second), not '\(text)'")
+                }
+                options.limitRate = rate
             case "-k", "--insecure": options.insecure = true
             case "--overwrite": options.overwrite = true
             case "-q", "--quiet": options.quiet = true

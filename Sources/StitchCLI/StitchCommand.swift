@@ -121,6 +121,8 @@ struct StitchCommand {
 
         var downloadOptions = DownloadOptions()
         downloadOptions.retry.maxRetries = options.retries
+        downloadOptions.connections = options.connections
+        downloadOptions.rateLimiter = options.limitRate.map { RateLimiter(bytesPerSecond: $0) }
         downloadOptions.transport.stallTimeout = options.timeout
         downloadOptions.transport.connectTimeout = options.connectTimeout
         downloadOptions.transport.caCertificatePath = options.caCert
@@ -199,6 +201,9 @@ struct StitchCommand {
         case .restarting(let reason):
             output.message("stitch: restarting from zero: \(reason)", always: true)
             output.json("restart", ["reason": reason.description])
+        case .notice(let text):
+            output.message("stitch: \(text)")
+            output.json("notice", ["message": text])
         case .retrying(let attempt, let maxRetries, let delay, let reason):
             output.message(String(format: "stitch: %@; retry %d of %d in %.1fs", reason, attempt, maxRetries, delay))
             output.json("retry", ["attempt": attempt, "max": maxRetries, "delay": delay, "reason": reason])

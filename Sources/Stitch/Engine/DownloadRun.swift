@@ -98,13 +98,18 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         var redirects: [String] = []
         while true {
             if Task.isCancelled { throw try interrupted() }
-            plan = ResumePolicy.plan(offset: store?.written.load(ordering: .acquiring) ?? 0, known: known,
+            if let store, store.snapshot.segments.count > 1 || segmentNow {
+                segmentNow = false
+                if let done = try await runSegmented(store) { return done }
+                continue
+            }
+            plan = ResumePolicy.plan(offset: store?.written(0) ?? 0, known: known,
                 overlapWindow: options.overlapWindow)
             verdict = nil
             setupError = nil
             sinkFailure = nil
             switchToResume = false
-            let before = store?.written.load(ordering: .relaxed) ?? 0
+            let before = store?.written(0) ?? 0
             // The resume headers are the engine's: a caller's Range, If-Range or Accept-Encoding would splice
             // or encode the file behind its back, so they are replaced, never merged.
             var headers = HTTPHeaders()
@@ -118,10 +123,11 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 url: currentURL.absoluteString, headers: headers, options: options.transport)
             let result = await transport.perform(transportRequest, delegate: self)
             // Progress means new bytes saved: re-fetching the overlap window again and again is not progress.
-            if let written = store?.written.load(ordering: .relaxed), written > before { failures = 0 }
+            if let written = store?.written(0), written > before { failures = 0 }
 
             if let setupError { throw setupError }
             if let alreadyComplete { return alreadyComplete }
+            if segmentNow { continue }
             if switchToResume {
                 currentURL = startURL
                 redirects = []
@@ -273,14 +279,18 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             }
             let (store, point) = try PartStore.reopen(paths: paths, state: state)
             self.store = store
-            known = point.offset > 0 ? state.validators : nil
-            resumedFrom = point.offset
-            position.store(point.offset, ordering: .relaxed)
+            known = point.bytes > 0 ? state.validators : nil
+            resumedFrom = point.bytes
+            position.store(point.bytes, ordering: .relaxed)
             if let total = state.validators.totalLength { totalLength.store(total, ordering: .relaxed) }
-            try hashPrefix(store, upTo: point.offset)
+            if store.snapshot.segments.count == 1 {
+                try hashPrefix(store, upTo: point.prefix)
+            } else {
+                hashFromDisk = true
+            }
             startCheckpointer(store)
             emit(.destinationResolved(paths.destination))
-            emit(.resuming(from: point.offset, note: point.note))
+            emit(.resuming(from: point.bytes, note: point.note))
             return nil
         }
         return try checkDestination(paths, exists: destinationExists)
@@ -352,7 +362,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     private func startCheckpointer(_ store: PartStore) {
         checkpointer = Checkpointer(store: store, interval: options.checkpointInterval)
-        nextPoke = store.written.load(ordering: .relaxed) + options.checkpointBytes
+        nextPoke = store.written(0) + options.checkpointBytes
         hasStore.store(true, ordering: .releasing)
     }
 
@@ -391,7 +401,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         // progress tick must not reach the caller after (or while) the result is returned.
         closeEvents()
         guard let store else { throw DownloadError(.protocolViolation, "no response body") }
-        let bytes = store.written.load(ordering: .acquiring)
+        let bytes = store.writtenBytes
         if let total = known?.totalLength, bytes != total {
             throw DownloadError(
                 .protocolViolation, "have \(bytes) bytes but the server said the file has \(total); rerun to resume",
@@ -399,7 +409,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         }
         var verified: ExpectedChecksum?
         if let expected = request.checksum, let hasher {
-            let digest = hasher.finalize()
+            let digest = hashFromDisk ? try digestOfFile(at: store.paths.part, expected.algorithm) : hasher.finalize()
             guard expected.matches(digest) else {
                 storeClosed = true
                 store.discard()
@@ -411,7 +421,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             verified = expected
         }
         storeClosed = true
-        try store.finish(url: request.url)
+        try store.finish(url: request.url, length: bytes)
         return DownloadResult(
             destination: store.paths.destination, bytes: bytes,
             bytesTransferred: transferred.load(ordering: .relaxed), resumedFrom: resumedFrom,
@@ -442,12 +452,82 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     var progress: DownloadProgress {
         let total = totalLength.load(ordering: .relaxed)
+        let bytes = hasStore.load(ordering: .acquiring) ? store?.writtenBytes ?? 0 : position.load(ordering: .relaxed)
         return DownloadProgress(
-            bytes: position.load(ordering: .relaxed), total: total >= 0 ? total : nil,
+            bytes: bytes, total: total >= 0 ? total : nil,
             durableBytes: durableMirror.load(ordering: .relaxed))
     }
 
     private let durableMirror = Atomic<Int64>(0)
+
+    // MARK: Several connections
+
+    /// Set at the first response's head when the download is split over several connections: the transfer
+    /// stops and the lanes take over.
+    private var segmentNow = false
+    /// The running digest did not see the bytes in order (several connections): hash the file at the end.
+    private var hashFromDisk = false
+
+    /// How many connections this download should use, given what the server said.
+    private func lanes(for validators: Validators) -> Int {
+        options.connections ?? Connections.automatic(forLength: validators.totalLength)
+    }
+
+    /// Whether to split now: more than one connection wanted and the server gave what ranges need.
+    private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
+        guard lanes(for: validators) > 1, let total = validators.totalLength,
+            total >= 2 * options.minimumSplitSize
+        else { return false }
+        guard validators.acceptRanges, validators.ifRange != nil else {
+            emit(.notice(
+                validators.acceptRanges
+                    ? "the server gives no strong validator (ETag or Last-Modified) to check ranges with; using one connection"
+                    : "the server does not accept range requests; using one connection"))
+            return false
+        }
+        return true
+    }
+
+    /// Cuts the whole-file segment into `lanes` segments on piece boundaries.
+    private func split(_ store: PartStore, total: Int64, lanes: Int) {
+        let pieceSize = store.snapshot.pieceSize
+        let part = total / Int64(lanes)
+        let alignment = pieceSize <= part ? pieceSize : options.minimumSplitSize
+        var slot = 0
+        for index in 1..<lanes {
+            let boundary = (part * Int64(index) + alignment - 1) / alignment * alignment
+            guard boundary < total, let next = store.split(slot, at: boundary) else { break }
+            slot = next
+        }
+    }
+
+    /// Fetches the unfinished segments over several connections. Returns the result, or nil after a restart.
+    private func runSegmented(_ store: PartStore) async throws -> DownloadResult? {
+        guard let known, let ifRange = known.ifRange else {
+            // A partial of several segments without a strong validator cannot be resumed by ranges.
+            try restart(.untrustedPartial("the saved segments cannot be checked without a validator; starting over"))
+            return nil
+        }
+        hashFromDisk = true
+        let checkpointer = self.checkpointer
+        let transfer = SegmentedTransfer(
+            store: store, known: known, ifRange: ifRange, startURL: startURL, request: request, options: options,
+            transport: transport, clock: clock, lanes: max(1, lanes(for: known)),
+            emit: { [self] event in emit(event) }, poke: { checkpointer?.poke() })
+        let outcome: SegmentedTransfer.Outcome
+        do {
+            outcome = try await transfer.run()
+        } catch is CancellationError {
+            throw try interrupted()
+        }
+        switch outcome {
+        case .complete:
+            return try finish()
+        case .restart(let reason):
+            try restart(reason)
+            return nil
+        }
+    }
 
     // MARK: TransferDelegate (transport thread)
 
@@ -467,6 +547,15 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 return .abort
             }
             known = validators
+            if start == 0, plan.resumeOffset == 0, let store, let total = validators.totalLength,
+                shouldSegment(validators, status: head.status)
+            {
+                // Split now and let the lanes request exact ranges; this response's bytes are not needed.
+                split(store, total: total, lanes: lanes(for: validators))
+                totalLength.store(total, ordering: .relaxed)
+                segmentNow = true
+                return .abort
+            }
             begin(at: start, verifyUpTo: plan.resumeOffset, validators: validators, status: head.status)
             return .receive
         case .restartWithBody(let reason, let validators):
@@ -544,7 +633,15 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         return true
     }
 
-    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> Bool {
+    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+        // The rate limit is shared by every connection (and download) holding the same limiter.
+        if let limiter = options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
+            return .pause(seconds: wait)
+        }
+        return receive(bytes) ? .accepted : .abort
+    }
+
+    private func receive(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard let store, sinkFailure == nil else { return false }
         if let checkpointer, checkpointer.hasFailed.load(ordering: .relaxed) {
             sinkFailure = .checkpoint
@@ -572,7 +669,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         }
         hasher?.update(data)
         offset += Int64(data.count)
-        store.noteWritten(offset)
+        store.noteWritten(0, offset)
         position.store(offset, ordering: .relaxed)
         durableMirror.store(store.durable.load(ordering: .relaxed), ordering: .relaxed)
         if offset >= nextPoke {

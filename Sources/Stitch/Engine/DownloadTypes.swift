@@ -89,6 +89,12 @@ public struct DownloadOptions: Sendable {
     public var overlapWindow: Int64 = 64 * 1024
     /// How often `.progress` events are sent.
     public var progressInterval: Double = 0.25
+    /// TCP connections for one download; nil chooses by size (see ``Connections/automatic(forLength:)``).
+    public var connections: Int?
+    /// A bandwidth cap; pass the same limiter to several downloads to cap them together.
+    public var rateLimiter: RateLimiter?
+    /// Never split a range into parts smaller than this.
+    public var minimumSplitSize: Int64 = 1 << 20
 
     public init() {}
 }
@@ -116,6 +122,8 @@ public enum DownloadEvent: Sendable {
     /// The partial data is discarded and the download starts over.
     case restarting(RestartReason)
     case retrying(attempt: Int, maxRetries: Int, delay: Double, reason: String)
+    /// Something worth saying that changes nothing, e.g. falling back to one connection.
+    case notice(String)
 }
 
 /// A finished download.
@@ -139,4 +147,20 @@ public struct SavedDownload: Sendable, Hashable {
     public var checksum: ExpectedChecksum?
     public var durableBytes: Int64
     public var totalBytes: Int64?
+}
+
+/// How many connections a download uses.
+public enum Connections {
+    /// The most connections the automatic choice uses: enough to beat a per-connection cap, few enough to be
+    /// polite to a server (aria2's default is 1 per server; browsers open 6 per host).
+    public static let automaticMaximum = 4
+    /// Size that one connection is worth: below 2 × this, one connection.
+    public static let automaticStep: Int64 = 16 << 20
+
+    /// The automatic choice: one connection per 16 MiB, at least 1 and at most 4. A small file is not worth
+    /// the extra round trips; a large one gains from several connections when a server caps each one.
+    public static func automatic(forLength length: Int64?) -> Int {
+        guard let length else { return 1 }
+        return Int(max(1, min(Int64(automaticMaximum), length / automaticStep)))
+    }
 }

@@ -52,7 +52,7 @@ public struct Downloader: Sendable {
         return SavedDownload(
             url: state.url, headers: headers,
             checksum: state.checksum.flatMap { try? ExpectedChecksum(parsing: $0) },
-            durableBytes: state.durableLength, totalBytes: state.validators.totalLength)
+            durableBytes: state.durableBytes, totalBytes: state.validators.totalLength)
     }
 
     /// Splits "Name: value", rejecting what would smuggle another header or request line.

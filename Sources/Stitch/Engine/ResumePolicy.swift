@@ -43,6 +43,8 @@ struct RequestPlan: Sendable, Hashable {
     /// The bytes below this offset are already on disk; anything the server sends below it is compared, not written.
     var resumeOffset: Int64
     var ifRange: String?
+    /// One past the last byte asked for (`Range: bytes=N-(end-1)`), or nil for "to the end of the file".
+    var rangeEnd: Int64? = nil
 
     var isRanged: Bool { rangeStart != nil }
 }
@@ -84,7 +86,7 @@ enum ResumePolicy {
     static func headers(for plan: RequestPlan) -> [(String, String)] {
         var headers = [("Accept-Encoding", "identity")]
         if let start = plan.rangeStart {
-            headers.append(("Range", "bytes=\(start)-"))
+            headers.append(("Range", "bytes=\(start)-" + (plan.rangeEnd.map { "\($0 - 1)" } ?? "")))
             if let ifRange = plan.ifRange { headers.append(("If-Range", ifRange)) }
         }
         return headers

@@ -32,7 +32,7 @@ struct Validators: Codable, Sendable, Hashable {
 /// The state file beside a partial download (`NAME.stitch`): versioned JSON, rewritten atomically at each
 /// durable checkpoint. Documented in docs/state-file.md.
 struct DownloadState: Codable, Sendable, Hashable {
-    static let currentSchemaVersion = 1
+    static let currentSchemaVersion = 2
 
     var schemaVersion: Int = DownloadState.currentSchemaVersion
     /// The URL the user asked for (before redirects).
@@ -41,8 +41,13 @@ struct DownloadState: Codable, Sendable, Hashable {
     var headers: [String]
     var checksum: String?
     var validators: Validators
-    /// Bytes `0..<durableLength` of the part file are on stable storage.
-    var durableLength: Int64
+    /// The byte ranges of the file and, for each, how much of it is on stable storage. Together they cover the
+    /// file without overlapping; new segments are only appended (their index is their live-record slot).
+    var segments: [Segment]
+    /// The size of the pieces whose checksums `pieces` records (a power of two, at least 1 MiB).
+    var pieceSize: Int64 = PieceLayout.minimumPieceSize
+    /// CRC32C of each piece known to be durable and correct, by piece index; nil where not (yet) recorded.
+    var pieces: [UInt32?] = []
     /// The boot that wrote this file; the live record is trusted only within the same boot.
     var bootID: String
     /// Pairs this state with its live record (hex); redrawn at every restart from zero.
@@ -50,6 +55,69 @@ struct DownloadState: Codable, Sendable, Hashable {
     var updatedAt: Int64
 
     var nonce: UInt64 { UInt64(liveNonce, radix: 16) ?? 0 }
+
+    /// Bytes on stable storage, over all segments.
+    var durableBytes: Int64 { segments.reduce(0) { $0 + ($1.durable - $1.start) } }
+
+    /// The durable bytes from offset 0 without a gap (what a single connection resumes from).
+    var durablePrefix: Int64 {
+        var end: Int64 = 0
+        for segment in segments.sorted(by: { $0.start < $1.start }) {
+            guard segment.start == end else { break }
+            end = segment.durable
+            guard segment.end == segment.durable else { break }
+        }
+        return end
+    }
+
+    /// Checks the invariants a reader relies on; returns what is wrong, or nil.
+    func problem() -> String? {
+        guard UInt64(liveNonce, radix: 16) != nil else { return "bad nonce" }
+        guard !segments.isEmpty, segments.count <= LiveRecord.slotCount else { return "bad segment count" }
+        let total = validators.totalLength
+        if let total, total < 0 { return "negative length" }
+        var previousEnd: Int64 = 0
+        for (index, segment) in segments.sorted(by: { $0.start < $1.start }).enumerated() {
+            guard segment.start >= 0, segment.durable >= segment.start else { return "impossible segment" }
+            if index > 0, segment.start < previousEnd { return "overlapping segments" }
+            if let end = segment.end {
+                guard end >= segment.durable, end <= total ?? Int64.max else { return "impossible segment" }
+                previousEnd = end
+            } else {
+                guard total == nil, segments.count == 1 else { return "open segment beside others" }
+                previousEnd = Int64.max
+            }
+        }
+        guard pieceSize >= PieceLayout.minimumPieceSize, pieceSize.nonzeroBitCount == 1 else { return "bad piece size" }
+        if let total, Int64(pieces.count) > (total + pieceSize - 1) / pieceSize { return "too many pieces" }
+        if total == nil, !pieces.isEmpty { return "pieces without a length" }
+        return nil
+    }
+}
+
+/// A byte range of the download: `start..<end` (open-ended while the length is unknown), of which
+/// `start..<durable` is on stable storage.
+struct Segment: Codable, Sendable, Hashable {
+    var start: Int64
+    var end: Int64?
+    var durable: Int64
+
+    var isComplete: Bool { end.map { durable >= $0 } ?? false }
+}
+
+/// How a download's bytes are cut into checksummed pieces.
+enum PieceLayout {
+    static let minimumPieceSize: Int64 = 1 << 20
+    /// At most this many pieces, so the state file stays small for any size.
+    static let maximumPieces: Int64 = 4096
+
+    /// 1 MiB, doubled until the file has at most `maximumPieces` pieces.
+    static func pieceSize(forTotal total: Int64?) -> Int64 {
+        var size = minimumPieceSize
+        guard let total else { return size }
+        while (total + size - 1) / size > maximumPieces { size *= 2 }
+        return size
+    }
 }
 
 enum StateFile {
@@ -90,9 +158,9 @@ enum StateFile {
         }
         do {
             let state = try decoder.decode(DownloadState.self, from: Data(bytes))
-            guard state.durableLength >= 0, UInt64(state.liveNonce, radix: 16) != nil, state.validators.totalLength ?? 0 >= 0,
-                state.durableLength <= state.validators.totalLength ?? Int64.max
-            else { throw DownloadError(.unusableState, "\(path) is corrupt (impossible lengths)") }
+            if let problem = state.problem() {
+                throw DownloadError(.unusableState, "\(path) is corrupt (\(problem))")
+            }
             return state
         } catch let error as DownloadError {
             throw error

@@ -1,29 +1,39 @@
+import CStitchSystem
 import Glibc
 
-/// The cheap, frequent record of how many bytes of the part file have been *written* (not synced).
+/// The cheap, frequent record of how far each segment of the part file has been *written* (not synced).
 ///
-/// A 32-byte file mapped shared into memory: `magic[8] | version u64 | nonce u64 | written u64`, all
-/// little-endian. Updating it is one aligned 8-byte store into the page cache — no system call — so it is
-/// done after every `pwrite` and lags the data by nothing. A `kill -9` keeps the page cache, so the store is
-/// seen by the next run; a reboot does not, which is why readers trust it only when the state file's boot id
-/// is the current one, and only when its nonce matches the state file's (a restart from zero draws a new
-/// nonce, so a record from before the restart is never believed).
+/// A small file mapped shared into memory, little-endian:
+/// `magic u64 | version u64 (2) | nonce u64 | slot count u64 | written[slot count] i64`.
+/// Slot *i* is the absolute offset up to which segment *i* of the state file has been written. Updating it is one
+/// aligned 8-byte release store into the page cache — no system call — done after every `pwrite`, so it lags
+/// the data by nothing. A `kill -9` keeps the page cache, so the next run sees it; a reboot does not, which is
+/// why readers trust it only when the state file's boot id is the current one, and only when its nonce matches
+/// the state file's (a restart from zero draws a new nonce, so a record from before the restart is never
+/// believed). Segments are only ever appended to the state's list, so slot numbers are stable.
 final class LiveRecord: @unchecked Sendable {
-    static let size = 32
-    static let magic: UInt64 = 0x5654_4c48_4354_4954  // "TITCHLTV" read little-endian; any fixed value works
-    static let version: UInt64 = 1
+    static let magic: UInt64 = 0x5654_4c48_4354_4954
+    static let version: UInt64 = 2
+    static let headerWords = 4
+    /// The most segments one download may have.
+    static let slotCount = 256
+    static var size: Int { (headerWords + slotCount) * 8 }
 
     private let fd: Int32
     private let base: UnsafeMutableRawPointer
+    private var slots: UnsafeMutablePointer<Int64> {
+        (base + Self.headerWords * 8).assumingMemoryBound(to: Int64.self)
+    }
 
-    /// Creates (or replaces) the record at `path` with `nonce` and `written`.
-    init(creatingAt path: String, nonce: UInt64, written: Int64) throws(DownloadError) {
-        let fd = retryingOnInterrupt { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+    /// Creates (or replaces) the record at `path` for `nonce` with the given written offsets.
+    init(creatingAt path: String, nonce: UInt64, written: [Int64]) throws(DownloadError) {
+        let fd = retryingOnInterrupt { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         guard fd >= 0 else { throw .io("cannot create", path: path, .current) }
-        // Written, not just extended: the block is allocated now, so a full disk is an error here instead of a
+        // Written, not just extended: the blocks are allocated now, so a full disk is an error here instead of a
         // SIGBUS at the first store into a sparse mapping.
         let zeros = [UInt8](repeating: 0, count: Self.size)
         guard zeros.withUnsafeBytes({ pwrite(fd, $0.baseAddress, $0.count, 0) }) == Self.size,
+            ftruncate(fd, off_t(Self.size)) == 0,
             let mapped = mmap(nil, Self.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), mapped != MAP_FAILED
         else {
             let error = Errno.current
@@ -40,34 +50,42 @@ final class LiveRecord: @unchecked Sendable {
         close(fd)
     }
 
-    /// Rewrites the header for a new generation of the download.
-    func reset(nonce: UInt64, written: Int64) {
-        base.storeBytes(of: 0, toByteOffset: 24, as: UInt64.self)
+    /// Rewrites the record for a new generation of the download (new nonce, new segment list).
+    func reset(nonce: UInt64, written: [Int64]) {
+        base.storeBytes(of: 0, toByteOffset: 16, as: UInt64.self)  // invalid while half-written
+        for slot in 0..<Self.slotCount {
+            stitch_store_release_i64(slots + slot, slot < written.count ? written[slot].littleEndian : 0)
+        }
         base.storeBytes(of: Self.magic.littleEndian, toByteOffset: 0, as: UInt64.self)
         base.storeBytes(of: Self.version.littleEndian, toByteOffset: 8, as: UInt64.self)
+        base.storeBytes(of: UInt64(Self.slotCount).littleEndian, toByteOffset: 24, as: UInt64.self)
         base.storeBytes(of: nonce.littleEndian, toByteOffset: 16, as: UInt64.self)
-        store(written: written)
     }
 
-    /// Records that bytes `0..<written` have been handed to the kernel. One aligned 8-byte store.
+    /// Records that segment `slot` is written up to `offset`. One aligned 8-byte store.
     @inline(__always)
-    func store(written: Int64) {
-        base.storeBytes(of: UInt64(written).littleEndian, toByteOffset: 24, as: UInt64.self)
+    func store(slot: Int, written offset: Int64) {
+        stitch_store_release_i64(slots + slot, offset.littleEndian)
     }
 
-    /// Reads the written extent at `path` if its header is intact and carries `nonce`.
-    static func read(at path: String, nonce: UInt64) -> Int64? {
-        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
+    @inline(__always)
+    func load(slot: Int) -> Int64 {
+        Int64(littleEndian: stitch_load_acquire_i64(slots + slot))
+    }
+
+    /// Reads the written offsets at `path` if its header is intact and carries `nonce`.
+    static func read(at path: String, nonce: UInt64) -> [Int64]? {
+        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        var words = [UInt64](repeating: 0, count: 4)
-        let count = words.withUnsafeMutableBytes { pread(fd, $0.baseAddress, size, 0) }
+        var words = [UInt64](repeating: 0, count: headerWords + slotCount)
+        let count = words.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
         guard count == size,
             UInt64(littleEndian: words[0]) == magic,
             UInt64(littleEndian: words[1]) == version,
-            UInt64(littleEndian: words[2]) == nonce
+            UInt64(littleEndian: words[2]) == nonce,
+            UInt64(littleEndian: words[3]) == UInt64(slotCount)
         else { return nil }
-        let written = UInt64(littleEndian: words[3])
-        return written <= UInt64(Int64.max) ? Int64(written) : nil
+        return words[headerWords...].map { Int64(bitPattern: UInt64(littleEndian: $0)) }
     }
 }

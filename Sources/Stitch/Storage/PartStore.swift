@@ -36,8 +36,10 @@ struct CompletionMark: Codable, Hashable {
 
 /// What resuming found on disk.
 struct ResumePoint: Sendable {
-    /// Bytes `0..<offset` of the part file are vouched for.
-    var offset: Int64
+    /// Bytes vouched for, over all segments.
+    var bytes: Int64
+    /// The contiguous vouched-for bytes from offset 0 (where a single connection continues).
+    var prefix: Int64
     /// Why less than the state file's best record was trusted, for the user.
     var note: String?
 }
@@ -45,41 +47,45 @@ struct ResumePoint: Sendable {
 /// Owns what is on disk for one download. Every write the crash rules depend on goes through here.
 ///
 /// Threads: `write`, `read` and `noteWritten` are called on the transport thread during a transfer;
-/// `checkpoint` on the checkpointer thread; the rest by the engine between transfers. State changes are
-/// serialised by one lock; `written` is an atomic so that progress can be read from anywhere.
+/// `checkpoint` on the checkpointer thread; the rest by the engine. State changes are serialised by one lock;
+/// how far each segment is written lives in the live record's slots (atomic loads and stores), so progress can
+/// be read from anywhere and the hot path takes no lock.
 final class PartStore: @unchecked Sendable {
     let paths: DownloadPaths
     let fd: Int32
     private let live: LiveRecord
     private let state: Mutex<DownloadState>
-    /// Bytes `0..<written` have been handed to the kernel (page cache).
-    let written: Atomic<Int64>
-    /// The last durable extent, mirrored for readers outside the lock.
+    /// The durable bytes over all segments, mirrored for readers outside the lock.
     let durable: Atomic<Int64>
     /// Set after a failed `fdatasync` or a half-done restart: nothing this store writes may be trusted as
     /// durable any more (Linux reports a writeback error to one fsync only; a retried one would lie), so
     /// every later durable step fails and the run ends with the error.
     private let broken = Atomic<Bool>(false)
 
-    private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState, written: Int64) {
+    private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState) {
         self.paths = paths
         self.fd = fd
         self.live = live
         self.state = Mutex(state)
-        self.written = Atomic(written)
-        self.durable = Atomic(state.durableLength)
+        self.durable = Atomic(state.durableBytes)
     }
 
     deinit { close(fd) }
 
     var snapshot: DownloadState { state.withLock { $0 } }
 
+    /// One segment covering the whole file (open-ended while the length is unknown).
+    static func wholeFile(_ validators: Validators) -> [Segment] {
+        [Segment(start: 0, end: validators.totalLength, durable: 0)]
+    }
+
     /// Starts a fresh download: empty part file, state at zero, a new live record.
     static func create(
         paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators
     ) throws(DownloadError) -> PartStore {
         let state = DownloadState(
-            url: url, headers: headers, checksum: checksum, validators: validators, durableLength: 0,
+            url: url, headers: headers, checksum: checksum, validators: validators,
+            segments: wholeFile(validators), pieceSize: PieceLayout.pieceSize(forTotal: validators.totalLength),
             bootID: BootID.current, liveNonce: newNonce(), updatedAt: now())
         // Locked before anything changes; emptied; the state durable before any data exists, so a crash at any
         // later point finds it.
@@ -88,16 +94,16 @@ final class PartStore: @unchecked Sendable {
         do throws(DownloadError) {
             guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
             try StateFile.write(state, to: paths.state)
-            live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: 0)
+            live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: [0])
         } catch {
             close(fd)
             throw error
         }
-        return PartStore(paths: paths, fd: fd, live: live, state: state, written: 0)
+        return PartStore(paths: paths, fd: fd, live: live, state: state)
     }
 
-    /// Reopens a partial download from its state file and decides how much of the part file to trust:
-    /// the live record's extent within the same boot, else the durable extent. The untrusted tail is cut off.
+    /// Reopens a partial download from its state file and decides how much of each segment to trust: the live
+    /// record's extent within the same boot, else the durable extent. Untrusted bytes are fetched again.
     static func reopen(paths: DownloadPaths, state: DownloadState) throws(DownloadError) -> (PartStore, ResumePoint) {
         let fd = try openLocked(paths)
         // The state was read before the lock; another run may have finished or restarted in between.
@@ -121,26 +127,33 @@ final class PartStore: @unchecked Sendable {
         let size = Int64(info.st_size)
         var state = state
         var note: String?
-        var trusted = state.durableLength
-        if state.bootID == BootID.current {
-            if let written = LiveRecord.read(at: paths.live, nonce: state.nonce), written > trusted {
-                trusted = written
-            }
-        } else if size > state.durableLength {
-            note = "the machine restarted since the last run; trusting only the \(state.durableLength) bytes synced to disk"
+        let liveWritten = state.bootID == BootID.current ? LiveRecord.read(at: paths.live, nonce: state.nonce) : nil
+        if state.bootID != BootID.current, size > 0 {
+            note = "the machine restarted since the last run; trusting only the \(state.durableBytes) bytes synced to disk"
         }
-        if size < state.durableLength {
+        if state.segments.contains(where: { $0.durable > size }) {
             note = "the part file is shorter than its state records; starting over"
-            trusted = 0
+            state.segments = wholeFile(state.validators)
+            state.pieces = []
+        } else {
+            for index in state.segments.indices {
+                var segment = state.segments[index]
+                if let written = liveWritten?[index], written > segment.durable {
+                    segment.durable = min(written, segment.end ?? Int64.max, size)
+                }
+                state.segments[index] = segment
+            }
         }
-        trusted = min(trusted, size, state.validators.totalLength ?? Int64.max)
-        if trusted < state.durableLength { state.durableLength = trusted }
-        guard ftruncate(fd, off_t(trusted)) == 0 else {
-            let error = Errno.current
-            close(fd)
-            throw .io("cannot truncate", path: paths.part, error)
+        // With an unknown length the file's end is where the data ends: cut the untrusted tail.
+        if state.validators.totalLength == nil, let only = state.segments.first, state.segments.count == 1 {
+            guard ftruncate(fd, off_t(only.durable)) == 0 else {
+                let error = Errno.current
+                close(fd)
+                throw .io("cannot truncate", path: paths.part, error)
+            }
         }
         state.bootID = BootID.current
+        let trusted = state.segments.map(\.durable)
         let live: LiveRecord
         do { live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: trusted) } catch {
             close(fd)
@@ -148,9 +161,9 @@ final class PartStore: @unchecked Sendable {
         }
         // From here the store owns (and closes) the descriptor. The new boot id must not be recorded before the
         // data it vouches for is durable.
-        let store = PartStore(paths: paths, fd: fd, live: live, state: state, written: trusted)
+        let store = PartStore(paths: paths, fd: fd, live: live, state: state)
         try store.checkpoint(force: true)
-        return (store, ResumePoint(offset: trusted, note: note))
+        return (store, ResumePoint(bytes: state.durableBytes, prefix: state.durablePrefix, note: note))
     }
 
     /// Opens (creating) the part file and takes the download's lock, an exclusive `flock` held until ``unlock()``
@@ -212,7 +225,7 @@ final class PartStore: @unchecked Sendable {
     /// Returns `ENOSPC` when the space is not there; other failures (a file system without fallocate) are
     /// ignored.
     func preallocate(totalLength: Int64) -> Errno? {
-        let from = written.load(ordering: .relaxed)
+        let from = writtenSegments.map { $0.durable }.max() ?? 0
         guard totalLength > from else { return nil }
         if stitch_preallocate(fd, from, totalLength - from) != 0, errno == ENOSPC { return .noSpace }
         return nil
@@ -248,33 +261,77 @@ final class PartStore: @unchecked Sendable {
         return done
     }
 
-    /// Records that bytes `0..<end` are written: an atomic for readers plus one store into the live record.
+    /// Records that segment `slot` is written up to `end`: one store into the live record.
     @inline(__always)
-    func noteWritten(_ end: Int64) {
-        written.store(end, ordering: .releasing)
-        live.store(written: end)
+    func noteWritten(_ slot: Int, _ end: Int64) {
+        live.store(slot: slot, written: end)
+    }
+
+    /// How far segment `slot` is written (in the page cache).
+    @inline(__always)
+    func written(_ slot: Int) -> Int64 {
+        live.load(slot: slot)
+    }
+
+    /// The segments with `durable` replaced by how far each is written: the working picture.
+    var writtenSegments: [Segment] {
+        state.withLock { state in
+            state.segments.enumerated().map { index, segment in
+                var current = segment
+                current.durable = max(segment.durable, live.load(slot: index))
+                return current
+            }
+        }
+    }
+
+    /// Bytes written over all segments.
+    var writtenBytes: Int64 {
+        writtenSegments.reduce(0) { $0 + ($1.durable - $1.start) }
+    }
+
+    /// Shortens segment `slot` to end at `offset` and appends a new segment `offset..<oldEnd`; returns its slot,
+    /// or nil when every slot is used. Needs no durable write: until the next checkpoint the state on disk still
+    /// has the longer segment, whose written extent never passes `offset`, and the new slot is beyond the
+    /// state's list and so ignored — a crash only re-fetches the new segment's bytes.
+    func split(_ slot: Int, at offset: Int64) -> Int? {
+        state.withLock { state in
+            guard state.segments.count < LiveRecord.slotCount, let end = state.segments[slot].end,
+                offset > max(state.segments[slot].start, live.load(slot: slot)), offset < end
+            else { return nil }
+            state.segments[slot].end = offset
+            state.segments.append(Segment(start: offset, end: end, durable: offset))
+            let newSlot = state.segments.count - 1
+            live.store(slot: newSlot, written: offset)
+            return newSlot
+        }
+    }
+
+    /// The current end of segment `slot` (it shrinks when another connection takes part of it).
+    func end(_ slot: Int) -> Int64? {
+        state.withLock { $0.segments[slot].end }
     }
 
     // MARK: Durable steps
 
     /// Makes everything written so far durable: `fdatasync` the data, then atomically replace the state
-    /// with the new durable extent (temp, fsync, rename, fsync directory).
+    /// with the new durable extents (temp, fsync, rename, fsync directory).
     func checkpoint(force: Bool = false) throws(DownloadError) {
         try state.withLock { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
-            let end = written.load(ordering: .acquiring)
-            guard force || end != state.durableLength else { return }
+            var next = state
+            for index in next.segments.indices {
+                next.segments[index].durable = max(next.segments[index].durable, live.load(slot: index))
+            }
+            guard force || next.segments != state.segments else { return }
             guard fdatasync(fd) == 0 else {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot sync", path: paths.part, .current)
             }
             // The in-memory state changes only once the file says the same.
-            var next = state
-            next.durableLength = end
             next.updatedAt = now()
             try StateFile.write(next, to: paths.state)
             state = next
-            durable.store(end, ordering: .releasing)
+            durable.store(next.durableBytes, ordering: .releasing)
         }
     }
 
@@ -293,7 +350,9 @@ final class PartStore: @unchecked Sendable {
             try checkUsable()
             var next = state
             next.validators = validators
-            next.durableLength = 0
+            next.segments = Self.wholeFile(validators)
+            next.pieceSize = PieceLayout.pieceSize(forTotal: validators.totalLength)
+            next.pieces = []
             next.liveNonce = Self.newNonce()
             next.updatedAt = now()
             do throws(DownloadError) {
@@ -305,8 +364,7 @@ final class PartStore: @unchecked Sendable {
             }
             state = next
             durable.store(0, ordering: .releasing)
-            live.reset(nonce: next.nonce, written: 0)
-            written.store(0, ordering: .releasing)
+            live.reset(nonce: next.nonce, written: [0])
             guard ftruncate(fd, 0) == 0 else {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot truncate", path: paths.part, .current)
@@ -316,13 +374,17 @@ final class PartStore: @unchecked Sendable {
 
     /// Records validators learnt from a later response (e.g. after a restart, or the length from a
     /// `Content-Range`) durably at once, so bytes the live record vouches for are never paired with validators
-    /// that were only in memory.
+    /// that were only in memory. A length learnt for the single open segment closes it.
     func update(validators: Validators) throws(DownloadError) {
         try state.withLock { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
             guard state.validators != validators else { return }
             var next = state
             next.validators = validators
+            if let total = validators.totalLength, next.segments.count == 1, next.segments[0].end == nil {
+                next.segments[0].end = total
+                next.pieceSize = PieceLayout.pieceSize(forTotal: total)
+            }
             next.updatedAt = now()
             try StateFile.write(next, to: paths.state)
             state = next
@@ -331,10 +393,15 @@ final class PartStore: @unchecked Sendable {
 
     /// Completes the download: sync the data, mark it, rename it into place, sync the directory, then
     /// remove the state and live record.
-    func finish(url: String) throws(DownloadError) {
+    func finish(url: String, length: Int64) throws(DownloadError) {
         try state.withLock { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
-            let mark = CompletionMark(url: url, length: written.load(ordering: .acquiring), etag: state.validators.etag)
+            // The file ends where the data ends (a preallocation past it, or an untrusted tail, is cut).
+            guard ftruncate(fd, off_t(length)) == 0 else {
+                broken.store(true, ordering: .releasing)
+                throw .io("cannot truncate", path: paths.part, .current)
+            }
+            let mark = CompletionMark(url: url, length: length, etag: state.validators.etag)
             if let data = try? JSONEncoder().encode(mark) {
                 // Best effort: a file system without user xattrs only loses the "already complete" message.
                 _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0) }

@@ -60,6 +60,8 @@ final class CurlTransfer: @unchecked Sendable {
     var lastActivity = 0.0
     var requestSent = false
     var stalled = false
+    /// While paused by the delegate: when (monotonic seconds) to read again.
+    var resumeAt: Double?
 
     init(request: TransportRequest, delegate: any TransferDelegate) {
         self.request = request
@@ -95,6 +97,13 @@ final class CurlTransfer: @unchecked Sendable {
         set(stitch_easy_setopt_xferinfo_callback(easy, curlProgressCallback))
         set(stitch_easy_setopt_long(easy, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_2TLS)))
         set(stitch_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1))
+        if options.separateConnection {
+            // An HTTP/2 connection would otherwise carry every lane as a stream of one TCP connection.
+            set(stitch_easy_setopt_long(easy, CURLOPT_PIPEWAIT, 0))
+            if request.url.lowercased().hasPrefix("https:") {
+                set(stitch_easy_setopt_long(easy, CURLOPT_FRESH_CONNECT, 1))
+            }
+        }
         set(stitch_easy_setopt_long(easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1))
         set(stitch_easy_setopt_string(easy, CURLOPT_USERAGENT, options.userAgent))
         set(stitch_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer))
@@ -135,6 +144,7 @@ final class CurlTransfer: @unchecked Sendable {
             requestSent = pretransfer > 0
             return true
         }
+        if resumeAt != nil { return true }  // a pause we asked for is not a stall
         if now - lastActivity > request.options.stallTimeout {
             stalled = true
             return false
@@ -177,17 +187,24 @@ final class CurlTransfer: @unchecked Sendable {
         return true
     }
 
-    /// Body bytes. Returns false to abort.
-    func receiveBody(_ raw: UnsafeRawBufferPointer) -> Bool {
+    /// Body bytes: what libcurl's write callback returns (all taken, pause, or abort).
+    func receiveBody(_ raw: UnsafeRawBufferPointer) -> Int {
         lastActivity = monotonicNow()
         switch disposition {
-        case .discard: return true
-        case .abort: return false
+        case .discard: return raw.count
+        case .abort: return 0
         case .receive:
-            guard headDelivered else { return true }
-            if delegate.transferDidReceive(raw) { return true }
-            delegateAborted = true
-            return false
+            guard headDelivered else { return raw.count }
+            switch delegate.transferDidReceive(raw) {
+            case .accepted:
+                return raw.count
+            case .pause(let seconds):
+                resumeAt = lastActivity + max(0.001, seconds)
+                return Int(CURL_WRITEFUNC_PAUSE)
+            case .abort:
+                delegateAborted = true
+                return 0
+            }
         }
     }
 
@@ -265,7 +282,7 @@ private let curlWriteCallback: stitch_curl_data_callback = { pointer, size, coun
     guard let userdata else { return 0 }
     guard let pointer, length > 0 else { return length }
     let transfer = Unmanaged<CurlTransfer>.fromOpaque(userdata).takeUnretainedValue()
-    return transfer.receiveBody(UnsafeRawBufferPointer(start: pointer, count: length)) ? length : 0
+    return transfer.receiveBody(UnsafeRawBufferPointer(start: pointer, count: length))
 }
 
 /// Owns the multi handle and the thread that drives it.
@@ -309,8 +326,22 @@ final class CurlEventLoop: @unchecked Sendable {
                 let code = stitch_msg_result(message)
                 finish(easy, outcome: nil, code: code)
             }
+            // Paused transfers whose time has come read again; the poll sleeps no longer than the next one.
+            var timeout = 1000.0
+            let now = monotonicNow()
+            for transfer in active.values {
+                guard let resumeAt = transfer.resumeAt, let easy = transfer.easy else { continue }
+                if resumeAt <= now {
+                    transfer.resumeAt = nil
+                    transfer.lastActivity = now
+                    curl_easy_pause(easy, CURLPAUSE_CONT)
+                    timeout = 0
+                } else {
+                    timeout = min(timeout, (resumeAt - now) * 1000)
+                }
+            }
             var ready: Int32 = 0
-            curl_multi_poll(multi, nil, 0, 1000, &ready)
+            curl_multi_poll(multi, nil, 0, Int32(max(0, timeout.rounded(.up))), &ready)
         }
     }
 

@@ -65,6 +65,9 @@ public struct TransportOptions: Sendable, Hashable {
     public var userAgent: String = "stitch/\(StitchVersion.string)"
     /// Receive buffer size handed to the transport; 512 KiB measured best here.
     public var receiveBufferSize: Int = 512 * 1024
+    /// Use a connection of this request's own, never a stream multiplexed on another request's HTTP/2
+    /// connection: segmented downloads ask for N connections and get N TCP connections.
+    public var separateConnection = false
 
     public init() {}
 }
@@ -94,8 +97,19 @@ public enum BodyDisposition: Sendable {
 /// time and in order, so implementations must be quick and must not block.
 public protocol TransferDelegate: AnyObject, Sendable {
     func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition
-    /// Body bytes in order. Return `false` to abort the transfer (the outcome is then `.abortedByDelegate`).
-    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> Bool
+    /// Body bytes in order: take them all, or none and pause (the same bytes come again after the pause), or
+    /// abort the transfer (the outcome is then `.abortedByDelegate`).
+    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision
+}
+
+/// What a delegate did with a chunk of body bytes.
+public enum ReceiveDecision: Sendable, Equatable {
+    /// All bytes were taken.
+    case accepted
+    /// None were taken: stop reading for this many seconds (rate limiting), then offer the same bytes again.
+    case pause(seconds: Double)
+    /// Stop the transfer.
+    case abort
 }
 
 /// Moves bytes: performs one request and streams its response to a delegate.

@@ -1,0 +1,152 @@
+import Synchronization
+
+/// A token bucket that caps the bytes per second of every connection sharing it (all connections of a download,
+/// later all downloads).
+///
+/// The libcurl write callback asks ``take(_:now:)`` before accepting a chunk: `nil` means write it now (its
+/// tokens are spent); a number means pause the transfer (`CURL_WRITEFUNC_PAUSE`) and ask again with the same
+/// chunk after that many seconds. The logic is pure: the caller passes the time (seconds on any monotonic
+/// clock), so tests drive it with a simulated clock and nothing here sleeps.
+///
+/// The bucket holds at most ``burst`` bytes and starts full. The default burst is
+/// `max(64 KiB, bytesPerSecond / 10)`:
+/// - at most a tenth of a second of traffic, so the extra a full bucket lets through at the start (or after an
+///   idle spell) is ≤ 1 % of ten seconds' worth — comfortably inside 5 % accuracy over 10 s — for rates from
+///   640 KiB/s up. Below that the 64 KiB floor rules: still ≤ 5 % of 10 s down to 128 KiB/s; at slower rates
+///   the fixed 64 KiB head start takes longer to wash out (≤ 5 % after 64 KiB / (5 % × rate) seconds);
+/// - at least 64 KiB, four of libcurl's largest (16 KiB) write-callback chunks, so that connections are not
+///   paused and unpaused on every callback at low rates, and a tenth of a second at high rates so that pauses
+///   stay rare (each costs a curl wake-up) while eight connections draw from the same bucket.
+///
+/// A chunk larger than the burst is accepted once the bucket is full and drives it negative, so later chunks
+/// wait for the debt and the average stays right. Waits are always positive and at most ``maximumWait``, so a
+/// rate raised at runtime is noticed within that time by a paused connection.
+///
+/// Thread-safe: the state is behind a `Mutex`; every method may be called from any thread.
+public final class RateLimiter: Sendable {
+    /// The longest wait ``take(_:now:)`` returns; a caller asking again early just gets another wait.
+    public static let maximumWait: Double = 1.0
+
+    private struct State {
+        var rate: Int64
+        var burst: Int64
+        /// Whether `burst` follows the rate (it was not given explicitly).
+        var burstFollowsRate: Bool
+        /// May be negative after a take larger than what was in the bucket.
+        var tokens: Double
+        /// The latest `now` seen; nil before the first take.
+        var last: Double?
+    }
+
+    private let state: Mutex<State>
+
+    /// A full bucket refilling at `bytesPerSecond` (> 0) and holding at most `burst` bytes (> 0; default
+    /// ``defaultBurst(forRate:)``, which then follows later rate changes).
+    public init(bytesPerSecond: Int64, burst: Int64? = nil) {
+        precondition(bytesPerSecond > 0, "RateLimiter: bytesPerSecond must be positive")
+        precondition(burst.map { $0 > 0 } ?? true, "RateLimiter: burst must be positive")
+        let size = burst ?? Self.defaultBurst(forRate: bytesPerSecond)
+        state = Mutex(
+            State(
+                rate: bytesPerSecond, burst: size, burstFollowsRate: burst == nil, tokens: Double(size), last: nil))
+    }
+
+    /// `max(64 KiB, rate / 10)` — see the type's documentation for why.
+    public static func defaultBurst(forRate rate: Int64) -> Int64 { max(64 * 1024, rate / 10) }
+
+    /// The refill rate (> 0), changeable while transfers run. The new rate applies from the next
+    /// ``take(_:now:)`` on, including to the refill since the previous one (at most a burst's worth). With the
+    /// default burst, the burst follows the rate and the bucket is trimmed to it.
+    public var bytesPerSecond: Int64 {
+        get { state.withLock { $0.rate } }
+        set {
+            precondition(newValue > 0, "RateLimiter: bytesPerSecond must be positive")
+            state.withLock { s in
+                s.rate = newValue
+                if s.burstFollowsRate {
+                    s.burst = Self.defaultBurst(forRate: newValue)
+                    s.tokens = min(s.tokens, Double(s.burst))
+                }
+            }
+        }
+    }
+
+    /// The most the bucket holds.
+    public var burst: Int64 { state.withLock { $0.burst } }
+
+    /// Asks to write `bytes` (≥ 0) at time `now` (seconds, monotonic). Returns nil when they may be written now
+    /// (their tokens are spent), else the seconds (> 0, ≤ ``maximumWait``) to wait before asking again with the
+    /// same chunk. A `now` earlier than one already seen adds no tokens.
+    public func take(_ bytes: Int, now: Double) -> Double? {
+        precondition(bytes >= 0, "RateLimiter: negative byte count")
+        return state.withLock { s -> Double? in
+            if let last = s.last {
+                if now > last {
+                    s.tokens = min(Double(s.burst), s.tokens + (now - last) * Double(s.rate))
+                    s.last = now
+                }
+            } else {
+                s.last = now
+            }
+            guard bytes > 0 else { return nil }
+            // A chunk larger than the bucket only needs a full one.
+            let needed = min(Double(bytes), Double(s.burst))
+            // Half a byte of slack: after waiting exactly the returned time, rounding must not ask for a
+            // vanishingly short second wait.
+            if s.tokens + 0.5 >= needed {
+                s.tokens -= Double(bytes)
+                return nil
+            }
+            return min((needed - s.tokens) / Double(s.rate), Self.maximumWait)
+        }
+    }
+
+    /// Parses a command-line rate in bytes per second: a decimal number (`800`, `1.5`) with an optional unit
+    /// `K`, `M`, `G` or `T` (powers of 1024; `Ki`… also accepted), then an optional `B`, then an optional `/s`,
+    /// case-insensitive: `500K`, `2M`, `1.5M`, `10m`, `1G`, `800`, `64KB/s`, `2MiB`. Fractions of a byte are
+    /// dropped. Nil for zero, negatives, anything else, or more than `Int64.max`.
+    public static func parse(_ text: String) -> Int64? {
+        var chars = Array(text.utf8.lazy.map { $0 >= 0x41 && $0 <= 0x5A ? $0 + 0x20 : $0 })  // ASCII lowercase
+        func dropSuffix(_ suffix: String) -> Bool {
+            let s = Array(suffix.utf8)
+            guard chars.count >= s.count, Array(chars.suffix(s.count)) == s else { return false }
+            chars.removeLast(s.count)
+            return true
+        }
+        _ = dropSuffix("/s")
+        _ = dropSuffix("b")
+        var shift: UInt64 = 0
+        let units: [UInt8: UInt64] = [
+            UInt8(ascii: "k"): 10, UInt8(ascii: "m"): 20, UInt8(ascii: "g"): 30, UInt8(ascii: "t"): 40,
+        ]
+        if chars.count >= 2, chars.last == UInt8(ascii: "i"), let unit = units[chars[chars.count - 2]] {
+            shift = unit
+            chars.removeLast(2)
+        } else if let last = chars.last, let unit = units[last] {
+            shift = unit
+            chars.removeLast()
+        }
+
+        // Digits, optionally "." and more digits; all of them form `mantissa`, scaled down by 10^fractionDigits.
+        let parts = chars.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
+        guard parts.count == 1 || parts.count == 2, parts.allSatisfy({ !$0.isEmpty }) else { return nil }
+        var mantissa: UInt64 = 0
+        for c in parts.joined() {
+            guard c >= UInt8(ascii: "0"), c <= UInt8(ascii: "9") else { return nil }
+            let (times10, o1) = mantissa.multipliedReportingOverflow(by: 10)
+            let (sum, o2) = times10.addingReportingOverflow(UInt64(c - UInt8(ascii: "0")))
+            guard !o1, !o2 else { return nil }
+            mantissa = sum
+        }
+        let fractionDigits = parts.count == 2 ? parts[1].count : 0
+        guard fractionDigits <= 18 else { return nil }
+        var divisor: UInt64 = 1
+        for _ in 0..<fractionDigits { divisor *= 10 }
+
+        let product = mantissa.multipliedFullWidth(by: UInt64(1) << shift)
+        guard product.high < divisor else { return nil }  // quotient would not fit in 64 bits
+        let (quotient, _) = divisor.dividingFullWidth(product)
+        guard quotient > 0, quotient <= UInt64(Int64.max) else { return nil }
+        return Int64(quotient)
+    }
+}

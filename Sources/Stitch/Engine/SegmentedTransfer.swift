@@ -1,0 +1,326 @@
+import Foundation
+import Glibc
+import Synchronization
+
+/// Fetches the unfinished segments of one download over several connections at once.
+///
+/// Each *lane* is a task that claims a segment, requests exactly its bytes (`Range: bytes=N-M` with `If-Range`),
+/// writes them with `pwrite` at their offsets and records them in the segment's live-record slot. A lane whose
+/// segment is done takes half of the largest remaining one (work stealing), split on a piece boundary, so no
+/// byte is fetched twice except on retry. Every 206 is checked against the validators and the range asked for;
+/// one mismatch stops every lane and the download restarts from zero. A failing lane retries its own segment with
+/// backoff while the others go on.
+///
+/// Threads: lanes run on the engine's task group; their sinks on the transport thread. Shared state is behind one
+/// lock; the sinks read only the stop flag (an atomic) and their segment's end (the store's lock).
+final class SegmentedTransfer: Sendable {
+    enum Outcome: Sendable {
+        case complete
+        case restart(RestartReason)
+    }
+
+    let store: PartStore
+    let known: Validators
+    let ifRange: String
+    let startURL: URL
+    let request: DownloadRequest
+    let options: DownloadOptions
+    let transport: any HTTPTransport
+    let clock: any DownloadClock
+    let lanes: Int
+    let emit: @Sendable (DownloadEvent) -> Void
+    let poke: @Sendable () -> Void
+
+    private struct Shared {
+        var owned: Set<Int> = []
+        var stop: Stop?
+    }
+
+    enum Stop: Sendable {
+        case restart(RestartReason)
+        case failure(DownloadError)
+    }
+
+    private let shared = Mutex(Shared())
+    let stopped = Atomic<Bool>(false)
+    /// Body bytes received over all lanes (progress and retry accounting).
+    let received = Atomic<Int64>(0)
+    private let sinceCheckpoint = Atomic<Int64>(0)
+
+    init(
+        store: PartStore, known: Validators, ifRange: String, startURL: URL, request: DownloadRequest,
+        options: DownloadOptions, transport: any HTTPTransport, clock: any DownloadClock, lanes: Int,
+        emit: @escaping @Sendable (DownloadEvent) -> Void,
+        poke: @escaping @Sendable () -> Void
+    ) {
+        self.store = store
+        self.known = known
+        self.ifRange = ifRange
+        self.startURL = startURL
+        self.request = request
+        self.options = options
+        self.transport = transport
+        self.clock = clock
+        self.lanes = lanes
+        self.emit = emit
+        self.poke = poke
+    }
+
+    /// Runs the lanes until every segment is complete, a restart is needed, or a failure ends the download.
+    /// - Throws: ``DownloadError``, or `CancellationError` when the task is cancelled.
+    func run() async throws -> Outcome {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<lanes {
+                group.addTask { try await self.lane() }
+            }
+            try await group.waitForAll()
+        }
+        switch shared.withLock({ $0.stop }) {
+        case .restart(let reason): return .restart(reason)
+        case .failure(let error): throw error
+        case nil: break
+        }
+        guard store.writtenSegments.allSatisfy(\.isComplete) else {
+            throw DownloadError(.protocolViolation, "segments left unfinished", resumable: true)
+        }
+        return .complete
+    }
+
+    private func halt(_ stop: Stop) {
+        shared.withLock { state in
+            if state.stop == nil { state.stop = stop }
+        }
+        stopped.store(true, ordering: .releasing)
+    }
+
+    /// The next segment for a lane: an unowned unfinished one, else half of the largest remaining one.
+    private func claim() -> Int? {
+        shared.withLock { state -> Int? in
+            guard state.stop == nil else { return nil }
+            let segments = store.writtenSegments
+            if let free = segments.indices
+                .filter({ !state.owned.contains($0) && !segments[$0].isComplete })
+                .min(by: { segments[$0].start < segments[$1].start })
+            {
+                state.owned.insert(free)
+                return free
+            }
+            let pieceSize = store.snapshot.pieceSize
+            let minimum = max(options.minimumSplitSize, 1)
+            let victims = state.owned.compactMap { slot -> (Int, Int64, Int64)? in
+                guard let end = segments[slot].end else { return nil }
+                return (slot, segments[slot].durable, end)
+            }
+            guard let (victim, written, end) = victims.max(by: { $0.2 - $0.1 < $1.2 - $1.1 }),
+                end - written >= 2 * minimum
+            else { return nil }
+            // Split in the middle, on a piece boundary when the piece fits (so each piece has one writer).
+            var at = written + (end - written) / 2
+            let alignment = pieceSize <= (end - written) / 2 ? pieceSize : minimum
+            at = (at + alignment - 1) / alignment * alignment
+            guard at > written, at < end, let slot = store.split(victim, at: at) else { return nil }
+            state.owned.insert(slot)
+            return slot
+        }
+    }
+
+    private func release(_ slot: Int) {
+        shared.withLock { _ = $0.owned.remove(slot) }
+    }
+
+    // MARK: One lane
+
+    private func lane() async throws {
+        while !stopped.load(ordering: .acquiring), let slot = claim() {
+            defer { release(slot) }
+            try await fetch(slot)
+        }
+    }
+
+    /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures.
+    private func fetch(_ slot: Int) async throws {
+        var failures = 0
+        var url = startURL
+        var redirects: [String] = []
+        while !stopped.load(ordering: .acquiring) {
+            try Task.checkCancellation()
+            let start = store.written(slot)
+            guard let end = store.end(slot), start < end else { return }
+            let plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
+            let sink = LaneSink(transfer: self, slot: slot, plan: plan, known: known)
+            var headers = HTTPHeaders()
+            for field in request.headers where !ResumePolicy.ownedHeaders.contains(field.name.lowercased()) {
+                headers.add(name: field.name, value: field.value)
+            }
+            for (name, value) in ResumePolicy.headers(for: plan) { headers.add(name: name, value: value) }
+            var transportOptions = options.transport
+            transportOptions.separateConnection = true
+            let result = await transport.perform(
+                TransportRequest(url: url.absoluteString, headers: headers, options: transportOptions), delegate: sink)
+            try Task.checkCancellation()
+            if stopped.load(ordering: .acquiring) { return }
+            if store.written(slot) > start { failures = 0 }
+
+            var reason: String
+            var retryAfter: String?
+            switch sink.verdict {
+            case .redirect(let location):
+                guard let next = URL(string: location, relativeTo: url)?.absoluteURL,
+                    let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
+                else {
+                    halt(.failure(DownloadError(.redirects, "redirect to an unusable location: \(location.debugDescription)")))
+                    return
+                }
+                redirects.append(url.absoluteString)
+                if redirects.contains(next.absoluteString) || redirects.count > options.maxRedirects {
+                    halt(.failure(DownloadError(.redirects, "redirect loop or too many redirects at \(next.absoluteString)")))
+                    return
+                }
+                url = next
+                continue
+            case .restart(let why):
+                halt(.restart(why))
+                return
+            case .restartWithBody(let why, _):
+                halt(.restart(why))
+                return
+            case .complete:
+                return
+            case .fail(let status):
+                halt(.failure(DownloadError(
+                    .httpStatus, "HTTP \(status) \(statusText(status)) from \(url.absoluteString)", httpStatus: status,
+                    resumable: true)))
+                return
+            case .retry(let status, let after):
+                reason = "HTTP \(status) \(statusText(status))"
+                retryAfter = after
+            case .accept:
+                if let failure = sink.failure {
+                    halt(.failure(DownloadError.io("cannot write", path: store.paths.part, failure)))
+                    return
+                }
+                if sink.reachedEnd { continue }  // the loop re-reads the end: done, or shrunk by a split
+                switch result {
+                case .success:
+                    if store.written(slot) >= end { continue }
+                    reason = "the connection closed at \(store.written(slot)) before \(end)"
+                case .failure(let error):
+                    if error.isCancelled { throw CancellationError() }
+                    if error.isTLS {
+                        halt(.failure(DownloadError(.tls, "TLS error: \(error.message)", cause: error)))
+                        return
+                    }
+                    guard error.isRetryable || error.isAbortedByDelegate else {
+                        halt(.failure(DownloadError(.protocolViolation, error.message, cause: error, resumable: true)))
+                        return
+                    }
+                    reason = error.message
+                }
+            case nil:
+                guard case .failure(let error) = result else {
+                    halt(.failure(DownloadError(.protocolViolation, "no response from \(url.absoluteString)")))
+                    return
+                }
+                if error.isCancelled { throw CancellationError() }
+                if error.isTLS {
+                    halt(.failure(DownloadError(.tls, "TLS error: \(error.message)", cause: error)))
+                    return
+                }
+                guard error.isRetryable else {
+                    halt(.failure(DownloadError(.protocolViolation, error.message, cause: error, resumable: true)))
+                    return
+                }
+                reason = error.message
+            }
+            failures += 1
+            if failures > options.retry.maxRetries {
+                halt(.failure(DownloadError(
+                    .retriesExhausted,
+                    "giving up after \(options.retry.maxRetries) retries on one connection: \(reason); rerun to resume",
+                    resumable: true)))
+                return
+            }
+            let delay = options.retry.delay(
+                attempt: failures, retryAfter: retryAfter, now: clock.now(), jitter: Double.random(in: 0...1))
+            emit(.retrying(attempt: failures, maxRetries: options.retry.maxRetries, delay: delay, reason: reason))
+            try await clock.sleep(seconds: delay)
+            url = startURL
+            redirects = []
+        }
+    }
+
+    /// Called by sinks for every chunk written: checkpoint pokes by volume.
+    fileprivate func wrote(_ count: Int) {
+        received.add(Int64(count), ordering: .relaxed)
+        if sinceCheckpoint.add(Int64(count), ordering: .relaxed).newValue >= options.checkpointBytes {
+            sinceCheckpoint.store(0, ordering: .relaxed)
+            poke()
+        }
+    }
+}
+
+/// The transfer delegate of one lane's request. Touched only on the transport thread during the request and by
+/// the lane after it (the await orders the two).
+private final class LaneSink: TransferDelegate, @unchecked Sendable {
+    let transfer: SegmentedTransfer
+    let slot: Int
+    let plan: RequestPlan
+    let known: Validators
+    var verdict: HeadVerdict?
+    var offset: Int64 = 0
+    var reachedEnd = false
+    var failure: Errno?
+
+    init(transfer: SegmentedTransfer, slot: Int, plan: RequestPlan, known: Validators) {
+        self.transfer = transfer
+        self.slot = slot
+        self.plan = plan
+        self.known = known
+    }
+
+    func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition {
+        let verdict = ResumePolicy.evaluate(head, plan: plan, known: known)
+        self.verdict = verdict
+        switch verdict {
+        case .accept(let start, _):
+            offset = start
+            return .receive
+        case .restart, .restartWithBody:
+            return .abort
+        case .complete, .redirect, .retry, .fail:
+            return .discard
+        }
+    }
+
+    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+        // The rate limit is shared by every connection (and download) holding the same limiter.
+        if let limiter = transfer.options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
+            return .pause(seconds: wait)
+        }
+        return receive(bytes) ? .accepted : .abort
+    }
+
+    private func receive(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        if transfer.stopped.load(ordering: .relaxed) { return false }
+        guard let end = transfer.store.end(slot) else { return false }
+        let room = end - offset
+        if room <= 0 {
+            reachedEnd = true
+            return false
+        }
+        let count = Int(min(Int64(bytes.count), room))
+        let data = UnsafeRawBufferPointer(rebasing: bytes[0..<count])
+        if let error = transfer.store.write(data, at: offset) {
+            failure = error
+            return false
+        }
+        offset += Int64(count)
+        transfer.store.noteWritten(slot, offset)
+        transfer.wrote(count)
+        if count < bytes.count || offset >= end {
+            reachedEnd = true
+            return false
+        }
+        return true
+    }
+}
