@@ -26,9 +26,10 @@ let package = Package(
             providers: [.apt(["libssl-dev"])]
         ),
         .systemLibrary(name: "CStitchSystem"),
+        .target(name: "CStitchCRC"),
         .target(
             name: "Stitch",
-            dependencies: ["CCurl", "CCrypto", "CStitchSystem"],
+            dependencies: ["CCurl", "CCrypto", "CStitchSystem", "CStitchCRC"],
             swiftSettings: swiftSettings
         ),
         .executableTarget(

@@ -7,6 +7,7 @@ enum Help {
         USAGE:
           stitch get URL [options]       download URL (rerun the same command to resume)
           stitch get --resume DEST       continue the partial download saved at DEST
+          stitch verify DEST             check a partial download's pieces; damaged ones are fetched again
           stitch --version
           stitch help [get]
 
@@ -45,5 +46,15 @@ enum Help {
           75 network failures or temporary HTTP errors (408, 429, 5xx) outlasted --retries (rerun to resume)
           130 interrupted by SIGINT (state saved; rerun to resume)
           143 terminated by SIGTERM (state saved; rerun to resume)
+        """
+
+    static let verify = """
+        USAGE: stitch verify DEST [--json]
+
+        Re-reads the pieces of the partial download at DEST whose checksums (CRC32C) were recorded as they
+        became durable, and marks every damaged piece as not downloaded: the next 'stitch get' of DEST fetches
+        only those pieces again. Finds torn or rotted writes after a crash without asking the server.
+
+        EXIT STATUS: 0 no damage   1 damaged pieces found (and marked)   64 no partial download at DEST
         """
 }

@@ -62,6 +62,13 @@ struct StitchCommand {
                 return .success
             }
             return await get(rest)
+        case "verify":
+            let rest = Array(arguments.dropFirst())
+            if rest.contains("-h") || rest.contains("--help") {
+                Output.stdout(Help.verify + "\n")
+                return .success
+            }
+            return verify(rest)
         default:
             let what = command.hasPrefix("-") ? "option" : "command"
             writeAll(
@@ -175,6 +182,43 @@ struct StitchCommand {
             }
             return ExitStatus(for: error)
         case .failure(let error):
+            output.error("\(error)")
+            return .failure
+        }
+    }
+
+    /// `stitch verify DEST [--json]`: checks the recorded pieces of a partial download and marks damaged ones.
+    static func verify(_ arguments: [String]) -> ExitStatus {
+        let json = arguments.contains("--json")
+        let paths = arguments.filter { $0 != "--json" }
+        guard paths.count == 1, let path = paths.first, !path.hasPrefix("-") else {
+            writeAll(STDERR_FILENO, "stitch: verify takes one partial download: stitch verify DEST [--json]\n")
+            return .usage
+        }
+        let output = Output(mode: json ? .json : .human)
+        do {
+            let report = try Downloader.verify(at: path)
+            if json {
+                output.json("verify", [
+                    "path": path, "piece_size": report.pieceSize, "pieces_checked": report.piecesChecked,
+                    "damaged": report.damagedPieces.map { ["index": $0.index, "start": $0.bytes.lowerBound, "end": $0.bytes.upperBound] },
+                ])
+            } else if report.damagedPieces.isEmpty {
+                Output.stdout("\(path): \(report.piecesChecked) pieces checked, none damaged\n")
+            } else {
+                for piece in report.damagedPieces {
+                    Output.stdout("damaged piece \(piece.index): bytes \(piece.bytes.lowerBound)-\(piece.bytes.upperBound - 1)\n")
+                }
+                output.message(
+                    "stitch: \(report.damagedPieces.count) of \(report.piecesChecked) pieces damaged; rerun the download (or stitch get --resume \(path)) to fetch only those again",
+                    always: true)
+            }
+            return report.damagedPieces.isEmpty ? .success : .failure
+        } catch let error as DownloadError {
+            output.error(error.message)
+            output.json("error", ["code": "\(error.code)", "message": error.message, "resumable": error.isResumable])
+            return ExitStatus(for: error)
+        } catch {
             output.error("\(error)")
             return .failure
         }

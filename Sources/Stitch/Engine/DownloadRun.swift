@@ -43,6 +43,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     /// Set once a store exists, so progress is never reported before the destination is.
     private let hasStore = Atomic<Bool>(false)
     private var compareBuffer: UnsafeMutableRawBufferPointer?
+    private var pieces: PieceHasher?
 
     // Read from anywhere.
     private let transferred = Atomic<Int64>(0)
@@ -277,8 +278,20 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                     "\(paths.destination) already exists; pass --overwrite to replace it "
                         + "(the partial download beside it is kept)")
             }
-            let (store, point) = try PartStore.reopen(paths: paths, state: state)
+            var (store, point) = try PartStore.reopen(paths: paths, state: state)
             self.store = store
+            if point.rebooted {
+                // After a power cut even durable bytes may be torn: re-check every recorded piece.
+                let damaged = store.damagedPieces()
+                if !damaged.isEmpty {
+                    try store.invalidate(pieces: damaged)
+                    let snapshot = store.snapshot
+                    point = ResumePoint(
+                        bytes: snapshot.durableBytes, prefix: snapshot.durablePrefix,
+                        note: "\(damaged.count) damaged piece(s) found after the restart; fetching only those again",
+                        rebooted: true)
+                }
+            }
             known = point.bytes > 0 ? state.validators : nil
             resumedFrom = point.bytes
             position.store(point.bytes, ordering: .relaxed)
@@ -592,6 +605,12 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         offset = start
         verifyEnd = end
         limit = validators.totalLength
+        pieces = nil
+        if let store, let total = validators.totalLength {
+            var hasher = PieceHasher(pieceSize: store.snapshot.pieceSize, total: total)
+            hasher.start(at: max(start, end), segmentStart: 0, store: store)
+            pieces = hasher
+        }
         totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
         position.store(max(start, end), ordering: .relaxed)
         emit(.receiving(status: status, offset: max(start, end), total: validators.totalLength))
@@ -668,6 +687,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             return false
         }
         hasher?.update(data)
+        pieces?.consume(data, at: offset, store: store)
         offset += Int64(data.count)
         store.noteWritten(0, offset)
         position.store(offset, ordering: .relaxed)

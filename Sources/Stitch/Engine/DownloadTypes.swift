@@ -164,3 +164,18 @@ public enum Connections {
         return Int(max(1, min(Int64(automaticMaximum), length / automaticStep)))
     }
 }
+
+/// What ``Downloader/verify(at:)`` found.
+public struct VerifyReport: Sendable, Hashable {
+    public var pieceSize: Int64
+    /// Pieces that had a checksum and were read back.
+    public var piecesChecked: Int
+    /// Pieces whose bytes did not match; they are now marked to be fetched again.
+    public var damagedPieces: [DamagedPiece]
+}
+
+/// One piece whose bytes on disk do not match the checksum recorded when it was written.
+public struct DamagedPiece: Sendable, Hashable {
+    public var index: Int
+    public var bytes: Range<Int64>
+}

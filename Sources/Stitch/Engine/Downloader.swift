@@ -55,6 +55,32 @@ public struct Downloader: Sendable {
             durableBytes: state.durableBytes, totalBytes: state.validators.totalLength)
     }
 
+    /// Re-reads the checksummed pieces of the partial download at `destination` and marks every damaged one as
+    /// not downloaded, so that the next ``download(_:options:onEvent:)`` fetches only those pieces again.
+    ///
+    /// Finds torn or rotted writes after a crash without asking the server. Pieces are recorded once they are
+    /// durable; a piece written by two connections, or not yet durable, has no checksum and is not checked.
+    /// - Throws: ``DownloadError`` (`.nothingToResume`, `.unusableState`, `.io`).
+    public static func verify(at destination: String) throws -> VerifyReport {
+        let paths = DownloadPaths(destination: absolutePath(destination))
+        guard let state = try StateFile.read(paths.state) else {
+            throw DownloadError(.nothingToResume, "no partial download at \(destination) (no \(paths.state))")
+        }
+        let (store, _) = try PartStore.reopen(paths: paths, state: state)
+        defer { store.unlock() }
+        let damaged = store.damagedPieces()
+        try store.invalidate(pieces: damaged)
+        let snapshot = store.snapshot
+        let total = snapshot.validators.totalLength ?? 0
+        return VerifyReport(
+            pieceSize: snapshot.pieceSize,
+            piecesChecked: snapshot.pieces.count { $0 != nil } + damaged.count,
+            damagedPieces: damaged.map { index in
+                let start = Int64(index) * snapshot.pieceSize
+                return DamagedPiece(index: index, bytes: start..<min(start + snapshot.pieceSize, total))
+            })
+    }
+
     /// Splits "Name: value", rejecting what would smuggle another header or request line.
     public static func parseHeaderLine(_ line: String) -> (String, String)? {
         guard let colon = line.firstIndex(of: ":") else { return nil }

@@ -41,6 +41,9 @@ final class SegmentedTransfer: Sendable {
         case failure(DownloadError)
     }
 
+    /// Bytes a running request may have in flight (socket buffers) when its range is cut short.
+    static let stealSlack: Int64 = 2 << 20
+
     private let shared = Mutex(Shared())
     let stopped = Atomic<Bool>(false)
     /// Body bytes received over all lanes (progress and retry accounting).
@@ -111,8 +114,10 @@ final class SegmentedTransfer: Sendable {
                 guard let end = segments[slot].end else { return nil }
                 return (slot, segments[slot].durable, end)
             }
+            // The victim's request still runs to its old end, so what the server already sent past the split
+            // point is received and dropped: only a remainder well above that in-flight slack is worth halving.
             guard let (victim, written, end) = victims.max(by: { $0.2 - $0.1 < $1.2 - $1.1 }),
-                end - written >= 2 * minimum
+                end - written >= 2 * minimum + Self.stealSlack
             else { return nil }
             // Split in the middle, on a piece boundary when the piece fits (so each piece has one writer).
             var at = written + (end - written) / 2
@@ -270,6 +275,7 @@ private final class LaneSink: TransferDelegate, @unchecked Sendable {
     var offset: Int64 = 0
     var reachedEnd = false
     var failure: Errno?
+    var pieces: PieceHasher?
 
     init(transfer: SegmentedTransfer, slot: Int, plan: RequestPlan, known: Validators) {
         self.transfer = transfer
@@ -284,6 +290,10 @@ private final class LaneSink: TransferDelegate, @unchecked Sendable {
         switch verdict {
         case .accept(let start, _):
             offset = start
+            let store = transfer.store
+            var hasher = PieceHasher(pieceSize: store.snapshot.pieceSize, total: known.totalLength)
+            hasher.start(at: start, segmentStart: store.segmentStart(slot), store: store)
+            pieces = hasher
             return .receive
         case .restart, .restartWithBody:
             return .abort
@@ -314,6 +324,7 @@ private final class LaneSink: TransferDelegate, @unchecked Sendable {
             failure = error
             return false
         }
+        pieces?.consume(data, at: offset, store: transfer.store)
         offset += Int64(count)
         transfer.store.noteWritten(slot, offset)
         transfer.wrote(count)

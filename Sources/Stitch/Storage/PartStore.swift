@@ -42,6 +42,8 @@ struct ResumePoint: Sendable {
     var prefix: Int64
     /// Why less than the state file's best record was trusted, for the user.
     var note: String?
+    /// The state was written in another boot: the durable pieces are worth re-checking.
+    var rebooted = false
 }
 
 /// Owns what is on disk for one download. Every write the crash rules depend on goes through here.
@@ -61,6 +63,8 @@ final class PartStore: @unchecked Sendable {
     /// durable any more (Linux reports a writeback error to one fsync only; a retried one would lie), so
     /// every later durable step fails and the run ends with the error.
     private let broken = Atomic<Bool>(false)
+    /// Piece checksums computed by the writers, waiting for their bytes to become durable.
+    private let pendingPieces = Mutex<[Int: UInt32]>([:])
 
     private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState) {
         self.paths = paths
@@ -127,6 +131,7 @@ final class PartStore: @unchecked Sendable {
         let size = Int64(info.st_size)
         var state = state
         var note: String?
+        let rebooted = state.bootID != BootID.current
         let liveWritten = state.bootID == BootID.current ? LiveRecord.read(at: paths.live, nonce: state.nonce) : nil
         if state.bootID != BootID.current, size > 0 {
             note = "the machine restarted since the last run; trusting only the \(state.durableBytes) bytes synced to disk"
@@ -163,7 +168,7 @@ final class PartStore: @unchecked Sendable {
         // data it vouches for is durable.
         let store = PartStore(paths: paths, fd: fd, live: live, state: state)
         try store.checkpoint(force: true)
-        return (store, ResumePoint(bytes: state.durableBytes, prefix: state.durablePrefix, note: note))
+        return (store, ResumePoint(bytes: state.durableBytes, prefix: state.durablePrefix, note: note, rebooted: rebooted))
     }
 
     /// Opens (creating) the part file and takes the download's lock, an exclusive `flock` held until ``unlock()``
@@ -306,6 +311,11 @@ final class PartStore: @unchecked Sendable {
         }
     }
 
+    /// Where segment `slot` begins.
+    func segmentStart(_ slot: Int) -> Int64 {
+        state.withLock { $0.segments[slot].start }
+    }
+
     /// The current end of segment `slot` (it shrinks when another connection takes part of it).
     func end(_ slot: Int) -> Int64? {
         state.withLock { $0.segments[slot].end }
@@ -322,7 +332,20 @@ final class PartStore: @unchecked Sendable {
             for index in next.segments.indices {
                 next.segments[index].durable = max(next.segments[index].durable, live.load(slot: index))
             }
-            guard force || next.segments != state.segments else { return }
+            let pending = pendingPieces.withLock { $0 }
+            // A piece's checksum is recorded once all of its bytes are in this checkpoint.
+            var recorded: [Int] = []
+            if let total = next.validators.totalLength {
+                for (piece, crc) in pending {
+                    let start = Int64(piece) * next.pieceSize
+                    let end = min(start + next.pieceSize, total)
+                    guard next.segments.contains(where: { $0.start <= start && end <= $0.durable }) else { continue }
+                    if next.pieces.count <= piece { next.pieces += Array(repeating: nil, count: piece + 1 - next.pieces.count) }
+                    next.pieces[piece] = crc
+                    recorded.append(piece)
+                }
+            }
+            if next.segments == state.segments && recorded.isEmpty && !force { return }
             guard fdatasync(fd) == 0 else {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot sync", path: paths.part, .current)
@@ -331,6 +354,83 @@ final class PartStore: @unchecked Sendable {
             next.updatedAt = now()
             try StateFile.write(next, to: paths.state)
             state = next
+            durable.store(next.durableBytes, ordering: .releasing)
+            pendingPieces.withLock { pending in
+                for piece in recorded { pending[piece] = nil }
+            }
+        }
+    }
+
+    /// A writer finished piece `index` with checksum `crc` (recorded at the checkpoint that makes it durable).
+    func notePiece(_ index: Int, crc: UInt32) {
+        pendingPieces.withLock { $0[index] = crc }
+    }
+
+    /// Re-reads every recorded piece and returns the indices whose bytes no longer match their checksum.
+    func damagedPieces() -> [Int] {
+        let snapshot = self.snapshot
+        guard let total = snapshot.validators.totalLength else { return [] }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(snapshot.pieceSize), alignment: 16)
+        defer { buffer.deallocate() }
+        var damaged: [Int] = []
+        for (index, recorded) in snapshot.pieces.enumerated() {
+            guard let recorded else { continue }
+            let start = Int64(index) * snapshot.pieceSize
+            let count = Int(min(snapshot.pieceSize, total - start))
+            let target = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count])
+            if read(into: target, at: start) != count || CRC32C.checksum(UnsafeRawBufferPointer(target)) != recorded {
+                damaged.append(index)
+            }
+        }
+        return damaged
+    }
+
+    /// Marks pieces as not downloaded, so that only they are fetched again: the segment list is rebuilt (durable
+    /// bytes outside the pieces stay), their checksums dropped, and a new nonce voids the live record's slots.
+    func invalidate(pieces damaged: [Int]) throws(DownloadError) {
+        guard !damaged.isEmpty else { return }
+        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+            try checkUsable()
+            guard let total = state.validators.totalLength else { return }
+            var done: [(Int64, Int64)] = state.segments.enumerated().map { index, segment in
+                (segment.start, max(segment.durable, live.load(slot: index)))
+            }.filter { $0.0 < $0.1 }
+            for piece in damaged {
+                let cutStart = Int64(piece) * state.pieceSize
+                let cutEnd = min(cutStart + state.pieceSize, total)
+                done = done.flatMap { interval -> [(Int64, Int64)] in
+                    guard interval.0 < cutEnd, cutStart < interval.1 else { return [interval] }
+                    return [(interval.0, cutStart), (cutEnd, interval.1)].filter { $0.0 < $0.1 }
+                }
+            }
+            done.sort { $0.0 < $1.0 }
+            // Each done interval becomes a segment that also owns the gap after it (still to fetch).
+            var segments: [Segment] = []
+            if let first = done.first, first.0 > 0 { segments.append(Segment(start: 0, end: first.0, durable: 0)) }
+            if done.isEmpty { segments.append(Segment(start: 0, end: total, durable: 0)) }
+            for (index, interval) in done.enumerated() {
+                let end = index + 1 < done.count ? done[index + 1].0 : total
+                segments.append(Segment(start: interval.0, end: end, durable: interval.1))
+            }
+            guard segments.count <= LiveRecord.slotCount else {
+                throw DownloadError(.unusableState, "too many damaged pieces to repair in place; pass --overwrite")
+            }
+            var next = state
+            next.segments = segments
+            for piece in damaged where piece < next.pieces.count { next.pieces[piece] = nil }
+            next.liveNonce = Self.newNonce()
+            next.updatedAt = now()
+            // Durable data first: the kept bytes may have been only written, not yet synced.
+            guard fdatasync(fd) == 0 else {
+                broken.store(true, ordering: .releasing)
+                throw .io("cannot sync", path: paths.part, .current)
+            }
+            try StateFile.write(next, to: paths.state)
+            state = next
+            live.reset(nonce: next.nonce, written: segments.map(\.durable))
+            pendingPieces.withLock { pending in
+                for piece in damaged { pending[piece] = nil }
+            }
             durable.store(next.durableBytes, ordering: .releasing)
         }
     }
@@ -353,6 +453,7 @@ final class PartStore: @unchecked Sendable {
             next.segments = Self.wholeFile(validators)
             next.pieceSize = PieceLayout.pieceSize(forTotal: validators.totalLength)
             next.pieces = []
+            pendingPieces.withLock { $0.removeAll() }
             next.liveNonce = Self.newNonce()
             next.updatedAt = now()
             do throws(DownloadError) {

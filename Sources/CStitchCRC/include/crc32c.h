@@ -1,0 +1,24 @@
+#ifndef STITCH_CRC32C_H
+#define STITCH_CRC32C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * CRC-32C (Castagnoli; polynomial 0x1EDC6F41, reflected 0x82F63B78; the iSCSI / ext4 / SCTP CRC).
+ *
+ * `crc` is a finished CRC value (start with 0); the pre- and post-inversion happen inside, so
+ * update(update(0, a), b) == update(0, a ++ b) for every split. `data` may be NULL when `length` is 0.
+ * Thread-safe: the tables and the CPU check are set up once (pthread_once).
+ */
+
+/* The fastest implementation this CPU has: SSE4.2 `crc32` on x86-64 when available, else slicing-by-8. */
+uint32_t stitch_crc32c_update(uint32_t crc, const void *_Nullable data, size_t length);
+
+/* Always the portable slicing-by-8 table implementation (exposed so tests can compare the two). */
+uint32_t stitch_crc32c_update_portable(uint32_t crc, const void *_Nullable data, size_t length);
+
+/* 1 when `stitch_crc32c_update` uses the hardware instruction, 0 when it falls back to the tables. */
+int stitch_crc32c_hardware_available(void);
+
+#endif
