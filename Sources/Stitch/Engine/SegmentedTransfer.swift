@@ -34,6 +34,11 @@ final class SegmentedTransfer: Sendable {
     private struct Shared {
         var owned: Set<Int> = []
         var stop: Stop?
+        /// The sink of each running request, by segment, so a slow one can be told to make way.
+        var sinks: [Int: LaneSink] = [:]
+        /// Seconds in a row each segment's connection has been much slower than the others.
+        var slowSeconds: [Int: Int] = [:]
+        var lastWritten: [Int: Int64] = [:]
     }
 
     enum Stop: Sendable {
@@ -49,6 +54,7 @@ final class SegmentedTransfer: Sendable {
     /// Body bytes received over all lanes (progress and retry accounting).
     let received = Atomic<Int64>(0)
     private let sinceCheckpoint = Atomic<Int64>(0)
+    private let finishedLanes = Atomic<Int>(0)
 
     init(
         store: PartStore, known: Validators, ifRange: String, startURL: URL, request: DownloadRequest,
@@ -74,9 +80,23 @@ final class SegmentedTransfer: Sendable {
     func run() async throws -> Outcome {
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<lanes {
-                group.addTask { try await self.lane() }
+                group.addTask {
+                    defer { self.finishedLanes.add(1, ordering: .releasing) }
+                    try await self.lane()
+                }
             }
-            try await group.waitForAll()
+            if lanes > 2 {
+                group.addTask {
+                    while self.finishedLanes.load(ordering: .acquiring) < self.lanes, !Task.isCancelled {
+                        try? await Task.sleep(for: .seconds(1))
+                        self.replaceSlowConnections()
+                    }
+                }
+            }
+            // The monitor sleeps; once every lane is done it is cancelled rather than waited for.
+            while try await group.next() != nil {
+                if finishedLanes.load(ordering: .acquiring) >= lanes { group.cancelAll() }
+            }
         }
         switch shared.withLock({ $0.stop }) {
         case .restart(let reason): return .restart(reason)
@@ -129,6 +149,46 @@ final class SegmentedTransfer: Sendable {
         }
     }
 
+    /// Once a second: a connection under a quarter of the median speed for three seconds in a row is dropped and
+    /// its lane asks again on a new connection (a slow path or an overloaded server behind a balancer).
+    private func replaceSlowConnections() {
+        let segments = store.writtenSegments
+        shared.withLock { state in
+            var speeds: [Int: Int64] = [:]
+            for slot in state.sinks.keys where slot < segments.count {
+                let now = segments[slot].durable
+                speeds[slot] = now - (state.lastWritten[slot] ?? now)
+                state.lastWritten[slot] = now
+            }
+            guard speeds.count >= 3 else { return }
+            let sorted = speeds.values.sorted()
+            let median = sorted[sorted.count / 2]
+            guard median >= 64 * 1024 else { return }
+            for (slot, speed) in speeds {
+                if speed * 4 < median {
+                    state.slowSeconds[slot, default: 0] += 1
+                    if state.slowSeconds[slot, default: 0] >= 3, let sink = state.sinks[slot] {
+                        sink.replace.store(true, ordering: .releasing)
+                        state.slowSeconds[slot] = 0
+                        state.lastWritten[slot] = nil
+                    }
+                } else {
+                    state.slowSeconds[slot] = 0
+                }
+            }
+        }
+    }
+
+    private func register(_ sink: LaneSink?, for slot: Int) {
+        shared.withLock { state in
+            state.sinks[slot] = sink
+            if sink == nil {
+                state.lastWritten[slot] = nil
+                state.slowSeconds[slot] = nil
+            }
+        }
+    }
+
     private func release(_ slot: Int) {
         shared.withLock { _ = $0.owned.remove(slot) }
     }
@@ -160,8 +220,10 @@ final class SegmentedTransfer: Sendable {
             for (name, value) in ResumePolicy.headers(for: plan) { headers.add(name: name, value: value) }
             var transportOptions = options.transport
             transportOptions.separateConnection = true
+            register(sink, for: slot)
             let result = await transport.perform(
                 TransportRequest(url: url.absoluteString, headers: headers, options: transportOptions), delegate: sink)
+            register(nil, for: slot)
             try Task.checkCancellation()
             if stopped.load(ordering: .acquiring) { return }
             if store.written(slot) > start { failures = 0 }
@@ -205,6 +267,10 @@ final class SegmentedTransfer: Sendable {
                     return
                 }
                 if sink.reachedEnd { continue }  // the loop re-reads the end: done, or shrunk by a split
+                if sink.replace.load(ordering: .acquiring) {
+                    emit(.notice("replacing a slow connection"))
+                    continue  // not a failure: ask again on a new connection
+                }
                 switch result {
                 case .success:
                     if store.written(slot) >= end { continue }
@@ -266,7 +332,7 @@ final class SegmentedTransfer: Sendable {
 
 /// The transfer delegate of one lane's request. Touched only on the transport thread during the request and by
 /// the lane after it (the await orders the two).
-private final class LaneSink: TransferDelegate, @unchecked Sendable {
+final class LaneSink: TransferDelegate, @unchecked Sendable {
     let transfer: SegmentedTransfer
     let slot: Int
     let plan: RequestPlan
@@ -276,6 +342,8 @@ private final class LaneSink: TransferDelegate, @unchecked Sendable {
     var reachedEnd = false
     var failure: Errno?
     var pieces: PieceHasher?
+    /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
+    let replace = Atomic<Bool>(false)
 
     init(transfer: SegmentedTransfer, slot: Int, plan: RequestPlan, known: Validators) {
         self.transfer = transfer
@@ -311,7 +379,7 @@ private final class LaneSink: TransferDelegate, @unchecked Sendable {
     }
 
     private func receive(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        if transfer.stopped.load(ordering: .relaxed) { return false }
+        if transfer.stopped.load(ordering: .relaxed) || replace.load(ordering: .relaxed) { return false }
         guard let end = transfer.store.end(slot) else { return false }
         let room = end - offset
         if room <= 0 {
