@@ -140,7 +140,11 @@ struct CrashTests {
         // "Reboot": another boot id, and the page cache lost — the bytes past the durable extent are junk.
         let stateData = try #require(FileManager.default.contents(atPath: statePath))
         var state = try #require(try JSONSerialization.jsonObject(with: stateData) as? [String: Any])
-        let durable = try #require(state["durableLength"] as? Int)
+        // An 8 MiB download uses one connection: one segment from 0, whose durable extent is the durable prefix.
+        let segments = try #require(state["segments"] as? [[String: Any]], "no segments in \(state)")
+        try #require(segments.count == 1, "expected one segment: \(segments)")
+        #expect(segments[0]["start"] as? Int == 0)
+        let durable = try #require(segments[0]["durable"] as? Int)
         let oldBoot = try #require(state["bootID"] as? String)
         state["bootID"] = oldBoot == "00000000-0000-4000-8000-000000000000"
             ? "11111111-1111-4111-8111-111111111111" : "00000000-0000-4000-8000-000000000000"
@@ -186,11 +190,14 @@ struct CrashTests {
         return points
     }
 
-    /// The state file's `durableLength`, if it can be read right now.
+    /// The durable extent of the state file's only segment (`segments[0].durable`), if it can be read right now
+    /// and the download has exactly one segment starting at 0.
     static func durableLength(_ path: String) -> Int? {
         guard let data = FileManager.default.contents(atPath: path),
-            let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
+            let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+            let segments = object["segments"] as? [[String: Any]], segments.count == 1,
+            segments[0]["start"] as? Int == 0
         else { return nil }
-        return object["durableLength"] as? Int
+        return segments[0]["durable"] as? Int
     }
 }

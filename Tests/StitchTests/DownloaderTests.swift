@@ -169,7 +169,7 @@ import Testing
         }
         #expect(!fileExists(f.dest))
         #expect(fileSize(f.paths.part) == 800_000)
-        #expect(try StateFile.read(f.paths.state)?.durableLength == 800_000)
+        #expect(try StateFile.read(f.paths.state)?.segments == [Segment(start: 0, end: 2 << 20, durable: 800_000)])
 
         // The server recovers: the next run continues from what was kept.
         f.serve(file)
@@ -229,7 +229,9 @@ import Testing
 
         #expect(!fileExists(f.dest))
         #expect(fileSize(f.paths.part) == 1_500_000)
-        #expect(try StateFile.read(f.paths.state)?.durableLength == 1_500_000)  // saved on cancel
+        #expect(  // saved on cancel
+            try StateFile.read(f.paths.state)?.segments
+                == [Segment(start: 0, end: Int64(Self.size), durable: 1_500_000)])
         let saved = try Downloader.savedDownload(at: f.dest)
         #expect(saved.url == f.url && saved.durableBytes == 1_500_000 && saved.totalBytes == Int64(Self.size))
 
@@ -607,7 +609,7 @@ import Testing
         #expect(error?.isResumable == true)
         #expect(!fileExists(f.dest))
         #expect(fileSize(f.paths.part) == 1_000_000)
-        #expect(try StateFile.read(f.paths.state)?.durableLength == 1_000_000)
+        #expect(try StateFile.read(f.paths.state)?.segments == [Segment(start: 0, end: 2 << 20, durable: 1_000_000)])
 
         let result = try await f.download(f.request())
         try f.expectComplete(result, file.data)
@@ -772,7 +774,7 @@ import Testing
         let file = ServedFile.random(size: Self.size, seed: 32, etag: Self.etag)
         f.serve(file, faults: .onRequest(0, .stallAfter(1_500_000, then: .close)))
         try await f.interruptedDownload(f.request(), at: 1_500_000)
-        try writeFile(f.paths.state, Array("{\"schemaVersion\": 1, \"url\": tru".utf8))
+        try writeFile(f.paths.state, Array("{\"schemaVersion\": 2, \"url\": tru".utf8))
         let part = try readFile(f.paths.part)
 
         let error = await #expect(throws: DownloadError.self) { try await f.download(f.request()) }
@@ -854,7 +856,7 @@ import Testing
         let first = try await f.download(f.request())
         try f.expectComplete(first, file.data)
         try StateFile.write(f.state(durable: 1 << 20, total: 1 << 20), to: f.paths.state)
-        _ = try LiveRecord(creatingAt: f.paths.live, nonce: 0x5eed, written: 1 << 20)
+        _ = try LiveRecord(creatingAt: f.paths.live, nonce: 0x5eed, written: [1 << 20])
         f.watch.disarm()
 
         let again = try await f.download(f.request())
@@ -944,9 +946,12 @@ import Testing
         // The last durable checkpoint was at 1 000 000; the boot that wrote it is over; what lies beyond it in
         // the part file is whatever the disk happened to keep.
         var state = try #require(try StateFile.read(f.paths.state))
-        #expect(LiveRecord.read(at: f.paths.live, nonce: state.nonce) == 3_000_000)
+        #expect(LiveRecord.read(at: f.paths.live, nonce: state.nonce) == PartStoreTests.slots([3_000_000]))
+        try #require(state.segments.count == 1)
         state.bootID = "a-previous-boot"
-        state.durableLength = 1_000_000
+        state.segments[0].durable = 1_000_000
+        // That checkpoint could record only the checksums of pieces wholly below 1 000 000.
+        state.pieces = Array(state.pieces.prefix(Int(1_000_000 / state.pieceSize)))
         try StateFile.write(state, to: f.paths.state)
         var part = try readFile(f.paths.part)
         var scrambler = SplitMix64(seed: 99)
@@ -977,8 +982,9 @@ import Testing
         let stateAtCrash = try #require(f.snapshot)
         try writeFile(f.paths.state, stateAtCrash)  // undo the checkpoint the clean cancel made
         let state = try #require(try StateFile.read(f.paths.state))
-        #expect(state.durableLength < 2_500_000)
-        #expect(LiveRecord.read(at: f.paths.live, nonce: state.nonce) == 2_500_000)
+        try #require(state.segments.count == 1)
+        #expect(state.segments[0].durable < 2_500_000)
+        #expect(LiveRecord.read(at: f.paths.live, nonce: state.nonce) == PartStoreTests.slots([2_500_000]))
 
         let sentBefore = f.server.bodyBytesSent
         let result = try await f.download(f.request(), options: options)
@@ -1266,7 +1272,8 @@ extension Fixture {
             url: url, headers: [], checksum: nil,
             validators: Validators(
                 etag: DownloaderTests.etag, lastModified: nil, date: nil, totalLength: total, acceptRanges: true),
-            durableLength: durable, bootID: BootID.current, liveNonce: "5eed", updatedAt: 1_700_000_000)
+            segments: [Segment(start: 0, end: total, durable: durable)], bootID: BootID.current, liveNonce: "5eed",
+            updatedAt: 1_700_000_000)
     }
 }
 

@@ -20,18 +20,53 @@ import Testing
         try StateFile.write(state, to: path)
         #expect(try StateFile.read(path) == state)
         #expect(!fileExists(path + ".tmp"))
+
+        // Several segments, out of offset order (slot order), with recorded and missing piece checksums.
+        var segmented = makeState(
+            segments: [
+                Segment(start: 0, end: 1 << 20, durable: 1 << 20),
+                Segment(start: 2 << 20, end: 3 << 20, durable: (2 << 20) + 5),
+                Segment(start: 1 << 20, end: 2 << 20, durable: 1 << 20),
+            ], total: 3 << 20)
+        segmented.pieces = [0xDEAD_BEEF, nil, 7]
+        try StateFile.write(segmented, to: path)
+        let read = try #require(try StateFile.read(path))
+        #expect(read == segmented)
+        #expect(read.schemaVersion == 2)
+        #expect(read.durableBytes == (1 << 20) + 5)
+        #expect(read.durablePrefix == 1 << 20)
+    }
+
+    /// `durableBytes` sums every segment; `durablePrefix` stops at the first gap.
+    @Test func durableBytesAndPrefix() {
+        var state = makeState(durable: 0, total: nil)
+        #expect(state.durableBytes == 0 && state.durablePrefix == 0)
+        state.segments = [Segment(start: 0, end: nil, durable: 500)]
+        #expect(state.durableBytes == 500 && state.durablePrefix == 500)
+        state.validators.totalLength = 3000
+        state.segments = [
+            Segment(start: 2000, end: 3000, durable: 2500),
+            Segment(start: 0, end: 1000, durable: 1000),
+            Segment(start: 1000, end: 2000, durable: 1200),
+        ]
+        #expect(state.durableBytes == 500 + 1000 + 200)
+        #expect(state.durablePrefix == 1200)
+        state.segments[2].durable = 2000
+        #expect(state.durablePrefix == 2500)
+        state.segments[1].durable = 999
+        #expect(state.durablePrefix == 999)
     }
 
     /// A crash while writing the temporary file, or after writing it but before the rename, leaves `NAME.tmp`
     /// beside an intact state: readers ignore it and the next write replaces it.
-    @Test(arguments: ["garbage", "", "{\"schemaVersion\": 1, \"url\": \"http://x/", "newer"])
+    @Test(arguments: ["garbage", "", "{\"schemaVersion\": 2, \"url\": \"http://x/", "newer"])
     func leftoverTemporaryIsIgnored(_ leftover: String) throws {
         let dir = try TemporaryDirectory()
         let path = dir.path + "/f.stitch"
         let old = makeState(durable: 100, total: 1000)
         try StateFile.write(old, to: path)
         var newer = old
-        newer.durableLength = 900
+        newer.segments[0].durable = 900
         let text = leftover == "newer" ? String(decoding: try JSONEncoder().encode(newer), as: UTF8.self) : leftover
         try writeFile(path + ".tmp", Array(text.utf8))
 
@@ -42,7 +77,9 @@ import Testing
     }
 
     static func validJSON() throws -> String {
-        String(decoding: try JSONEncoder().encode(makeState(durable: 10, total: 100)), as: UTF8.self)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return String(decoding: try encoder.encode(makeState(durable: 10, total: 100)), as: UTF8.self)
     }
 
     @Test(arguments: [
@@ -50,12 +87,15 @@ import Testing
         ("not JSON", "garbage"),
         ("binary", "\u{0}\u{1}\u{2}\u{ff}"),
         ("truncated", "TRUNCATED"),
-        ("other format", "{\"schemaVersion\": 2}"),
-        ("format as a string", "{\"schemaVersion\": \"1\"}"),
-        ("missing fields", "{\"schemaVersion\": 1, \"url\": \"http://x/\"}"),
-        ("wrong type", "REPLACE:\"durableLength\":10=\"durableLength\":\"ten\""),
-        ("negative length", "REPLACE:\"durableLength\":10=\"durableLength\":-1"),
-        ("durable beyond total", "REPLACE:\"durableLength\":10=\"durableLength\":101"),
+        ("other format", "{\"schemaVersion\": 1}"),
+        ("newer format", "{\"schemaVersion\": 3}"),
+        ("format as a string", "{\"schemaVersion\": \"2\"}"),
+        ("missing fields", "{\"schemaVersion\": 2, \"url\": \"http://x/\"}"),
+        ("wrong type", "REPLACE:\"durable\":10=\"durable\":\"ten\""),
+        ("negative length", "REPLACE:\"durable\":10=\"durable\":-1"),
+        ("durable beyond total", "REPLACE:\"durable\":10=\"durable\":101"),
+        ("segment beyond total", "REPLACE:\"end\":100=\"end\":101"),
+        ("durable before start", "REPLACE:\"start\":0=\"start\":11"),
         ("a JSON array", "[1, 2, 3]"),
     ])
     func corruptStateIsUnusable(_ name: String, _ content: String) throws {
@@ -77,6 +117,69 @@ import Testing
         #expect(error?.message.contains("\n") == false, "one line: \(error?.message ?? "")")
     }
 
+    /// A state file of the previous format (one `durableLength`) is refused with its format named, not misread.
+    @Test func formatOneStateIsRefused() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.path + "/f.stitch"
+        let v1 = """
+            {"schemaVersion": 1, "url": "http://example.com/file.bin", "headers": [], "validators":
+            {"etag": "\\"v1\\"", "totalLength": 100, "acceptRanges": true}, "durableLength": 10,
+            "bootID": "\(BootID.current)", "liveNonce": "1234abcd", "updatedAt": 1700000000}
+            """
+        try writeFile(path, Array(v1.utf8))
+        let error = #expect(throws: DownloadError.self) { try StateFile.read(path) }
+        #expect(error?.code == .unusableState)
+        #expect(error?.message.contains("state format 1") == true, "\(error?.message ?? "")")
+        #expect(error?.message.contains("format 2") == true, "\(error?.message ?? "")")
+    }
+
+    /// Well-formed JSON whose segments or pieces break an invariant a reader relies on: refused as corrupt, with
+    /// the broken rule named.
+    @Test(arguments: [
+        "bad nonce", "no segments", "too many segments", "overlapping segments", "open segment beside others",
+        "open segment with a length", "segment past the length", "durable before start", "durable past end",
+        "negative start", "piece size not a power of two", "piece size too small", "too many pieces",
+        "pieces without a length",
+    ])
+    func inconsistentStateIsUnusable(_ name: String) throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.path + "/f.stitch"
+        var state = makeState(durable: 0, total: 3_000_000)
+        let total: Int64 = 3_000_000
+        switch name {
+        case "bad nonce": state.liveNonce = "not hex"
+        case "no segments": state.segments = []
+        case "too many segments":
+            state.segments = (0...Int64(LiveRecord.slotCount)).map {
+                Segment(start: $0 * 10, end: $0 * 10 + 10, durable: $0 * 10)
+            }
+        case "overlapping segments":
+            state.segments = [Segment(start: 0, end: 600, durable: 0), Segment(start: 500, end: total, durable: 500)]
+        case "open segment beside others":
+            state.validators.totalLength = nil
+            state.segments = [Segment(start: 0, end: nil, durable: 0), Segment(start: 500, end: 1000, durable: 500)]
+        case "open segment with a length": state.segments = [Segment(start: 0, end: nil, durable: 0)]
+        case "segment past the length": state.segments = [Segment(start: 0, end: total + 1, durable: 0)]
+        case "durable before start":
+            state.segments = [Segment(start: 0, end: 500, durable: 0), Segment(start: 500, end: total, durable: 499)]
+        case "durable past end": state.segments = [Segment(start: 0, end: 500, durable: 501)]
+        case "negative start": state.segments = [Segment(start: -1, end: total, durable: 0)]
+        case "piece size not a power of two": state.pieceSize = 3 << 20
+        case "piece size too small": state.pieceSize = PieceLayout.minimumPieceSize / 2
+        case "too many pieces": state.pieces = [1, 2, 3, 4]  // 3 MB in 1 MiB pieces is 3 pieces
+        default:
+            state.validators.totalLength = nil
+            state.segments = [Segment(start: 0, end: nil, durable: 0)]
+            state.pieces = [1]
+        }
+        #expect(state.problem() != nil)
+        try StateFile.write(state, to: path)
+        let error = #expect(throws: DownloadError.self) { try StateFile.read(path) }
+        #expect(error?.code == .unusableState)
+        #expect(error?.message.contains(path) == true)
+        #expect(error?.message.contains("corrupt (\(state.problem() ?? "-"))") == true, "\(error?.message ?? "")")
+    }
+
     @Test func oversizedStateIsUnusable() throws {
         let dir = try TemporaryDirectory()
         let path = dir.path + "/f.stitch"
@@ -91,38 +194,66 @@ import Testing
     @Test func liveRecordTrustsOnlyItsOwnNonce() throws {
         let dir = try TemporaryDirectory()
         let path = dir.path + "/f.stitch-live"
+        #expect(LiveRecord.size == (4 + 256) * 8)
         #expect(LiveRecord.read(at: path, nonce: 7) == nil)
+        let last = LiveRecord.slotCount - 1
         do {
-            let record = try LiveRecord(creatingAt: path, nonce: 7, written: 10)
-            #expect(LiveRecord.read(at: path, nonce: 7) == 10)
-            record.store(written: 123_456_789)
+            let record = try LiveRecord(creatingAt: path, nonce: 7, written: [10, 20])
+            #expect(LiveRecord.read(at: path, nonce: 7) == Self.slots([10, 20]))
+            record.store(slot: 0, written: 123_456_789)
+            record.store(slot: last, written: 42)
+            #expect(record.load(slot: 0) == 123_456_789 && record.load(slot: 1) == 20 && record.load(slot: last) == 42)
             // Seen by another reader at once: the page cache is shared, no sync needed within a boot.
-            #expect(LiveRecord.read(at: path, nonce: 7) == 123_456_789)
+            var expected = Self.slots([123_456_789, 20])
+            expected[last] = 42
+            #expect(LiveRecord.read(at: path, nonce: 7) == expected)
             #expect(LiveRecord.read(at: path, nonce: 8) == nil)
-            record.reset(nonce: 9, written: 5)
+            record.reset(nonce: 9, written: [5])
             #expect(LiveRecord.read(at: path, nonce: 7) == nil)
-            #expect(LiveRecord.read(at: path, nonce: 9) == 5)
+            // A new generation starts clean: every slot past the given ones is zero again.
+            #expect(LiveRecord.read(at: path, nonce: 9) == Self.slots([5]))
+            #expect(record.load(slot: 1) == 0 && record.load(slot: last) == 0)
         }
         // Still readable after the mapping is gone (a crashed process).
-        #expect(LiveRecord.read(at: path, nonce: 9) == 5)
+        #expect(LiveRecord.read(at: path, nonce: 9) == Self.slots([5]))
         #expect(try readFile(path).count == LiveRecord.size)
     }
 
-    @Test(arguments: ["truncated", "zeros", "bad magic", "bad version", "huge value"])
+    /// A damaged live record never raises trust above the state file: a broken header makes it unreadable, and a
+    /// slot holding an impossible (negative) value is never more than a durable extent.
+    @Test(arguments: [
+        "truncated", "zeros", "bad magic", "bad version", "bad slot count", "format 1 record", "huge value",
+    ])
     func damagedLiveRecordIsIgnored(_ damage: String) throws {
         let dir = try TemporaryDirectory()
-        let path = dir.path + "/f.stitch-live"
-        _ = try LiveRecord(creatingAt: path, nonce: 7, written: 10)
-        var bytes = try readFile(path)
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let data = ServedFile.randomBytes(count: 400_000, seed: 6)
+        try writeFile(paths.part, data)
+        let state = makeState(durable: 100_000, total: 1_000_000)
+        try StateFile.write(state, to: paths.state)
+        _ = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: [300_000])
+        #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == Self.slots([300_000]))
+        var bytes = try readFile(paths.live)
         switch damage {
         case "truncated": bytes.removeLast(1)
         case "zeros": bytes = [UInt8](repeating: 0, count: LiveRecord.size)
         case "bad magic": bytes[0] ^= 0xFF
-        case "bad version": bytes[8] = 2
-        default: bytes[31] = 0x80  // > Int64.max
+        case "bad version": bytes[8] = 1  // the previous format's version
+        case "bad slot count": bytes[24] ^= 0x01
+        case "format 1 record":
+            // magic | version 1 | nonce | written: what the previous format wrote.
+            let words: [UInt64] = [LiveRecord.magic, 1, state.nonce, 300_000]
+            bytes = words.flatMap { word in (0..<8).map { UInt8(truncatingIfNeeded: word >> (8 * $0)) } }
+        default: bytes[32 + 7] = 0x80  // slot 0 > Int64.max as unsigned: a negative offset
         }
-        try writeFile(path, bytes)
-        #expect(LiveRecord.read(at: path, nonce: 7) == nil)
+        try writeFile(paths.live, bytes)
+        if damage != "huge value" {
+            #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == nil)
+        }
+        let (store, point) = try PartStore.reopen(paths: paths, state: state)
+        #expect(point.bytes == 100_000 && point.prefix == 100_000)
+        #expect(store.written(0) == 100_000)
+        #expect(try StateFile.read(paths.state)?.segments == [Segment(start: 0, end: 1_000_000, durable: 100_000)])
     }
 
     // MARK: PartStore.reopen
@@ -164,6 +295,8 @@ import Testing
             expectNote: true),
         ReopenCase(name: "unknown length", partSize: 400_000, durable: 100_000, total: nil, live: 300_000,
             expected: 300_000),
+        ReopenCase(name: "unknown length, other boot", partSize: 400_000, durable: 100_000, total: nil,
+            sameBoot: false, live: 300_000, expected: 100_000, expectNote: true),
     ]
 
     @Test(arguments: reopenCases)
@@ -177,21 +310,242 @@ import Testing
         try StateFile.write(state, to: paths.state)
         if let live = c.live {
             _ = try LiveRecord(creatingAt: paths.live, nonce: c.liveNonceMatches ? state.nonce : state.nonce &+ 1,
-                written: live)
+                written: [live])
         }
 
         let (store, point) = try PartStore.reopen(paths: paths, state: state)
-        #expect(point.offset == c.expected)
+        #expect(point.bytes == c.expected)
+        #expect(point.prefix == c.expected)
         #expect((point.note != nil) == c.expectNote, "\(point.note ?? "no note")")
-        #expect(store.written.load(ordering: .relaxed) == c.expected)
-        // The untrusted tail is gone; the trusted prefix is untouched.
-        #expect(try readFile(paths.part) == Array(data.prefix(Int(c.expected))))
+        #expect(store.written(0) == c.expected)
+        #expect(store.writtenBytes == c.expected)
+        #expect(store.durable.load(ordering: .relaxed) == c.expected)
+        let trusted = [Segment(start: 0, end: c.total, durable: c.expected)]
+        #expect(store.writtenSegments == trusted)
+        if c.total == nil {
+            // With no known length the file ends where the data ends: the untrusted tail is gone, the trusted
+            // prefix untouched.
+            #expect(try readFile(paths.part) == Array(data.prefix(Int(c.expected))))
+        } else {
+            // With a known length nothing is cut: untrusted bytes are fetched again over themselves, so the
+            // file (and with it the trusted prefix) is untouched.
+            #expect(try readFile(paths.part) == data)
+        }
         // The state now vouches for exactly the trusted bytes, in this boot, durably.
         let saved = try #require(try StateFile.read(paths.state))
         #expect(saved.bootID == BootID.current)
-        #expect(saved.durableLength == c.expected)
+        #expect(saved.segments == trusted)
+        #expect(saved.durableBytes == c.expected && saved.durablePrefix == c.expected)
         #expect(saved.liveNonce == state.liveNonce)
-        #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == c.expected)
+        #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == Self.slots([c.expected]))
+    }
+
+    /// Each segment is trusted on its own: its live slot within the same boot (never past its end or the part
+    /// file), only its durable extent after a reboot; a part file shorter than any durable extent restarts all.
+    @Test(arguments: ["same boot", "same boot, clamped", "other boot", "part shorter than a segment"])
+    func reopenTrustsEachSegment(_ name: String) throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let total: Int64 = 3_000_000
+        // Slot order is not offset order: slot 2 was split off slot 1 (or 0) after slot 1 was.
+        var state = makeState(
+            segments: [
+                Segment(start: 0, end: 1_000_000, durable: 400_000),
+                Segment(start: 2_000_000, end: 3_000_000, durable: 2_100_000),
+                Segment(start: 1_000_000, end: 2_000_000, durable: 1_500_000),
+            ], total: total)
+        state.pieces = [nil, 0xC0FFEE, nil]
+        var live: [Int64] = [700_000, 2_900_000, 1_200_000]  // two ahead of durable, one behind
+        var partSize = Int(total)
+        let expected: [Segment]
+        var expectedPieces = state.pieces
+        var note: String?
+        switch name {
+        case "same boot":
+            expected = [
+                Segment(start: 0, end: 1_000_000, durable: 700_000),
+                Segment(start: 2_000_000, end: 3_000_000, durable: 2_900_000),
+                Segment(start: 1_000_000, end: 2_000_000, durable: 1_500_000),
+            ]
+        case "same boot, clamped":
+            live[0] = 1_100_000  // past its segment's end
+            partSize = 2_800_000  // slot 1's live extent is past the end of the file
+            expected = [
+                Segment(start: 0, end: 1_000_000, durable: 1_000_000),
+                Segment(start: 2_000_000, end: 3_000_000, durable: 2_800_000),
+                Segment(start: 1_000_000, end: 2_000_000, durable: 1_500_000),
+            ]
+        case "other boot":
+            state.bootID = "another-boot"
+            expected = state.segments
+            note = "restarted"
+        default:
+            partSize = 2_050_000  // short of slot 1's durable 2 100 000
+            expected = [Segment(start: 0, end: total, durable: 0)]
+            expectedPieces = []
+            note = "starting over"
+        }
+        let data = ServedFile.randomBytes(count: partSize, seed: 11)
+        try writeFile(paths.part, data)
+        try StateFile.write(state, to: paths.state)
+        _ = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: live)
+
+        let (store, point) = try PartStore.reopen(paths: paths, state: state)
+        var reference = state
+        reference.segments = expected
+        #expect(point.bytes == reference.durableBytes)
+        #expect(point.prefix == reference.durablePrefix)
+        if let note {
+            #expect(point.note?.contains(note) == true, "\(point.note ?? "no note")")
+        } else {
+            #expect(point.note == nil, "\(point.note ?? "")")
+        }
+        for (slot, segment) in expected.enumerated() { #expect(store.written(slot) == segment.durable, "slot \(slot)") }
+        #expect(store.written(expected.count) == 0)
+        #expect(store.writtenSegments == expected)
+        #expect(store.durable.load(ordering: .relaxed) == reference.durableBytes)
+        #expect(try readFile(paths.part) == data)  // a known length: nothing is cut
+
+        let saved = try #require(try StateFile.read(paths.state))
+        #expect(saved.bootID == BootID.current)
+        #expect(saved.segments == expected)
+        #expect(saved.pieces == expectedPieces)
+        #expect(saved.liveNonce == state.liveNonce)
+        #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == Self.slots(expected.map(\.durable)))
+
+        // The figures for the cases, worked out by hand.
+        switch name {
+        case "same boot": #expect(point.bytes == 700_000 + 900_000 + 500_000 && point.prefix == 700_000)
+        case "same boot, clamped": #expect(point.bytes == 1_000_000 + 800_000 + 500_000 && point.prefix == 1_500_000)
+        case "other boot": #expect(point.bytes == 400_000 + 100_000 + 500_000 && point.prefix == 400_000)
+        default: #expect(point.bytes == 0 && point.prefix == 0)
+        }
+    }
+
+    // MARK: Splitting a segment
+
+    /// `split` changes only memory: until a checkpoint the state file keeps the victim's longer segment, whose
+    /// written extent stays short of the split point, and the new slot is beyond the state's list. A crash then
+    /// trusts the victim up to what it wrote and none of the new segment; after a checkpoint both are recorded.
+    @Test func splitIsSafeBeforeAndAfterACheckpoint() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let total: Int64 = 4_000_000
+        let data = ServedFile.randomBytes(count: Int(total), seed: 12)
+        var store: PartStore? = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: total).validators)
+        try write(store!, data, 0..<500_000)
+        try store!.checkpoint()
+        let stateBeforeSplit = try readFile(paths.state)
+
+        // Refused: at or below what the victim has written, at or past its end, of a slot with nothing to split.
+        #expect(store!.split(0, at: 500_000) == nil)
+        #expect(store!.split(0, at: 100) == nil)
+        #expect(store!.split(0, at: total) == nil)
+        #expect(store!.split(0, at: total + 1) == nil)
+        let slot = try #require(store!.split(0, at: 2_000_000))
+        #expect(slot == 1)
+        #expect(store!.end(0) == 2_000_000 && store!.end(1) == total)
+        #expect(store!.written(1) == 2_000_000)
+        let afterSplit = [
+            Segment(start: 0, end: 2_000_000, durable: 500_000),
+            Segment(start: 2_000_000, end: total, durable: 2_000_000),
+        ]
+        #expect(store!.writtenSegments == afterSplit)
+        #expect(store!.snapshot.segments == afterSplit)
+        #expect(store!.split(0, at: 2_000_000) == nil)  // now its end
+
+        try write(store!, data, 500_000..<900_000, slot: 0)
+        try write(store!, data, 2_000_000..<2_600_000, slot: 1)
+        #expect(store!.writtenBytes == 900_000 + 600_000)
+        #expect(store!.durable.load(ordering: .relaxed) == 500_000)
+        // No checkpoint since the split: the state file is as it was before it.
+        #expect(try readFile(paths.state) == stateBeforeSplit)
+        store = nil  // the process dies
+
+        try writeFile(paths.state, stateBeforeSplit)  // (unchanged: restored only to make the premise explicit)
+        let onDisk = try #require(try StateFile.read(paths.state))
+        #expect(onDisk.segments == [Segment(start: 0, end: total, durable: 500_000)])
+        let checkpointed: DownloadState
+        do {
+            let (reopened, point) = try PartStore.reopen(paths: paths, state: onDisk)
+            // The victim's slot up to its written extent (short of the split point); the new slot is ignored.
+            #expect(point.bytes == 900_000 && point.prefix == 900_000)
+            #expect(point.note == nil)
+            let trusted = [Segment(start: 0, end: total, durable: 900_000)]
+            #expect(reopened.snapshot.segments == trusted)
+            #expect(try StateFile.read(paths.state)?.segments == trusted)
+            #expect(LiveRecord.read(at: paths.live, nonce: onDisk.nonce) == Self.slots([900_000]))
+            #expect(reopened.written(1) == 0)
+            let part = try readFile(paths.part)
+            #expect(part.count == 2_600_000)  // nothing cut: the new segment's bytes are fetched again over themselves
+            #expect(Array(part.prefix(900_000)) == Array(data.prefix(900_000)))
+
+            // Split again, write both, checkpoint: both segments are in the state file.
+            #expect(reopened.split(0, at: 2_000_000) == 1)
+            try write(reopened, data, 900_000..<1_000_000, slot: 0)
+            try write(reopened, data, 2_000_000..<2_600_000, slot: 1)
+            try reopened.checkpoint()
+            checkpointed = try #require(try StateFile.read(paths.state))
+            let both = [
+                Segment(start: 0, end: 2_000_000, durable: 1_000_000),
+                Segment(start: 2_000_000, end: total, durable: 2_600_000),
+            ]
+            #expect(checkpointed.segments == both)
+            #expect(checkpointed.durableBytes == 1_000_000 + 600_000 && checkpointed.durablePrefix == 1_000_000)
+            #expect(reopened.durable.load(ordering: .relaxed) == 1_600_000)
+
+            // More in both, then a crash.
+            try write(reopened, data, 1_000_000..<1_200_000, slot: 0)
+            try write(reopened, data, 2_600_000..<3_000_000, slot: 1)
+        }
+        do {
+            // The same boot trusts both slots' written extents.
+            let (again, sameBoot) = try PartStore.reopen(paths: paths, state: checkpointed)
+            #expect(sameBoot.bytes == 1_200_000 + 1_000_000 && sameBoot.prefix == 1_200_000)
+            let written = [
+                Segment(start: 0, end: 2_000_000, durable: 1_200_000),
+                Segment(start: 2_000_000, end: total, durable: 3_000_000),
+            ]
+            #expect(again.snapshot.segments == written)
+            #expect(LiveRecord.read(at: paths.live, nonce: onDisk.nonce) == Self.slots([1_200_000, 3_000_000]))
+        }
+
+        // A reboot after the checkpoint instead: both segments at their checkpointed extents.
+        var rebooted = checkpointed
+        rebooted.bootID = "before-the-reboot"
+        try StateFile.write(rebooted, to: paths.state)
+        let (_, afterReboot) = try PartStore.reopen(paths: paths, state: rebooted)
+        #expect(afterReboot.bytes == 1_600_000 && afterReboot.prefix == 1_000_000)
+        #expect(afterReboot.note != nil)
+        #expect(try StateFile.read(paths.state)?.segments == checkpointed.segments)
+    }
+
+    /// Every split takes a new slot; when all are taken a split is refused, and the full list is a valid state.
+    @Test func splitStopsAtTheLastSlot() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let total: Int64 = 4_000_000
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: total).validators)
+        for slot in 1..<LiveRecord.slotCount {
+            #expect(store.split(slot - 1, at: Int64(slot) * 1000) == slot)
+        }
+        #expect(store.split(LiveRecord.slotCount - 1, at: total - 1) == nil)
+        #expect(store.end(LiveRecord.slotCount - 1) == total)
+        try store.checkpoint(force: true)
+        let saved = try #require(try StateFile.read(paths.state))
+        #expect(saved.segments.count == LiveRecord.slotCount)
+        #expect(saved.durableBytes == 0)
+
+        // A segment of unknown end cannot be split.
+        let other = DownloadPaths(destination: dir.path + "/open.bin")
+        let open = try PartStore.create(
+            paths: other, url: "http://x/open.bin", headers: [], checksum: nil, validators: .none)
+        #expect(open.split(0, at: 1000) == nil)
+        #expect(open.end(0) == nil)
     }
 
     // MARK: Checkpoints and restarts
@@ -206,25 +560,30 @@ import Testing
             validators: makeState(durable: 0, total: 400_000).validators)
         try write(store!, data, 0..<300_000)
         try store!.checkpoint()
-        #expect(try StateFile.read(paths.state)?.durableLength == 300_000)
+        #expect(try StateFile.read(paths.state)?.segments == [Segment(start: 0, end: 400_000, durable: 300_000)])
         try write(store!, data, 300_000..<350_000)  // never checkpointed
         store = nil  // the process dies
 
         let state = try #require(try StateFile.read(paths.state))
-        #expect(state.durableLength == 300_000)
+        #expect(state.segments == [Segment(start: 0, end: 400_000, durable: 300_000)])
 
         // Same boot: the live record vouches for 350 000.
         let sameBoot = try PartStore.reopen(paths: paths, state: state).1
-        #expect(sameBoot.offset == 350_000)
+        #expect(sameBoot.bytes == 350_000 && sameBoot.prefix == 350_000)
 
         // A reboot instead (simulated: another boot id in the state written before the crash).
         var rebooted = state
         rebooted.bootID = "before-the-reboot"
         try StateFile.write(rebooted, to: paths.state)
         try writeFile(paths.part, Array(data[0..<350_000]))
-        let afterReboot = try PartStore.reopen(paths: paths, state: rebooted).1
-        #expect(afterReboot.offset == 300_000)
-        #expect(try readFile(paths.part) == Array(data[0..<300_000]))
+        let (afterRebootStore, afterReboot) = try PartStore.reopen(paths: paths, state: rebooted)
+        #expect(afterReboot.bytes == 300_000 && afterReboot.prefix == 300_000)
+        #expect(afterReboot.note != nil)
+        #expect(afterRebootStore.written(0) == 300_000)
+        // Only 300 000 are vouched for, durably; the rest stays in the file, to be fetched again over itself.
+        #expect(try StateFile.read(paths.state)?.segments == [Segment(start: 0, end: 400_000, durable: 300_000)])
+        #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == Self.slots([300_000]))
+        #expect(try readFile(paths.part) == Array(data[0..<350_000]))
     }
 
     /// `restart` writes the new state (new nonce, nothing durable) before it touches the live record or the part
@@ -232,26 +591,34 @@ import Testing
     @Test func restartNeverTrustsTheOldGeneration() throws {
         let dir = try TemporaryDirectory()
         let paths = DownloadPaths(destination: dir.path + "/file.bin")
-        let data = ServedFile.randomBytes(count: 200_000, seed: 3)
+        let data = ServedFile.randomBytes(count: 3_000_000, seed: 3)
         var store: PartStore? = try PartStore.create(
             paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
-            validators: makeState(durable: 0, total: 200_000).validators)
+            validators: makeState(durable: 0, total: 3_000_000).validators)
+        // Two segments, so the restart must also fold them back into one.
+        #expect(store!.split(0, at: 2_000_000) == 1)
         try write(store!, data, 0..<200_000)
+        try write(store!, data, 2_000_000..<2_100_000, slot: 1)
         try store!.checkpoint()
-        let oldNonce = try #require(try StateFile.read(paths.state)).nonce
+        let old = try #require(try StateFile.read(paths.state))
+        #expect(old.segments.count == 2)
+        let oldNonce = old.nonce
         let oldLive = try readFile(paths.live)
         let oldPart = try readFile(paths.part)
-        #expect(LiveRecord.read(at: paths.live, nonce: oldNonce) == 200_000)
+        #expect(LiveRecord.read(at: paths.live, nonce: oldNonce) == Self.slots([200_000, 2_100_000]))
 
         try store!.restart(validators: .none)
         let restarted = try #require(try StateFile.read(paths.state))
-        #expect(restarted.durableLength == 0)
+        #expect(restarted.segments == [Segment(start: 0, end: nil, durable: 0)])
+        #expect(restarted.durableBytes == 0)
+        #expect(restarted.pieces.isEmpty)
         #expect(restarted.validators == .none)
         #expect(restarted.nonce != oldNonce)
         #expect(LiveRecord.read(at: paths.live, nonce: oldNonce) == nil)
-        #expect(LiveRecord.read(at: paths.live, nonce: restarted.nonce) == 0)
+        #expect(LiveRecord.read(at: paths.live, nonce: restarted.nonce) == Self.slots([0]))
         #expect(try readFile(paths.part).isEmpty)
-        #expect(store!.written.load(ordering: .relaxed) == 0)
+        #expect(store!.written(0) == 0 && store!.written(1) == 0)
+        #expect(store!.writtenSegments == [Segment(start: 0, end: nil, durable: 0)])
         #expect(store!.durable.load(ordering: .relaxed) == 0)
         store = nil
 
@@ -259,7 +626,7 @@ import Testing
         try writeFile(paths.live, oldLive)
         try writeFile(paths.part, oldPart)
         let point = try PartStore.reopen(paths: paths, state: restarted).1
-        #expect(point.offset == 0)
+        #expect(point.bytes == 0 && point.prefix == 0)
         #expect(try readFile(paths.part).isEmpty)
     }
 
@@ -294,7 +661,7 @@ import Testing
 
         store.unlock()
         let (second, point) = try PartStore.reopen(paths: paths, state: state)
-        #expect(point.offset == 100_000)
+        #expect(point.bytes == 100_000 && point.prefix == 100_000)
         second.unlock()
         try PartStore.removeLeftovers(at: paths)
         #expect(!fileExists(paths.part) && !fileExists(paths.state) && !fileExists(paths.live))
@@ -309,8 +676,10 @@ import Testing
             validators: .none)
         #expect(try readFile(paths.part).isEmpty)
         let state = try #require(try StateFile.read(paths.state))
-        #expect(state.durableLength == 0 && state.bootID == BootID.current && state.headers == ["X-A: b"])
-        #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == 0)
+        #expect(state.segments == [Segment(start: 0, end: nil, durable: 0)])
+        #expect(state.bootID == BootID.current && state.headers == ["X-A: b"])
+        #expect(state.schemaVersion == 2 && state.pieceSize == PieceLayout.minimumPieceSize && state.pieces.isEmpty)
+        #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == Self.slots([0]))
         _ = store
     }
 
@@ -322,7 +691,11 @@ import Testing
             paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
             validators: makeState(durable: 0, total: 10_000).validators)
         try write(store, data, 0..<10_000)
-        try store.finish(url: "http://x/file.bin")
+        // Bytes past the end (an untrusted tail left in place by a resume) are cut by finish.
+        let tail = [UInt8](repeating: 0xA5, count: 2_000)
+        #expect(tail.withUnsafeBytes { store.write($0, at: 10_000) } == nil)
+        #expect(fileSize(paths.part) == 12_000)
+        try store.finish(url: "http://x/file.bin", length: 10_000)
         #expect(try readFile(paths.destination) == data)
         #expect(!fileExists(paths.part) && !fileExists(paths.state) && !fileExists(paths.live))
         let mark = try #require(CompletionMark.read(at: paths.destination))
@@ -361,15 +734,15 @@ import Testing
 
         #expect(throws: DownloadError.self) { try store.checkpoint(force: true) }
         #expect(throws: DownloadError.self) { try store.update(validators: changed) }
-        #expect(throws: DownloadError.self) { try store.finish(url: "http://x/file.bin") }
+        #expect(throws: DownloadError.self) { try store.finish(url: "http://x/file.bin", length: 60_000) }
         let onDisk = try #require(try StateFile.read(paths.state))
         #expect(onDisk.validators.etag == "\"v1\"")
-        #expect(onDisk.durableLength == 60_000)
+        #expect(onDisk.segments == [Segment(start: 0, end: 100_000, durable: 60_000)])
         #expect(!fileExists(paths.destination))
     }
 
     /// Validators learnt from a later response are in the state file before any of that response's bytes can be
-    /// vouched for by the live record.
+    /// vouched for by the live record; a length learnt closes the single open segment.
     @Test func updatedValidatorsAreDurableAtOnce() throws {
         let dir = try TemporaryDirectory()
         let paths = DownloadPaths(destination: dir.path + "/file.bin")
@@ -378,7 +751,10 @@ import Testing
         var learnt = makeState(durable: 0, total: 5_000).validators
         learnt.etag = "\"fresh\""
         try store.update(validators: learnt)
-        #expect(try StateFile.read(paths.state)?.validators == learnt)
+        let saved = try #require(try StateFile.read(paths.state))
+        #expect(saved.validators == learnt)
+        #expect(saved.segments == [Segment(start: 0, end: 5_000, durable: 0)])
+        #expect(store.end(0) == 5_000)
     }
 
     /// The state is read before the lock is taken; if another run changed it in between, reopening refuses
@@ -398,20 +774,34 @@ import Testing
 
     // MARK: Helpers
 
+    /// A single-segment state: `0..<durable` of `0..<total` on stable storage.
     static func makeState(durable: Int64, total: Int64?) -> DownloadState {
+        makeState(segments: [Segment(start: 0, end: total, durable: durable)], total: total)
+    }
+
+    static func makeState(segments: [Segment], total: Int64?) -> DownloadState {
         DownloadState(
             url: "http://example.com/file.bin", headers: [], checksum: nil,
             validators: Validators(
                 etag: "\"v1\"", lastModified: nil, date: nil, totalLength: total, acceptRanges: true),
-            durableLength: durable, bootID: BootID.current, liveNonce: "1234abcd", updatedAt: 1_700_000_000)
+            segments: segments, bootID: BootID.current, liveNonce: "1234abcd", updatedAt: 1_700_000_000)
     }
 
     func makeState(durable: Int64, total: Int64?) -> DownloadState { Self.makeState(durable: durable, total: total) }
 
-    func write(_ store: PartStore, _ data: [UInt8], _ range: Range<Int>) throws {
+    func makeState(segments: [Segment], total: Int64?) -> DownloadState {
+        Self.makeState(segments: segments, total: total)
+    }
+
+    /// A whole live record's slots: `values`, then zeros.
+    static func slots(_ values: [Int64]) -> [Int64] {
+        values + [Int64](repeating: 0, count: LiveRecord.slotCount - values.count)
+    }
+
+    func write(_ store: PartStore, _ data: [UInt8], _ range: Range<Int>, slot: Int = 0) throws {
         let error = data[range].withUnsafeBytes { store.write($0, at: Int64(range.lowerBound)) }
         #expect(error == nil)
-        store.noteWritten(Int64(range.upperBound))
+        store.noteWritten(slot, Int64(range.upperBound))
     }
 }
 

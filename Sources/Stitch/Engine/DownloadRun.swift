@@ -465,10 +465,10 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     var progress: DownloadProgress {
         let total = totalLength.load(ordering: .relaxed)
+        // Durable first, then written: a restart in between can only make written smaller, so clamp.
+        let durable = durableMirror.load(ordering: .acquiring)
         let bytes = hasStore.load(ordering: .acquiring) ? store?.writtenBytes ?? 0 : position.load(ordering: .relaxed)
-        return DownloadProgress(
-            bytes: bytes, total: total >= 0 ? total : nil,
-            durableBytes: durableMirror.load(ordering: .relaxed))
+        return DownloadProgress(bytes: bytes, total: total >= 0 ? total : nil, durableBytes: min(durable, bytes))
     }
 
     private let durableMirror = Atomic<Int64>(0)

@@ -88,6 +88,16 @@ struct DownloadState: Codable, Sendable, Hashable {
                 previousEnd = Int64.max
             }
         }
+        // With a known length the segments tile the file exactly.
+        if let total {
+            let sorted = segments.sorted { $0.start < $1.start }
+            var expected: Int64 = 0
+            for segment in sorted {
+                guard segment.start == expected, let end = segment.end else { return "segments do not cover the file" }
+                expected = end
+            }
+            guard expected == total else { return "segments do not cover the file" }
+        }
         guard pieceSize >= PieceLayout.minimumPieceSize, pieceSize.nonzeroBitCount == 1 else { return "bad piece size" }
         if let total, Int64(pieces.count) > (total + pieceSize - 1) / pieceSize { return "too many pieces" }
         if total == nil, !pieces.isEmpty { return "pieces without a length" }

@@ -133,7 +133,7 @@ final class PartStore: @unchecked Sendable {
         var note: String?
         let rebooted = state.bootID != BootID.current
         let liveWritten = state.bootID == BootID.current ? LiveRecord.read(at: paths.live, nonce: state.nonce) : nil
-        if state.bootID != BootID.current, size > 0 {
+        if rebooted, state.segments.contains(where: { $0.durable < min($0.end ?? Int64.max, size) }) {
             note = "the machine restarted since the last run; trusting only the \(state.durableBytes) bytes synced to disk"
         }
         if state.segments.contains(where: { $0.durable > size }) {
@@ -283,7 +283,7 @@ final class PartStore: @unchecked Sendable {
         state.withLock { state in
             state.segments.enumerated().map { index, segment in
                 var current = segment
-                current.durable = max(segment.durable, live.load(slot: index))
+                current.durable = Self.written(segment, live.load(slot: index))
                 return current
             }
         }
@@ -311,6 +311,12 @@ final class PartStore: @unchecked Sendable {
         }
     }
 
+    /// How far `segment` is written given its live slot: never below what is durable, never past its end (a
+    /// write racing a split may run past the new end; those bytes belong to the new segment and are fetched again).
+    private static func written(_ segment: Segment, _ slot: Int64) -> Int64 {
+        min(max(segment.durable, slot), segment.end ?? Int64.max)
+    }
+
     /// Where segment `slot` begins.
     func segmentStart(_ slot: Int) -> Int64 {
         state.withLock { $0.segments[slot].start }
@@ -330,7 +336,7 @@ final class PartStore: @unchecked Sendable {
             try checkUsable()
             var next = state
             for index in next.segments.indices {
-                next.segments[index].durable = max(next.segments[index].durable, live.load(slot: index))
+                next.segments[index].durable = Self.written(next.segments[index], live.load(slot: index))
             }
             let pending = pendingPieces.withLock { $0 }
             // A piece's checksum is recorded once all of its bytes are in this checkpoint.
@@ -393,7 +399,7 @@ final class PartStore: @unchecked Sendable {
             try checkUsable()
             guard let total = state.validators.totalLength else { return }
             var done: [(Int64, Int64)] = state.segments.enumerated().map { index, segment in
-                (segment.start, max(segment.durable, live.load(slot: index)))
+                (segment.start, Self.written(segment, live.load(slot: index)))
             }.filter { $0.0 < $0.1 }
             for piece in damaged {
                 let cutStart = Int64(piece) * state.pieceSize
