@@ -24,6 +24,7 @@ struct GetOptions {
     var json = false
     var connections: Int?
     var limitRate: Int64?
+    var streams = false
 
     static let reservedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]
 
@@ -101,6 +102,7 @@ struct GetOptions {
                     throw UsageError("--limit-rate takes a rate like 500K, 2M or 1.5M (bytes per second), not '\(text)'")
                 }
                 options.limitRate = rate
+            case "--streams": options.streams = true
             case "-k", "--insecure": options.insecure = true
             case "--overwrite": options.overwrite = true
             case "-q", "--quiet": options.quiet = true
@@ -108,7 +110,7 @@ struct GetOptions {
             default:
                 throw UsageError("unknown option '\(argument)'")
             }
-            if inlineValue != nil, ["--insecure", "--overwrite", "--quiet", "--json"].contains(argument) {
+            if inlineValue != nil, ["--insecure", "--overwrite", "--quiet", "--json", "--streams"].contains(argument) {
                 throw UsageError("\(argument) takes no value")
             }
             index += 1

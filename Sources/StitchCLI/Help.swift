@@ -29,6 +29,7 @@ enum Help {
               --checksum ALGO=HEX   verify the file (sha-256, sha-512, sha-1, md5)
           -c, --connections N       TCP connections for one file, 1-16 (default: 1 per 16 MiB, at most 4;
                                     one when the server gives no ranges or no strong validator)
+              --streams             over HTTPS, carry the connections as HTTP/2 streams of one TCP connection
               --limit-rate RATE     at most RATE bytes per second over all connections (500K, 2M, 1.5M; K = 1024)
               --retries N           give up after N failed attempts in a row that made no progress (default 5)
               --timeout SECS        a transfer with no data for SECS seconds is retried (default 30)

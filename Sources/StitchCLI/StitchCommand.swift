@@ -129,6 +129,7 @@ struct StitchCommand {
         var downloadOptions = DownloadOptions()
         downloadOptions.retry.maxRetries = options.retries
         downloadOptions.connections = options.connections
+        downloadOptions.http2Streams = options.streams
         downloadOptions.rateLimiter = options.limitRate.map { RateLimiter(bytesPerSecond: $0) }
         downloadOptions.transport.stallTimeout = options.timeout
         downloadOptions.transport.connectTimeout = options.connectTimeout

@@ -93,6 +93,9 @@ public struct DownloadOptions: Sendable {
     public var connections: Int?
     /// A bandwidth cap; pass the same limiter to several downloads to cap them together.
     public var rateLimiter: RateLimiter?
+    /// With several connections over HTTPS: carry them as HTTP/2 streams of one TCP connection instead of N
+    /// TCP connections (fewer handshakes; no gain where a server caps each connection's speed).
+    public var http2Streams = false
     /// Never split a range into parts smaller than this.
     public var minimumSplitSize: Int64 = 1 << 20
 

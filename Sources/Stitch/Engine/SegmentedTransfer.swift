@@ -219,7 +219,7 @@ final class SegmentedTransfer: Sendable {
             }
             for (name, value) in ResumePolicy.headers(for: plan) { headers.add(name: name, value: value) }
             var transportOptions = options.transport
-            transportOptions.separateConnection = true
+            transportOptions.separateConnection = !options.http2Streams
             register(sink, for: slot)
             let result = await transport.perform(
                 TransportRequest(url: url.absoluteString, headers: headers, options: transportOptions), delegate: sink)
