@@ -168,6 +168,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             case .retry(let status, let after):
                 retryReason = "HTTP \(status) \(statusText(status))"
                 retryAfter = after
+            case .malformed(let why):
+                retryReason = why
             case .accept, .restartWithBody:
                 if restarts > options.maxRestarts {
                     throw unstable()
@@ -435,6 +437,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         }
         storeClosed = true
         try store.finish(url: request.url, length: bytes)
+        transferred.add(segmentedReceived, ordering: .relaxed)
         return DownloadResult(
             destination: store.paths.destination, bytes: bytes,
             bytesTransferred: transferred.load(ordering: .relaxed), resumedFrom: resumedFrom,
@@ -480,6 +483,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     private var segmentNow = false
     /// The running digest did not see the bytes in order (several connections): hash the file at the end.
     private var hashFromDisk = false
+    /// Body bytes the lanes received (they do not pass through this object's sink).
+    private var segmentedReceived: Int64 = 0
 
     /// How many connections this download should use, given what the server said.
     private func lanes(for validators: Validators) -> Int {
@@ -503,13 +508,19 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     /// Cuts the whole-file segment into `lanes` segments on piece boundaries.
     private func split(_ store: PartStore, total: Int64, lanes: Int) {
-        let pieceSize = store.snapshot.pieceSize
-        let part = total / Int64(lanes)
-        let alignment = pieceSize <= part ? pieceSize : options.minimumSplitSize
+        let pieceSize = store.pieceSize
+        // No part smaller than the minimum split: more lanes than that fit only share the parts.
+        let parts = Int64(max(1, min(lanes, Int(total / max(1, options.minimumSplitSize)))))
+        let part = total / parts
+        let alignment = pieceSize <= part ? pieceSize : max(1, options.minimumSplitSize)
         var slot = 0
-        for index in 1..<lanes {
+        var previous: Int64 = 0
+        for index in 1..<max(2, Int(parts)) where parts > 1 {
             let boundary = (part * Int64(index) + alignment - 1) / alignment * alignment
-            guard boundary < total, let next = store.split(slot, at: boundary) else { break }
+            // Rounding can make two boundaries meet: skip the repeat rather than stop splitting.
+            guard boundary > previous, boundary < total else { continue }
+            guard let next = store.split(slot, at: boundary) else { break }
+            previous = boundary
             slot = next
         }
     }
@@ -526,13 +537,17 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         let transfer = SegmentedTransfer(
             store: store, known: known, ifRange: ifRange, startURL: startURL, request: request, options: options,
             transport: transport, clock: clock, lanes: max(1, lanes(for: known)),
-            emit: { [self] event in emit(event) }, poke: { checkpointer?.poke() })
+            emit: { [self] event in emit(event) }, checkpointer: checkpointer)
+        if let total = known.totalLength, let error = store.preallocate(totalLength: total) {
+            throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
+        }
         let outcome: SegmentedTransfer.Outcome
         do {
             outcome = try await transfer.run()
         } catch is CancellationError {
             throw try interrupted()
         }
+        segmentedReceived += transfer.received.load(ordering: .relaxed)
         switch outcome {
         case .complete:
             return try finish()
@@ -595,6 +610,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             return .abort
         case .complete, .redirect, .retry, .fail:
             return .discard
+        case .malformed:
+            return .abort
         }
     }
 
@@ -607,7 +624,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         limit = validators.totalLength
         pieces = nil
         if let store, let total = validators.totalLength {
-            var hasher = PieceHasher(pieceSize: store.snapshot.pieceSize, total: total)
+            var hasher = PieceHasher(pieceSize: store.pieceSize, total: total)
             hasher.start(at: max(start, end), segmentStart: 0, store: store)
             pieces = hasher
         }

@@ -62,6 +62,9 @@ enum HeadVerdict: Sendable, Hashable {
     case redirect(location: String)
     /// A temporary failure (408, 429, 5xx); `retryAfter` is the raw header.
     case retry(status: Int, retryAfter: String?)
+    /// A response that contradicts itself (e.g. a Content-Length unlike its Content-Range) without saying the
+    /// file changed: not taken, tried again.
+    case malformed(String)
     case fail(status: Int)
 }
 
@@ -126,7 +129,7 @@ enum ResumePolicy {
                 return .restart(.lengthChanged(old: known?.totalLength ?? plan.resumeOffset, new: complete))
             }
             if let length = head.headers["Content-Length"].flatMap({ Int64($0) }), length != last - first + 1 {
-                return .restart(.contentRangeMismatch(header))
+                return .malformed("Content-Length \(length) does not match Content-Range \(header)")
             }
             var fresh = validators(from: head)
             if let change = change(from: known, to: fresh) { return .restart(change) }

@@ -30,6 +30,10 @@ final class SegmentedTransfer: Sendable {
     let lanes: Int
     let emit: @Sendable (DownloadEvent) -> Void
     let poke: @Sendable () -> Void
+    let checkpointer: Checkpointer?
+    private var brokenError: DownloadError {
+        DownloadError(.io, "an earlier write of \(store.paths.part) failed; stopping", resumable: true)
+    }
 
     private struct Shared {
         var owned: Set<Int> = []
@@ -39,6 +43,8 @@ final class SegmentedTransfer: Sendable {
         /// Seconds in a row each segment's connection has been much slower than the others.
         var slowSeconds: [Int: Int] = [:]
         var lastWritten: [Int: Int64] = [:]
+        /// Connections replaced so far; capped so that a server slow for everyone cannot cause churn.
+        var replacements = 0
     }
 
     enum Stop: Sendable {
@@ -60,7 +66,7 @@ final class SegmentedTransfer: Sendable {
         store: PartStore, known: Validators, ifRange: String, startURL: URL, request: DownloadRequest,
         options: DownloadOptions, transport: any HTTPTransport, clock: any DownloadClock, lanes: Int,
         emit: @escaping @Sendable (DownloadEvent) -> Void,
-        poke: @escaping @Sendable () -> Void
+        checkpointer: Checkpointer?
     ) {
         self.store = store
         self.known = known
@@ -72,7 +78,8 @@ final class SegmentedTransfer: Sendable {
         self.clock = clock
         self.lanes = lanes
         self.emit = emit
-        self.poke = poke
+        self.checkpointer = checkpointer
+        self.poke = { checkpointer?.poke() }
     }
 
     /// Runs the lanes until every segment is complete, a restart is needed, or a failure ends the download.
@@ -93,9 +100,12 @@ final class SegmentedTransfer: Sendable {
                     }
                 }
             }
-            // The monitor sleeps; once every lane is done it is cancelled rather than waited for.
+            // The monitor sleeps; once every lane is done it is cancelled rather than waited for. After a halt the
+            // lanes still sleeping in a backoff or waiting on a slow server are cancelled too.
             while try await group.next() != nil {
-                if finishedLanes.load(ordering: .acquiring) >= lanes { group.cancelAll() }
+                if finishedLanes.load(ordering: .acquiring) >= lanes || stopped.load(ordering: .acquiring) {
+                    group.cancelAll()
+                }
             }
         }
         switch shared.withLock({ $0.stop }) {
@@ -128,7 +138,7 @@ final class SegmentedTransfer: Sendable {
                 state.owned.insert(free)
                 return free
             }
-            let pieceSize = store.snapshot.pieceSize
+            let pieceSize = store.pieceSize
             let minimum = max(options.minimumSplitSize, 1)
             let victims = state.owned.compactMap { slot -> (Int, Int64, Int64)? in
                 guard let end = segments[slot].end else { return nil }
@@ -154,10 +164,13 @@ final class SegmentedTransfer: Sendable {
     private func replaceSlowConnections() {
         let segments = store.writtenSegments
         shared.withLock { state in
+            guard options.rateLimiter == nil, state.replacements < lanes * 2 else { return }
             var speeds: [Int: Int64] = [:]
-            for slot in state.sinks.keys where slot < segments.count {
+            for (slot, sink) in state.sinks where slot < segments.count && sink.receiving {
                 let now = segments[slot].durable
-                speeds[slot] = now - (state.lastWritten[slot] ?? now)
+                // The first second of a response is its baseline, not a sample: connecting and the first byte
+                // are not slowness.
+                if let before = state.lastWritten[slot] { speeds[slot] = now - before }
                 state.lastWritten[slot] = now
             }
             guard speeds.count >= 3 else { return }
@@ -169,6 +182,7 @@ final class SegmentedTransfer: Sendable {
                     state.slowSeconds[slot, default: 0] += 1
                     if state.slowSeconds[slot, default: 0] >= 3, let sink = state.sinks[slot] {
                         sink.replace.store(true, ordering: .releasing)
+                        state.replacements += 1
                         state.slowSeconds[slot] = 0
                         state.lastWritten[slot] = nil
                     }
@@ -198,7 +212,11 @@ final class SegmentedTransfer: Sendable {
     private func lane() async throws {
         while !stopped.load(ordering: .acquiring), let slot = claim() {
             defer { release(slot) }
-            try await fetch(slot)
+            do {
+                try await fetch(slot)
+            } catch is CancellationError where stopped.load(ordering: .acquiring) {
+                return  // cancelled because another lane halted the run: that halt is the outcome
+            }
         }
     }
 
@@ -209,6 +227,10 @@ final class SegmentedTransfer: Sendable {
         var redirects: [String] = []
         while !stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
+            if let failure = checkpointer?.error ?? (store.isBroken ? brokenError : nil) {
+                halt(.failure(failure))
+                return
+            }
             let start = store.written(slot)
             guard let end = store.end(slot), start < end else { return }
             let plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
@@ -224,8 +246,8 @@ final class SegmentedTransfer: Sendable {
             let result = await transport.perform(
                 TransportRequest(url: url.absoluteString, headers: headers, options: transportOptions), delegate: sink)
             register(nil, for: slot)
-            try Task.checkCancellation()
             if stopped.load(ordering: .acquiring) { return }
+            try Task.checkCancellation()
             if store.written(slot) > start { failures = 0 }
 
             var reason: String
@@ -261,6 +283,8 @@ final class SegmentedTransfer: Sendable {
             case .retry(let status, let after):
                 reason = "HTTP \(status) \(statusText(status))"
                 retryAfter = after
+            case .malformed(let why):
+                reason = why
             case .accept:
                 if let failure = sink.failure {
                     halt(.failure(DownloadError.io("cannot write", path: store.paths.part, failure)))
@@ -344,6 +368,9 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
     var pieces: PieceHasher?
     /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
     let replace = Atomic<Bool>(false)
+    /// The head was accepted and the body is flowing (what the slow-connection monitor may judge).
+    var receiving: Bool { receivingFlag.load(ordering: .relaxed) }
+    private let receivingFlag = Atomic<Bool>(false)
 
     init(transfer: SegmentedTransfer, slot: Int, plan: RequestPlan, known: Validators) {
         self.transfer = transfer
@@ -353,24 +380,33 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
     }
 
     func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition {
+        if transfer.stopped.load(ordering: .relaxed) { return .abort }
         let verdict = ResumePolicy.evaluate(head, plan: plan, known: known)
         self.verdict = verdict
         switch verdict {
         case .accept(let start, _):
             offset = start
             let store = transfer.store
-            var hasher = PieceHasher(pieceSize: store.snapshot.pieceSize, total: known.totalLength)
+            var hasher = PieceHasher(pieceSize: store.pieceSize, total: known.totalLength)
             hasher.start(at: start, segmentStart: store.segmentStart(slot), store: store)
             pieces = hasher
+            receivingFlag.store(true, ordering: .relaxed)
             return .receive
         case .restart, .restartWithBody:
             return .abort
         case .complete, .redirect, .retry, .fail:
             return .discard
+        case .malformed:
+            return .abort
         }
     }
 
     func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+        if transfer.stopped.load(ordering: .relaxed) || replace.load(ordering: .relaxed) || transfer.store.isBroken
+            || transfer.checkpointer?.hasFailed.load(ordering: .relaxed) == true
+        {
+            return .abort
+        }
         // The rate limit is shared by every connection (and download) holding the same limiter.
         if let limiter = transfer.options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
             return .pause(seconds: wait)
@@ -379,7 +415,6 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
     }
 
     private func receive(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        if transfer.stopped.load(ordering: .relaxed) || replace.load(ordering: .relaxed) { return false }
         guard let end = transfer.store.end(slot) else { return false }
         let room = end - offset
         if room <= 0 {

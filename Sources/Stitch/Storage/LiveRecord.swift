@@ -62,6 +62,11 @@ final class LiveRecord: @unchecked Sendable {
         base.storeBytes(of: nonce.littleEndian, toByteOffset: 16, as: UInt64.self)
     }
 
+    /// Voids the record (nonce 0 matches no state): after a failed sync nothing written may be trusted.
+    func invalidate() {
+        base.storeBytes(of: 0, toByteOffset: 16, as: UInt64.self)
+    }
+
     /// Records that segment `slot` is written up to `offset`. One aligned 8-byte store.
     @inline(__always)
     func store(slot: Int, written offset: Int64) {

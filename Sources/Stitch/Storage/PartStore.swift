@@ -66,15 +66,31 @@ final class PartStore: @unchecked Sendable {
     /// Piece checksums computed by the writers, waiting for their bytes to become durable.
     private let pendingPieces = Mutex<[Int: UInt32]>([:])
 
+    /// Each segment's end (`Int64.max` while open), by slot: read lock-free by the writers on every chunk, so a
+    /// checkpoint holding the state lock through its syncs never stalls a transfer. Written under the state lock.
+    private let ends = UnsafeMutablePointer<Int64>.allocate(capacity: LiveRecord.slotCount)
+
     private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState) {
         self.paths = paths
         self.fd = fd
         self.live = live
         self.state = Mutex(state)
         self.durable = Atomic(state.durableBytes)
+        ends.initialize(repeating: Int64.max, count: LiveRecord.slotCount)
+        publishEnds(state.segments)
     }
 
-    deinit { close(fd) }
+    deinit {
+        close(fd)
+        ends.deallocate()
+    }
+
+    /// Mirrors the segments' ends for the lock-free readers (call with the state lock held, or before sharing).
+    private func publishEnds(_ segments: [Segment]) {
+        for (slot, segment) in segments.enumerated() {
+            stitch_store_release_i64(ends + slot, segment.end ?? Int64.max)
+        }
+    }
 
     var snapshot: DownloadState { state.withLock { $0 } }
 
@@ -136,15 +152,15 @@ final class PartStore: @unchecked Sendable {
         if rebooted, state.segments.contains(where: { $0.durable < min($0.end ?? Int64.max, size) }) {
             note = "the machine restarted since the last run; trusting only the \(state.durableBytes) bytes synced to disk"
         }
-        if state.segments.contains(where: { $0.durable > size }) {
+        if state.segments.contains(where: { $0.durable > $0.start && $0.durable > size }) {
             note = "the part file is shorter than its state records; starting over"
             state.segments = wholeFile(state.validators)
             state.pieces = []
         } else {
             for index in state.segments.indices {
                 var segment = state.segments[index]
-                if let written = liveWritten?[index], written > segment.durable {
-                    segment.durable = min(written, segment.end ?? Int64.max, size)
+                if let written = liveWritten?[index] {
+                    segment.durable = max(segment.durable, min(written, segment.end ?? Int64.max, size))
                 }
                 state.segments[index] = segment
             }
@@ -230,9 +246,9 @@ final class PartStore: @unchecked Sendable {
     /// Returns `ENOSPC` when the space is not there; other failures (a file system without fallocate) are
     /// ignored.
     func preallocate(totalLength: Int64) -> Errno? {
-        let from = writtenSegments.map { $0.durable }.max() ?? 0
-        guard totalLength > from else { return nil }
-        if stitch_preallocate(fd, from, totalLength - from) != 0, errno == ENOSPC { return .noSpace }
+        guard totalLength > 0 else { return nil }
+        // Blocks already allocated are left alone, so the whole range can be asked for at any time.
+        if stitch_preallocate(fd, 0, totalLength) != 0, errno == ENOSPC { return .noSpace }
         return nil
     }
 
@@ -307,6 +323,7 @@ final class PartStore: @unchecked Sendable {
             state.segments.append(Segment(start: offset, end: end, durable: offset))
             let newSlot = state.segments.count - 1
             live.store(slot: newSlot, written: offset)
+            publishEnds(state.segments)
             return newSlot
         }
     }
@@ -324,8 +341,15 @@ final class PartStore: @unchecked Sendable {
 
     /// The current end of segment `slot` (it shrinks when another connection takes part of it).
     func end(_ slot: Int) -> Int64? {
-        state.withLock { $0.segments[slot].end }
+        let end = stitch_load_acquire_i64(ends + slot)
+        return end == Int64.max ? nil : end
     }
+
+    /// The piece size of the current state.
+    var pieceSize: Int64 { state.withLock { $0.pieceSize } }
+
+    /// True once a sync or state write has failed: writers must stop.
+    var isBroken: Bool { broken.load(ordering: .relaxed) }
 
     // MARK: Durable steps
 
@@ -353,8 +377,11 @@ final class PartStore: @unchecked Sendable {
             }
             if next.segments == state.segments && recorded.isEmpty && !force { return }
             guard fdatasync(fd) == 0 else {
+                let error = Errno.current
                 broken.store(true, ordering: .releasing)
-                throw .io("cannot sync", path: paths.part, .current)
+                // Linux reports a failed writeback to one sync only: nothing written may be vouched for any more.
+                live.invalidate()
+                throw .io("cannot sync", path: paths.part, error)
             }
             // The in-memory state changes only once the file says the same.
             next.updatedAt = now()
@@ -376,19 +403,31 @@ final class PartStore: @unchecked Sendable {
     func damagedPieces() -> [Int] {
         let snapshot = self.snapshot
         guard let total = snapshot.validators.totalLength else { return [] }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(snapshot.pieceSize), alignment: 16)
-        defer { buffer.deallocate() }
         var damaged: [Int] = []
         for (index, recorded) in snapshot.pieces.enumerated() {
             guard let recorded else { continue }
             let start = Int64(index) * snapshot.pieceSize
-            let count = Int(min(snapshot.pieceSize, total - start))
-            let target = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count])
-            if read(into: target, at: start) != count || CRC32C.checksum(UnsafeRawBufferPointer(target)) != recorded {
-                damaged.append(index)
-            }
+            let end = min(start + snapshot.pieceSize, total)
+            if checksum(from: start, to: end) != recorded { damaged.append(index) }
         }
         return damaged
+    }
+
+    /// CRC32C of `start..<end` of the part file, read in 1 MiB chunks (memory stays flat for any piece size);
+    /// nil if the file is shorter.
+    func checksum(from start: Int64, to end: Int64) -> UInt32? {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { buffer.deallocate() }
+        var crc = CRC32C()
+        var at = start
+        while at < end {
+            let count = Int(min(Int64(buffer.count), end - at))
+            let target = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count])
+            guard read(into: target, at: at) == count else { return nil }
+            crc.update(UnsafeRawBufferPointer(target))
+            at += Int64(count)
+        }
+        return crc.value
     }
 
     /// Marks pieces as not downloaded, so that only they are fetched again: the segment list is rebuilt (durable
@@ -434,6 +473,7 @@ final class PartStore: @unchecked Sendable {
             try StateFile.write(next, to: paths.state)
             state = next
             live.reset(nonce: next.nonce, written: segments.map(\.durable))
+            publishEnds(next.segments)
             pendingPieces.withLock { pending in
                 for piece in damaged { pending[piece] = nil }
             }
@@ -472,6 +512,7 @@ final class PartStore: @unchecked Sendable {
             state = next
             durable.store(0, ordering: .releasing)
             live.reset(nonce: next.nonce, written: [0])
+            publishEnds(next.segments)
             guard ftruncate(fd, 0) == 0 else {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot truncate", path: paths.part, .current)
@@ -495,6 +536,7 @@ final class PartStore: @unchecked Sendable {
             next.updatedAt = now()
             try StateFile.write(next, to: paths.state)
             state = next
+            publishEnds(next.segments)
         }
     }
 

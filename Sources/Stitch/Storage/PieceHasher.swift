@@ -26,11 +26,8 @@ struct PieceHasher {
         let pieceStart = index * pieceSize
         covering = pieceStart >= segmentStart
         guard covering, offset > pieceStart else { return }
-        let count = Int(offset - pieceStart)
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
-        defer { buffer.deallocate() }
-        if store.read(into: buffer, at: pieceStart) == count {
-            crc.update(UnsafeRawBufferPointer(buffer))
+        if let prefix = store.checksum(from: pieceStart, to: offset) {
+            crc = CRC32C(value: prefix)
         } else {
             covering = false
         }
