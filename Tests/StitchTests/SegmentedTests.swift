@@ -1,0 +1,875 @@
+import Foundation
+import Glibc
+import StitchTestSupport
+import Synchronization
+import Testing
+
+@testable import Stitch
+
+/// Segmented downloads: several connections, each asking for one segment with `Range: bytes=a-b` and `If-Range`,
+/// against the fault-injecting loopback server. Every finished download is checked byte for byte (SHA-256, via
+/// `Fixture.expectComplete`), and the fixture's watch checks at every request and event that nothing is at the
+/// destination before the end. Faults fire on byte counts or on explicit signals (a stall reached, a request
+/// received, the live record showing the bytes written), never after a sleep.
+///
+/// Sizes: 8–12 MiB, so pieces are 1 MiB. With the default `minimumSplitSize` (1 MiB) a lane steals only from a
+/// segment with at least 2 × 1 MiB + 2 MiB (the steal slack) left, so 8 MiB over 4 lanes (2 MiB each) never steals
+/// and the requests are exactly predictable; the tests about stealing lower `minimumSplitSize` to 256 KiB.
+@Suite struct SegmentedTests {
+    static let etag = "\"seg-v1\""
+    static let mib: Int64 = 1 << 20
+
+    // MARK: 1. Splitting
+
+    /// N lanes over 12 MiB (the first, whole-file response is stalled after its head so that the server's byte
+    /// count is exactly what the lanes fetched). The file is byte-exact and its checksum verified from disk; the
+    /// first request is the whole-file one whose head decides; then each of the N segments (on 1 MiB piece
+    /// boundaries) is asked for exactly once, with If-Range and Accept-Encoding: identity; requests only overlap
+    /// where one asks for a tail of the other (a steal); and the bytes sent stay within
+    /// file size + steal slack × steals.
+    @Test(arguments: [2, 4, 8])
+    func splitsIntoSegmentsAndIsByteExact(_ lanes: Int) async throws {
+        let f = try Fixture()
+        let size: Int64 = 12 << 20
+        let minimumSplit: Int64 = 256 << 10
+        let file = ServedFile.random(size: Int(size), seed: 0x5E60 + UInt64(lanes), etag: Self.etag)
+        f.serve(file, faults: Self.lanesOnly { _, _ in .none })
+        let checksum = try Self.sha256(of: file.data)
+        let result = try await f.download(
+            f.request(checksum: checksum), options: Self.options(lanes: lanes, minimumSplit: minimumSplit))
+
+        try f.expectComplete(result, file.data)
+        #expect(result.checksum == checksum)
+        #expect(result.resumedFrom == 0)
+        #expect(await Self.settle(f.server))
+        let requests = f.server.requests
+        try #require(requests.first?.range == nil, "the first request asks for the whole file")
+        let ranged = Array(requests.dropFirst())
+        let asked = ranged.compactMap(AskedRange.init)
+        #expect(asked.count == ranged.count, "every request after the first is ranged: \(ranged.map(\.range))")
+        #expect(asked.count >= lanes)
+        for request in ranged {
+            #expect(request.header("If-Range") == Self.etag, "request \(request.serial) If-Range")
+            #expect(request.header("Accept-Encoding") == "identity", "request \(request.serial) Accept-Encoding")
+        }
+        let segments = Self.segments(total: size, lanes: lanes, minimumSplit: minimumSplit)
+        #expect(segments.count == lanes)
+        #expect(segments.allSatisfy { $0.start % Self.mib == 0 }, "segments start on pieces: \(segments)")
+        for segment in segments {
+            #expect(asked.count(where: { $0 == segment }) == 1, "segment \(segment) asked for once: \(asked)")
+        }
+        Self.expectNested(asked, total: size)
+        #expect(f.watch.retries.isEmpty && f.watch.restarts.isEmpty)
+        #expect(f.watch.resolved == [f.dest])
+
+        let steals = asked.count - lanes
+        let sent = Int64(f.server.bodyBytesSent)
+        #expect(
+            sent <= size + SegmentedTransfer.stealSlack * Int64(steals), "sent \(sent) for \(size), \(steals) steals")
+        if steals == 0 { #expect(sent == size, "without steals every byte is sent once") }
+        print(
+            "SegmentedTests: \(lanes) lanes: \(asked.count) ranged requests (\(steals) steals), "
+                + "\(sent - size) bytes sent twice")
+
+        // The lanes' bytes count as transferred: each byte written once, so exactly the file unless a write raced
+        // a steal.
+        #expect(
+            result.bytesTransferred >= size && result.bytesTransferred <= sent,
+            "bytesTransferred \(result.bytesTransferred) after a segmented download")
+    }
+
+    /// A steal: lane 0 stalls after 100 KB while the other three finish their 3 MiB; a free lane then takes the
+    /// upper half of lane 0's remainder, split on a piece boundary (2 MiB). Once the stealing request has arrived the
+    /// stall is released: the victim stops at the split, the thief's request asks only for the stolen tail, and
+    /// what the victim's request sent past the split point is bounded by the steal slack.
+    @Test func idleLaneStealsHalfOfTheSlowestSegmentOnAPieceBoundary() async throws {
+        let f = try Fixture()
+        let size: Int64 = 12 << 20
+        let minimumSplit: Int64 = 256 << 10
+        let file = ServedFile.random(size: Int(size), seed: 0x5E61, etag: Self.etag)
+        let segments = Self.segments(total: size, lanes: 4, minimumSplit: minimumSplit)
+        let slow = segments[0]
+        let once = Once()
+        f.serve(
+            file,
+            faults: Self.lanesOnly { request, _ in
+                AskedRange(request) == slow && once.first() ? .stallAfter(100_000, then: .resume) : .none
+            })
+        let request = f.request()
+        let task = Task { try await f.download(request, options: Self.options(lanes: 4, minimumSplit: minimumSplit)) }
+        let server = f.server
+        // The whole-file response stalls first (after its head), then lane 0.
+        #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        // 1 whole-file request + 4 lanes + 1 steal.
+        let stolen = await blocking { server.waitForRequests(6, timeout: .seconds(30)) }
+        #expect(stolen, "no lane stole from the stalled segment: \(server.requests.map(\.range))")
+        server.releaseStalls()
+        let result = try await task.value
+
+        try f.expectComplete(result, file.data)
+        #expect(await Self.settle(f.server))
+        let asked = f.server.requests.dropFirst().compactMap(AskedRange.init)
+        #expect(asked.count == 5, "\(asked)")
+        let split = 2 * Self.mib  // 100 000 + (3 MiB − 100 000) / 2, rounded up to a piece
+        #expect(asked.last == AskedRange(start: split, last: slow.last), "the steal: \(asked)")
+        Self.expectNested(asked, total: size)
+        let sent = Int64(f.server.bodyBytesSent)
+        #expect(sent >= size)
+        #expect(sent <= size + SegmentedTransfer.stealSlack, "sent \(sent) for \(size)")
+        #expect(f.watch.retries.isEmpty && f.watch.restarts.isEmpty)
+        print("SegmentedTests.steal: the victim's request sent \(sent - size) bytes past the split point")
+    }
+
+    /// More lanes than minimum-sized parts: 16 lanes over 12 MiB with a 1 MiB minimum split make 12 segments of
+    /// 1 MiB, one request each (a boundary that rounding repeats is skipped, not the end of the split).
+    @Test func moreLanesThanMinimumSizedPartsStillSplitsIntoAsManyAsFit() async throws {
+        let f = try Fixture()
+        let size: Int64 = 12 << 20
+        let file = ServedFile.random(size: Int(size), seed: 0x5E74, etag: Self.etag)
+        f.serve(file, faults: Self.lanesOnly { _, _ in .none })
+        let result = try await f.download(f.request(), options: Self.options(lanes: 16, minimumSplit: Self.mib))
+
+        try f.expectComplete(result, file.data)
+        let asked = f.server.requests.dropFirst().compactMap(AskedRange.init)
+        Self.expectNested(asked, total: size)
+        print("SegmentedTests.16 lanes over 12 MiB: \(asked.count) requests \(asked)")
+        let oneMiB = (0..<12).map { AskedRange(start: Int64($0) * Self.mib, last: Int64($0 + 1) * Self.mib - 1) }
+        #expect(Self.segments(total: size, lanes: 16, minimumSplit: Self.mib) == oneMiB)
+        #expect(asked.count == 12 && Set(asked) == Set(oneMiB), "requests: \(asked)")
+    }
+
+    // MARK: 2. A fault on one lane
+
+    /// One fault on the first request of one lane (of 4, each 2 MiB, too short to steal from). The download
+    /// completes byte-exact; that lane alone asks again, from where its bytes stop, once; the other lanes ask once
+    /// each; nothing restarts (a 206 whose Content-Length contradicts its Content-Range is retried, not a restart);
+    /// and no byte is sent twice (a reset may lose what was in flight; a response refused at its head may have
+    /// pushed part of its body into the socket).
+    @Test(arguments: LaneFault.allCases)
+    func faultOnOneLaneRetriesOnlyThatLane(_ kind: LaneFault) async throws {
+        let f = try Fixture()
+        let size: Int64 = 8 << 20
+        let cut: Int64 = 300_000
+        let file = ServedFile.random(size: Int(size), seed: 0x5E62, etag: Self.etag)
+        let segments = Self.segments(total: size, lanes: 4, minimumSplit: Self.mib)
+        let target = segments[1]
+        let once = Once()
+        f.serve(
+            file,
+            faults: Self.lanesOnly { request, _ in
+                AskedRange(request) == target && once.first() ? kind.fault(after: Int(cut)) : .none
+            })
+        var options = Self.options(lanes: 4)
+        if kind == .stall { options.transport.stallTimeout = 1 }  // libcurl's low-speed timer: about a second
+        let result = try await f.download(f.request(), options: options)
+
+        try f.expectComplete(result, file.data)
+        #expect(await Self.settle(f.server))
+        let requests = f.server.requests
+        #expect(requests.count == 6, "1 whole-file + 4 lanes + 1 retry: \(requests.map(\.range))")
+        let asked = requests.dropFirst().compactMap(AskedRange.init)
+        for segment in segments where segment != target {
+            #expect(asked.count(where: { $0 == segment }) == 1, "lane \(segment) asked once: \(asked)")
+        }
+        let onTarget = asked.filter { $0.start >= target.start && $0.start <= target.last! }
+        try #require(onTarget.count == 2, "the faulty lane asked twice: \(asked)")
+        #expect(onTarget[0] == target)
+        let retry = onTarget[1]
+        #expect(retry.last == target.last)
+        switch kind {
+        case .drop, .shortBody, .stall:
+            #expect(retry.start == target.start + cut, "retry \(retry)")
+            #expect(f.server.bodyBytesSent == Int(size))
+        case .reset:
+            // A reset may destroy bytes the kernel had received: anything up to the cut is fine.
+            #expect(retry.start >= target.start && retry.start <= target.start + cut, "retry \(retry)")
+            #expect(f.server.bodyBytesSent <= Int(size + cut))
+        case .unavailable:
+            #expect(retry.start == target.start, "retry \(retry)")
+            #expect(f.server.bodyBytesSent == Int(size))
+            #expect(f.clock.sleeps == [2], "Retry-After honoured")
+        case .wrongContentLength:
+            #expect(retry.start == target.start, "refused at the head, nothing written: retry \(retry)")
+            #expect(f.server.bodyBytesSent <= Int(size + target.end(in: size) - target.start))
+        }
+        #expect(requests.dropFirst().allSatisfy { $0.header("If-Range") == Self.etag })
+        #expect(f.watch.retries.count == 1)
+        #expect(f.clock.sleeps.count == 1)
+        #expect(f.watch.restarts.isEmpty)
+    }
+
+    // MARK: 3. Ranges ignored, validators changed: restart from zero, never a splice
+
+    /// The server answers one lane's range request with the whole file (200). Every lane stops, the download
+    /// restarts from zero (reported), asks for the whole file again, splits again, and ends byte-exact.
+    @Test func rangeIgnoredOnOneLaneRestartsFromZero() async throws {
+        let f = try Fixture()
+        let size: Int64 = 8 << 20
+        let file = ServedFile.random(size: Int(size), seed: 0x5E64, etag: Self.etag)
+        let segments = Self.segments(total: size, lanes: 4, minimumSplit: Self.mib)
+        let once = Once()
+        f.serve(file) { request, _ in AskedRange(request) == segments[2] && once.first() ? .ignoreRange : .none }
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+
+        try f.expectComplete(result, file.data)
+        #expect(f.watch.restarts == [.rangeIgnored])
+        let requests = f.server.requests
+        let whole = requests.indices.filter { requests[$0].range == nil }
+        try #require(whole.count == 2, "the first request and the one after the restart: \(requests.map(\.range))")
+        let after = requests[(whole[1] + 1)...].compactMap(AskedRange.init)
+        #expect(after.count == segments.count && Set(after) == Set(segments), "after the restart: \(after)")
+    }
+
+    /// The file changes (same length, new validator) right after the first response: every lane's If-Range fails,
+    /// the server sends the new file whole, the download restarts (reported, with the change) and ends with the
+    /// new file, not a mix.
+    @Test(arguments: [Validator.etag, .lastModified])
+    func fileChangingBeforeTheLanesAskRestartsWithTheNewFile(_ validator: Validator) async throws {
+        let f = try Fixture()
+        let size = 8 << 20
+        let (old, new) = validator.files(size: size, seeds: (0x5E65, 0x5E66))
+        let server = f.server
+        f.serve(old) { _, index in
+            if index == 0 { server.replaceFile("/file.bin", with: new) }  // served from the next request on
+            return .none
+        }
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+
+        try f.expectComplete(result, new.data)
+        #expect(f.watch.restarts == [validator.change(from: old, to: new)])
+        let requests = f.server.requests
+        let whole = requests.indices.filter { requests[$0].range == nil }
+        try #require(whole.count == 2, "\(requests.map(\.range))")
+        let newIfRange = new.etag ?? new.lastModified
+        #expect(
+            requests[..<whole[1]].dropFirst().allSatisfy { $0.header("If-Range") == (old.etag ?? old.lastModified) })
+        #expect(requests[(whole[1] + 1)...].allSatisfy { $0.header("If-Range") == newIfRange })
+        #expect(requests[(whole[1] + 1)...].count == 4)
+    }
+
+    /// The file changes between two requests of one lane: lane 1 stalls after 300 000 bytes (the others finish with
+    /// the old file), the file is replaced, the stall ends with a closed connection, and the lane's retry (If-Range
+    /// with the old ETag) gets the new file whole. The download restarts from zero and ends with the new file only.
+    @Test func fileChangingBetweenTwoRequestsOfALaneRestartsWithTheNewFile() async throws {
+        let f = try Fixture()
+        let size = 8 << 20
+        let (old, new) = Validator.etag.files(size: size, seeds: (0x5E67, 0x5E68))
+        let segments = Self.segments(total: Int64(size), lanes: 4, minimumSplit: Self.mib)
+        let once = Once()
+        f.serve(old) { request, _ in
+            AskedRange(request) == segments[1] && once.first() ? .stallAfter(300_000, then: .close) : .none
+        }
+        let request = f.request()
+        let task = Task { try await f.download(request, options: Self.options(lanes: 4)) }
+        let server = f.server
+        #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        // Every lane has asked (with the old file) before it changes: only lane 1's retry can see the new one.
+        #expect(await blocking { server.waitForRequests(5, timeout: .seconds(30)) })
+        server.replaceFile("/file.bin", with: new)
+        server.releaseStalls()
+        let result = try await task.value
+
+        try f.expectComplete(result, new.data)
+        #expect(f.watch.restarts == [.etagChanged(old: old.etag!, new: new.etag!)])
+        let requests = f.server.requests
+        // The lane's retry: the second request for segment 1's bytes, from where it stopped (a close may lose
+        // bytes in flight), still with the old validator.
+        let onLane = requests.filter { request in
+            AskedRange(request).map { $0.start >= segments[1].start && $0.start <= segments[1].start + 300_000 }
+                ?? false
+        }
+        try #require(onLane.count >= 2, "\(requests.map(\.range))")
+        #expect(onLane[1].header("If-Range") == old.etag, "the lane's retry: \(requests.map(\.range))")
+        print("SegmentedTests.fileChangingBetweenTwoRequestsOfALane: \(requests.map { $0.range ?? "whole" })")
+        let whole = requests.indices.filter { requests[$0].range == nil }
+        try #require(whole.count == 2, "\(requests.map(\.range))")
+        #expect(requests[(whole[1] + 1)...].allSatisfy { $0.header("If-Range") == new.etag })
+    }
+
+    // MARK: 4. One connection when the server cannot be split
+
+    /// No Accept-Ranges, no validator, only a weak ETag, or a Last-Modified too recent to be strong: the download
+    /// stays on its first connection (one request, no Range), says why in a `.notice`, and ends byte-exact.
+    @Test(arguments: Unsplittable.allCases)
+    func serverThatCannotBeSplitUsesOneConnection(_ kind: Unsplittable) async throws {
+        let f = try Fixture()
+        let size = 8 << 20
+        let file = kind.file(size: size, seed: 0x5E69)
+        f.serve(file)
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+
+        try f.expectComplete(result, file.data)
+        #expect(f.server.requests.count == 1)
+        #expect(f.server.requests.first?.range == nil)
+        let notices = f.watch.notices
+        #expect(notices.count == 1 && notices.first?.contains(kind.notice) == true, "notices: \(notices)")
+        #expect(f.watch.restarts.isEmpty && f.watch.retries.isEmpty)
+        #expect(result.bytesTransferred == Int64(size))
+    }
+
+    /// A strong Last-Modified (at least a second older than Date) without any ETag is enough to split; the lanes
+    /// send it as If-Range.
+    @Test func strongLastModifiedAloneIsEnoughToSplit() async throws {
+        let f = try Fixture()
+        let modified = ServedFile.httpDate(secondsSince1970: 1_600_000_000)
+        let file = ServedFile.random(size: 8 << 20, seed: 0x5E6A, lastModified: modified)
+        f.serve(file)
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+
+        try f.expectComplete(result, file.data)
+        let ranged = f.server.requests.dropFirst()
+        #expect(ranged.count == 4)
+        #expect(ranged.allSatisfy { $0.range != nil && $0.header("If-Range") == modified })
+        #expect(f.watch.notices.isEmpty)
+        // The first response is aborted at its head; what the server had pushed into the socket by then is lost.
+        #expect(await Self.settle(f.server))
+        print("SegmentedTests: the aborted first response cost \(f.server.bodyBytesSent - file.data.count) bytes")
+    }
+
+    /// Files too small to split (under 2 × minimumSplitSize) or of unknown length (chunked) use one connection.
+    /// The engine says nothing about it (the `.notice` is only for a server without ranges or validators); the
+    /// notices are printed for the report.
+    @Test(arguments: [Quiet.small, .unsized])
+    func smallOrUnsizedFileUsesOneConnection(_ kind: Quiet) async throws {
+        let f = try Fixture()
+        let file = ServedFile.random(size: kind == .small ? 1_500_000 : 8 << 20, seed: 0x5E6B, etag: Self.etag)
+        f.serve(file, faults: kind == .unsized ? .always(.chunked) : .none)
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+
+        try f.expectComplete(result, file.data)
+        #expect(f.server.requests.count == 1)
+        #expect(f.server.requests.first?.range == nil)
+        print("SegmentedTests.\(kind): one connection; notices \(f.watch.notices)")
+    }
+
+    // MARK: 5. Resume with another number of connections
+
+    /// (N, N'): a download over N connections is cancelled while every lane is stalled at a different offset; the
+    /// state file then lists the N segments with exactly those offsets durable. Resumed with N' connections, the
+    /// requests start exactly at the saved offsets and end at the segments' ends (or, for a one-segment partial,
+    /// ask for the rest), the bytes sent are exactly the missing ones, and the file is byte-exact.
+    @Test(arguments: [(4, 2), (4, 8), (4, 1), (2, 4), (1, 4)])
+    func resumeWithADifferentNumberOfConnections(_ before: Int, _ after: Int) async throws {
+        let f = try Fixture()
+        let size: Int64 = 8 << 20
+        let file = ServedFile.random(size: Int(size), seed: 0x5E6C + UInt64(before * 10 + after), etag: Self.etag)
+        let segments = Self.segments(total: size, lanes: before, minimumSplit: Self.mib)
+        let stops = segments.indices.map { segments[$0].start + 300_000 + Int64($0) * 250_000 }
+        let armed = Once()
+        let fired = FiredSet()
+        f.serve(file) { request, _ in
+            // With one connection the whole-file request is the only "lane".
+            let asked = AskedRange(request) ?? AskedRange(start: 0, last: size - 1)
+            guard armed.isArmed, let index = segments.firstIndex(of: asked), fired.first(index) else { return .none }
+            return .stallAfter(Int(stops[index] - asked.start), then: .close)
+        }
+        try await Self.interrupt(f, options: Self.options(lanes: before), stalls: before, written: stops)
+
+        let state = try #require(try StateFile.read(f.paths.state))
+        let saved = zip(segments, stops).map { Segment(start: $0.start, end: $0.last! + 1, durable: $1) }
+        #expect(state.segments.sorted { $0.start < $1.start } == saved, "saved on cancel")
+        #expect(!fileExists(f.dest))
+        armed.disarm()
+        #expect(await Self.settle(f.server))
+        let requestsBefore = f.server.requests.count
+        let sentBefore = f.server.bodyBytesSent
+
+        let result = try await f.download(f.request(), options: Self.options(lanes: after))
+        try f.expectComplete(result, file.data)
+        #expect(await Self.settle(f.server))
+        let resumed = Array(f.server.requests[requestsBefore...])
+        let have = zip(segments, stops).reduce(Int64(0)) { $0 + $1.1 - $1.0.start }
+        if saved.count == 1 {
+            #expect(resumed.map(\.range) == ["bytes=\(stops[0])-"])
+        } else {
+            let expected = saved.map { AskedRange(start: $0.durable, last: $0.end! - 1) }
+            let asked = resumed.compactMap(AskedRange.init)
+            #expect(asked.count == resumed.count && asked.count == expected.count, "\(resumed.map(\.range))")
+            #expect(Set(asked) == Set(expected), "resumed \(asked), saved \(expected)")
+        }
+        #expect(resumed.allSatisfy { $0.header("If-Range") == Self.etag })
+        #expect(Int64(f.server.bodyBytesSent - sentBefore) == size - have, "only the missing bytes are sent")
+        #expect(result.resumedFrom == have)
+        #expect(f.watch.resumes.map(\.from) == [have])
+        #expect(f.watch.restarts.isEmpty)
+        print(
+            "SegmentedTests.resume \(before)→\(after): \(resumed.count) request(s) on "
+                + "\(Set(resumed.map(\.connectionID)).count) connection(s): \(resumed.map { $0.range ?? "whole" })")
+    }
+
+    /// Cancelled after the split but before any lane received a byte: a split alone is not written to the state
+    /// (a checkpoint writes only when some extent moved), so the state still has one empty segment, and the next run
+    /// simply starts afresh (one whole-file request, split again), without reporting a restart.
+    @Test func cancelledBeforeAnyLaneByteStartsAfreshQuietly() async throws {
+        let f = try Fixture()
+        let size: Int64 = 8 << 20
+        let file = ServedFile.random(size: Int(size), seed: 0x5E6D, etag: Self.etag)
+        let segments = Self.segments(total: size, lanes: 4, minimumSplit: Self.mib)
+        let armed = Once()
+        f.serve(file) { request, _ in
+            armed.isArmed && AskedRange(request) != nil ? .stallAfter(0, then: .close) : .none
+        }
+        try await Self.interrupt(f, options: Self.options(lanes: 4), stalls: 4, written: segments.map(\.start))
+        let state = try #require(try StateFile.read(f.paths.state))
+        #expect(state.segments == [Segment(start: 0, end: size, durable: 0)], "\(state.segments)")
+        armed.disarm()
+        let requestsBefore = f.server.requests.count
+
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+        try f.expectComplete(result, file.data)
+        #expect(f.watch.restarts.isEmpty, "\(f.watch.restarts)")
+        let resumed = f.server.requests[requestsBefore...]
+        #expect(resumed.first?.range == nil)
+        #expect(Set(resumed.dropFirst().compactMap(AskedRange.init)) == Set(segments))
+    }
+
+    /// A crash (not a cancel) before the first checkpoint after the split: the state on disk still has one segment
+    /// for the whole file, and the live record's slots for the new segments are beyond the state's list. Simulated
+    /// exactly: no checkpoint may run (huge interval), the three files are copied while every lane is stalled (what
+    /// `kill -9` would leave, page cache included), the run is cancelled, and the copies are put back. The resumed
+    /// run trusts lane 0's bytes (the live record) and re-fetches the other lanes' bytes; the file is byte-exact.
+    /// How many connections the resumed run used is printed: a one-segment partial is never split again.
+    @Test func crashBeforeTheSplitIsDurableKeepsTheFirstSegment() async throws {
+        let f = try Fixture()
+        let size: Int64 = 8 << 20
+        let file = ServedFile.random(size: Int(size), seed: 0x5E6E, etag: Self.etag)
+        let segments = Self.segments(total: size, lanes: 4, minimumSplit: Self.mib)
+        let stops = segments.map { $0.start + 400_000 }
+        let armed = Once()
+        let fired = FiredSet()
+        f.serve(file) { request, _ in
+            guard armed.isArmed, let asked = AskedRange(request), let index = segments.firstIndex(of: asked),
+                fired.first(index)
+            else { return .none }
+            return .stallAfter(400_000, then: .close)
+        }
+        var options = Self.options(lanes: 4)
+        options.checkpointInterval = 3600
+        options.checkpointBytes = 1 << 40
+        let paths = f.paths
+        let files = [paths.part, paths.state, paths.live]
+        let copies = Mutex<[[UInt8]]>([])
+        try await Self.interrupt(f, options: options, stalls: 4, written: stops) {
+            let taken = try files.map { try readFile($0) }
+            copies.withLock { $0 = taken }
+        }
+        for (path, bytes) in zip(files, copies.withLock { $0 }) { try writeFile(path, bytes) }
+        let crashed = try #require(try StateFile.read(paths.state))
+        #expect(crashed.segments == [Segment(start: 0, end: size, durable: 0)], "the split was not yet durable")
+        armed.disarm()
+        #expect(await Self.settle(f.server))
+        let requestsBefore = f.server.requests.count
+        let sentBefore = f.server.bodyBytesSent
+
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+        try f.expectComplete(result, file.data)
+        #expect(await Self.settle(f.server))
+        let resumed = Array(f.server.requests[requestsBefore...])
+        #expect(AskedRange(try #require(resumed.first))?.start == stops[0], "lane 0's written bytes are kept")
+        #expect(result.resumedFrom == stops[0])
+        let sent = f.server.bodyBytesSent - sentBefore
+        #expect(Int64(sent) == size - stops[0])
+        print(
+            "SegmentedTests.crashBeforeSplitIsDurable: resumed with \(resumed.count) request(s) "
+                + "\(resumed.map { $0.range ?? "whole" }); re-fetched \(3 * 400_000) bytes the other lanes had written")
+    }
+
+    // MARK: 6. Piece checks
+
+    /// Cancelled with every lane stalled 1.5 MiB into its 2 MiB segment: the first piece of each segment (0, 2, 4, 6)
+    /// is complete and recorded. Two bytes are flipped inside pieces 2 and 4 of the part file. Found by
+    /// `Downloader.verify(at:)`, or by the re-check after a reboot (another boot id in the state): exactly those two
+    /// pieces. The resumed run fetches exactly those pieces and the unfinished tails, nothing else, byte-exact.
+    @Test(arguments: [PieceCheck.verify, .reboot])
+    func damagedPiecesAreFetchedAgain(_ check: PieceCheck) async throws {
+        let f = try Fixture()
+        let size: Int64 = 8 << 20
+        let mib = Self.mib
+        let file = ServedFile.random(size: Int(size), seed: 0x5E6F, etag: Self.etag)
+        let segments = Self.segments(total: size, lanes: 4, minimumSplit: mib)
+        let stops = segments.map { $0.start + 3 * mib / 2 }
+        let armed = Once()
+        let fired = FiredSet()
+        f.serve(file) { request, _ in
+            guard armed.isArmed, let asked = AskedRange(request), let index = segments.firstIndex(of: asked),
+                fired.first(index)
+            else { return .none }
+            return .stallAfter(Int(3 * mib / 2), then: .close)
+        }
+        try await Self.interrupt(f, options: Self.options(lanes: 4), stalls: 4, written: stops)
+        let saved = try #require(try StateFile.read(f.paths.state))
+        #expect(saved.pieceSize == mib)
+        #expect(saved.recordedPieces == [0, 2, 4, 6], "pieces recorded at the cancel: \(saved.pieces)")
+
+        try Self.flipByte(in: f.paths.part, at: 2 * mib + 4321)
+        try Self.flipByte(in: f.paths.part, at: 4 * mib + 1_000_000)
+        switch check {
+        case .verify:
+            let report = try Downloader.verify(at: f.dest)
+            #expect(report.pieceSize == mib)
+            #expect(report.piecesChecked == 4)
+            #expect(report.damagedPieces.map(\.index) == [2, 4])
+            #expect(report.damagedPieces.map(\.bytes) == [2 * mib..<3 * mib, 4 * mib..<5 * mib])
+            #expect(try StateFile.read(f.paths.state)?.recordedPieces == [0, 6])
+            let again = try Downloader.verify(at: f.dest)
+            #expect(again.damagedPieces.isEmpty && again.piecesChecked == 2, "\(again)")
+        case .reboot:
+            var state = saved
+            state.bootID = "stitch-test-another-boot"  // never a real boot id (those are UUIDs)
+            try StateFile.write(state, to: f.paths.state)
+        }
+        armed.disarm()
+        #expect(await Self.settle(f.server))
+        let requestsBefore = f.server.requests.count
+        let sentBefore = f.server.bodyBytesSent
+
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+        try f.expectComplete(result, file.data)
+        #expect(await Self.settle(f.server))
+        // Kept: [0, 1.5M) [3M, 3.5M) [5M, 5.5M) [6M, 7.5M). Fetched: the rest of each segment, pieces 2 and 4 included.
+        let expected: Set<AskedRange> = [
+            AskedRange(start: 3 * mib / 2, last: 3 * mib - 1), AskedRange(start: 7 * mib / 2, last: 5 * mib - 1),
+            AskedRange(start: 11 * mib / 2, last: 6 * mib - 1), AskedRange(start: 15 * mib / 2, last: 8 * mib - 1),
+        ]
+        let resumed = f.server.requests[requestsBefore...]
+        let asked = resumed.compactMap(AskedRange.init)
+        #expect(asked.count == resumed.count && Set(asked) == expected && asked.count == 4, "\(asked)")
+        #expect(f.server.bodyBytesSent - sentBefore == Int(4 * mib), "only the damaged pieces and the tails")
+        #expect(result.resumedFrom == 4 * mib)
+        if check == .reboot {
+            let note = f.watch.resumes.first?.note ?? ""
+            #expect(note.contains("2 damaged piece(s)"), "resume note: \(note)")
+        }
+    }
+
+    // MARK: 7. Rate limiter
+
+    /// A limiter that never makes anyone wait (a 64 MiB bucket, larger than the file) but refills at 1 byte/s, so
+    /// its bucket afterwards tells how many bytes it was asked for: exactly the file's, whether one connection or
+    /// four share it. Probed at time 0, earlier than anything it has seen, so the probes add no tokens.
+    @Test(arguments: [1, 4])
+    func rateLimiterIsAskedForEveryByte(_ lanes: Int) async throws {
+        let f = try Fixture()
+        let size: Int64 = 8 << 20
+        let file = ServedFile.random(size: Int(size), seed: 0x5E70, etag: Self.etag)
+        if lanes > 1 {
+            f.serve(file, faults: Self.lanesOnly { _, _ in Fault.none })
+        } else {
+            f.serve(file)
+        }
+        let burst: Int64 = 64 << 20
+        let limiter = RateLimiter(bytesPerSecond: 1, burst: burst)
+        var options = Self.options(lanes: lanes)
+        options.rateLimiter = limiter
+        let result = try await f.download(f.request(), options: options)
+
+        try f.expectComplete(result, file.data)
+        #expect(f.server.requests.count == (lanes > 1 ? 1 + lanes : 1))
+        Self.expectLimiter(limiter, burst: burst, consumed: size)
+    }
+
+    /// One limiter shared by two downloads at once (4 + 2 connections): it is asked for the bytes of both.
+    @Test func oneRateLimiterIsSharedByTwoSegmentedDownloads() async throws {
+        let f1 = try Fixture()
+        let f2 = try Fixture()
+        let file1 = ServedFile.random(size: 8 << 20, seed: 0x5E71, etag: Self.etag)
+        let file2 = ServedFile.random(size: 4 << 20, seed: 0x5E72, etag: Self.etag)
+        f1.serve(file1, faults: Self.lanesOnly { _, _ in .none })
+        f2.serve(file2, faults: Self.lanesOnly { _, _ in .none })
+        let burst: Int64 = 64 << 20
+        let limiter = RateLimiter(bytesPerSecond: 1, burst: burst)
+        var options1 = Self.options(lanes: 4)
+        options1.rateLimiter = limiter
+        var options2 = Self.options(lanes: 2)
+        options2.rateLimiter = limiter
+        async let first = f1.download(f1.request(), options: options1)
+        async let second = f2.download(f2.request(), options: options2)
+        let (result1, result2) = try await (first, second)
+
+        try f1.expectComplete(result1, file1.data)
+        try f2.expectComplete(result2, file2.data)
+        Self.expectLimiter(limiter, burst: burst, consumed: Int64(file1.data.count + file2.data.count))
+    }
+
+    /// A limiter that does pause the connections (8 MiB/s for 4 MiB over 4 connections, a 64 KiB bucket): the file
+    /// is still byte-exact. How long it took is not checked here (bench/ measures the accuracy).
+    @Test func connectionsPausedByTheRateLimiterStillAssembleTheFile() async throws {
+        let f = try Fixture()
+        let file = ServedFile.random(size: 4 << 20, seed: 0x5E73, etag: Self.etag)
+        f.serve(file)
+        let limiter = RateLimiter(bytesPerSecond: 8 << 20, burst: 64 << 10)
+        var options = Self.options(lanes: 4)
+        options.rateLimiter = limiter
+        let result = try await f.download(f.request(), options: options)
+
+        try f.expectComplete(result, file.data)
+        #expect(f.server.requests.count == 5)
+        #expect(limiter.take(64 << 10, now: 0) != nil, "the limiter was not asked")
+    }
+}
+
+// MARK: - Parameters
+
+extension SegmentedTests {
+    enum LaneFault: CaseIterable, Sendable, CustomTestStringConvertible {
+        case drop, reset, shortBody, stall, unavailable, wrongContentLength
+
+        func fault(after bytes: Int) -> Fault {
+            switch self {
+            case .drop: .dropAfter(bytes)
+            case .reset: .resetAfter(bytes)
+            case .shortBody: .shortBody(bytes)
+            case .stall: .stallAfter(bytes, then: .close)
+            case .unavailable: .status(503, headers: [("Retry-After", "2")], body: Array("busy".utf8))
+            case .wrongContentLength: .wrongContentLength(bytes)  // 206 claiming 300 000 bytes for a 2 MiB range
+            }
+        }
+
+        var testDescription: String { "\(self)" }
+    }
+
+    enum Validator: Sendable, CustomTestStringConvertible {
+        case etag, lastModified
+
+        /// Two files of the same length (the dangerous case: only the validator tells them apart).
+        func files(size: Int, seeds: (UInt64, UInt64)) -> (ServedFile, ServedFile) {
+            switch self {
+            case .etag:
+                return (
+                    ServedFile.random(size: size, seed: seeds.0, etag: "\"old\""),
+                    ServedFile.random(size: size, seed: seeds.1, etag: "\"new\"")
+                )
+            case .lastModified:
+                return (
+                    ServedFile.random(
+                        size: size, seed: seeds.0, lastModified: ServedFile.httpDate(secondsSince1970: 1_600_000_000)),
+                    ServedFile.random(
+                        size: size, seed: seeds.1, lastModified: ServedFile.httpDate(secondsSince1970: 1_600_000_100))
+                )
+            }
+        }
+
+        func change(from old: ServedFile, to new: ServedFile) -> RestartReason {
+            switch self {
+            case .etag: .etagChanged(old: old.etag!, new: new.etag!)
+            case .lastModified: .lastModifiedChanged(old: old.lastModified!, new: new.lastModified!)
+            }
+        }
+
+        var testDescription: String { "\(self)" }
+    }
+
+    enum Unsplittable: CaseIterable, Sendable, CustomTestStringConvertible {
+        case noAcceptRanges, noValidator, weakETag, lastModifiedTooRecent
+
+        func file(size: Int, seed: UInt64) -> ServedFile {
+            switch self {
+            case .noAcceptRanges:
+                ServedFile.random(size: size, seed: seed, etag: SegmentedTests.etag, acceptRanges: false)
+            case .noValidator: ServedFile.random(size: size, seed: seed)
+            case .weakETag: ServedFile.random(size: size, seed: seed, etag: "W/\"weak\"")
+            case .lastModifiedTooRecent:
+                // Not at least a second older than the response's Date: weak (RFC 9110 §8.8.2.2).
+                ServedFile.random(
+                    size: size, seed: seed, lastModified: ServedFile.httpDate(secondsSince1970: Int(time(nil)) + 3600))
+            }
+        }
+
+        var notice: String {
+            self == .noAcceptRanges ? "does not accept range requests" : "no strong validator"
+        }
+
+        var testDescription: String { "\(self)" }
+    }
+
+    enum Quiet: Sendable, CustomTestStringConvertible {
+        case small, unsized
+        var testDescription: String { "\(self)" }
+    }
+
+    enum PieceCheck: Sendable, CustomTestStringConvertible {
+        case verify, reboot
+        var testDescription: String { "\(self)" }
+    }
+}
+
+// MARK: - Helpers
+
+extension SegmentedTests {
+    /// The `Range: bytes=start-last` of a request (`last` nil when open-ended).
+    struct AskedRange: Hashable, Sendable, CustomStringConvertible {
+        var start: Int64
+        var last: Int64?
+
+        init(start: Int64, last: Int64?) {
+            self.start = start
+            self.last = last
+        }
+
+        init?(_ request: RecordedRequest) {
+            guard let header = request.range, header.hasPrefix("bytes="), let dash = header.firstIndex(of: "-"),
+                let start = Int64(header[header.index(header.startIndex, offsetBy: 6)..<dash])
+            else { return nil }
+            let tail = header[header.index(after: dash)...]
+            self.start = start
+            self.last = tail.isEmpty ? nil : Int64(tail)
+        }
+
+        func end(in total: Int64) -> Int64 { (last ?? total - 1) + 1 }
+
+        var description: String { "\(start)-\(last.map(String.init) ?? "")" }
+    }
+
+    /// A flag that is armed until disarmed, and true for `first()` once.
+    final class Once: Sendable {
+        private let state = Mutex((armed: true, fired: false))
+
+        var isArmed: Bool { state.withLock { $0.armed } }
+        func disarm() { state.withLock { $0.armed = false } }
+
+        /// True the first time only.
+        func first() -> Bool {
+            state.withLock { state in
+                defer { state.fired = true }
+                return !state.fired
+            }
+        }
+    }
+
+    /// Remembers which indices have fired.
+    final class FiredSet: Sendable {
+        private let fired = Mutex<Set<Int>>([])
+
+        /// True the first time `index` is passed.
+        func first(_ index: Int) -> Bool { fired.withLock { $0.insert(index).inserted } }
+    }
+
+    /// Options asking for `lanes` connections.
+    static func options(lanes: Int, minimumSplit: Int64 = 1 << 20) -> DownloadOptions {
+        var options = DownloadOptions.testing
+        options.connections = lanes
+        options.minimumSplitSize = minimumSplit
+        return options
+    }
+
+    /// The segments the first response is split into, as the requests that ask for them, as the engine splits:
+    /// as many parts as lanes but none under `minimumSplit`, each boundary rounded up to a piece (to `minimumSplit`
+    /// when a piece is larger than a part), a boundary that rounding repeats skipped.
+    static func segments(total: Int64, lanes: Int, minimumSplit: Int64) -> [AskedRange] {
+        let pieceSize = PieceLayout.pieceSize(forTotal: total)
+        let parts = Int64(max(1, min(lanes, Int(total / max(1, minimumSplit)))))
+        let part = total / parts
+        let alignment = pieceSize <= part ? pieceSize : max(1, minimumSplit)
+        var starts: [Int64] = [0]
+        for index in 1..<max(2, Int(parts)) where parts > 1 {
+            let boundary = (part * Int64(index) + alignment - 1) / alignment * alignment
+            if boundary > starts.last!, boundary < total { starts.append(boundary) }
+        }
+        return zip(starts, starts.dropFirst() + [total]).map { AskedRange(start: $0, last: $1 - 1) }
+    }
+
+    /// Ranged requests may only overlap where one asks for a tail of the other (a steal, or a retry from where the
+    /// other stopped): never for the same start, never for bytes before the other's start. Order-independent: a
+    /// victim's request may reach the server after its thief's.
+    static func expectNested(
+        _ asked: [AskedRange], total: Int64, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        for (index, one) in asked.enumerated() {
+            for other in asked[(index + 1)...]
+            where other.start < one.end(in: total) && one.start < other.end(in: total) {
+                let (outer, inner) = one.start < other.start ? (one, other) : (other, one)
+                #expect(
+                    outer.start < inner.start && inner.end(in: total) <= outer.end(in: total),
+                    "\(one) and \(other) overlap without one being a tail of the other", sourceLocation: sourceLocation)
+            }
+        }
+    }
+
+    /// Stalls the whole-file response right after its head (the engine aborts it there when it splits), so the
+    /// server's byte count is exactly what the lanes fetched; `lanes` chooses the faults of the ranged requests.
+    static func lanesOnly(
+        _ lanes: @escaping @Sendable (RecordedRequest, Int) -> Fault
+    ) -> @Sendable (RecordedRequest, Int) -> Fault {
+        { request, index in request.range == nil ? .stallAfter(0, then: .close) : lanes(request, index) }
+    }
+
+    static func settle(_ server: TestHTTPServer) async -> Bool {
+        await blocking { server.waitUntilIdle(timeout: .seconds(30)) }
+    }
+
+    static func sha256(of bytes: [UInt8]) throws -> ExpectedChecksum {
+        try ExpectedChecksum(parsing: "sha-256=" + ExpectedChecksum.hexString(DigestHasher.digest(.sha256, of: bytes)))
+    }
+
+    /// Starts a download, waits until `stalls` responses have stalled and the live record shows each segment
+    /// written up to `written` (slot i is the i-th segment of the split), runs `beforeCancel`, then cancels: the
+    /// download stops with exactly those bytes written, and the cancel saves them.
+    static func interrupt(
+        _ f: Fixture, options: DownloadOptions, stalls: Int, written: [Int64],
+        beforeCancel: @Sendable () throws -> Void = {}, sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws {
+        let request = f.request()
+        let task = Task { try await f.download(request, options: options) }
+        let server = f.server
+        for stall in 0..<stalls {
+            let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
+            #expect(stalled, "stall \(stall) of \(stalls) never came", sourceLocation: sourceLocation)
+        }
+        let paths = f.paths
+        let arrived = await blocking {
+            waitUntil { Self.liveWritten(paths).prefix(written.count).elementsEqual(written) }
+        }
+        #expect(
+            arrived, "written \(Self.liveWritten(paths).prefix(written.count)), expected \(written)",
+            sourceLocation: sourceLocation)
+        try beforeCancel()
+        task.cancel()
+        let error = await #expect(throws: DownloadError.self, sourceLocation: sourceLocation) { try await task.value }
+        #expect(error?.code == .cancelled, sourceLocation: sourceLocation)
+        #expect(error?.isResumable == true, sourceLocation: sourceLocation)
+        #expect(f.watch.violations.isEmpty, "\(f.watch.violations)", sourceLocation: sourceLocation)
+        try #require(arrived, sourceLocation: sourceLocation)
+        f.watch.resetEvents()
+    }
+
+    /// The live record's written offsets for the state file's nonce (empty if either is unreadable).
+    static func liveWritten(_ paths: DownloadPaths) -> [Int64] {
+        guard let state = try? StateFile.read(paths.state) else { return [] }
+        return LiveRecord.read(at: paths.live, nonce: state.nonce) ?? []
+    }
+
+    /// Inverts the byte at `offset` in place.
+    static func flipByte(in path: String, at offset: Int64) throws {
+        let fd = open(path, O_RDWR | O_CLOEXEC)
+        guard fd >= 0 else { throw Errno(rawValue: errno) }
+        defer { close(fd) }
+        var byte: UInt8 = 0
+        guard pread(fd, &byte, 1, off_t(offset)) == 1 else { throw Errno(rawValue: errno) }
+        byte ^= 0xFF
+        guard pwrite(fd, &byte, 1, off_t(offset)) == 1 else { throw Errno(rawValue: errno) }
+    }
+
+    /// Checks, without adding tokens (time 0 is earlier than anything the limiter has seen), that `limiter`'s
+    /// bucket of `burst` lost `consumed` bytes: more than `consumed` − 4 KiB and at most `consumed` plus its refill
+    /// at 1 byte/s.
+    static func expectLimiter(
+        _ limiter: RateLimiter, burst: Int64, consumed: Int64, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        #expect(
+            limiter.take(Int(burst - consumed + 4096), now: 0) != nil,
+            "the limiter was asked for fewer bytes than the download's \(consumed)", sourceLocation: sourceLocation)
+        #expect(
+            limiter.take(Int(burst - consumed), now: 0) == nil,
+            "the limiter was asked for more bytes than the download's \(consumed)", sourceLocation: sourceLocation)
+    }
+}
+
+extension DownloadState {
+    /// Indices of the pieces with a recorded checksum.
+    var recordedPieces: [Int] { pieces.indices.filter { pieces[$0] != nil } }
+}
+
+extension Watch {
+    var notices: [String] { events.compactMap { if case .notice(let text) = $0 { text } else { nil } } }
+}
