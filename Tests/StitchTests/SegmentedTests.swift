@@ -347,8 +347,9 @@ import Testing
 
     /// (N, N'): a download over N connections is cancelled while every lane is stalled at a different offset; the
     /// state file then lists the N segments with exactly those offsets durable. Resumed with N' connections, the
-    /// requests start exactly at the saved offsets and end at the segments' ends (or, for a one-segment partial,
-    /// ask for the rest), the bytes sent are exactly the missing ones, and the file is byte-exact.
+    /// requests start exactly at the saved offsets and end at the segments' ends (a one-segment partial resumed
+    /// with several connections is split again from its offset), the bytes sent are exactly the missing ones, and
+    /// the file is byte-exact.
     @Test(arguments: [(4, 2), (4, 8), (4, 1), (2, 4), (1, 4)])
     func resumeWithADifferentNumberOfConnections(_ before: Int, _ after: Int) async throws {
         let f = try Fixture()
@@ -380,8 +381,15 @@ import Testing
         #expect(await Self.settle(f.server))
         let resumed = Array(f.server.requests[requestsBefore...])
         let have = zip(segments, stops).reduce(Int64(0)) { $0 + $1.1 - $1.0.start }
-        if saved.count == 1 {
+        if saved.count == 1 && after == 1 {
             #expect(resumed.map(\.range) == ["bytes=\(stops[0])-"])
+        } else if saved.count == 1 {
+            // Split again: the ranges start at the saved offset and tile the rest of the file, none re-asked.
+            let asked = resumed.compactMap(AskedRange.init).sorted { $0.start < $1.start }
+            #expect(asked.count == resumed.count && asked.count == after, "\(resumed.map(\.range))")
+            #expect(asked.first?.start == stops[0])
+            #expect(asked.last?.last.map { $0 + 1 } == size)
+            #expect(zip(asked, asked.dropFirst()).allSatisfy { $0.last.map { $0 + 1 } == $1.start }, "\(asked)")
         } else {
             let expected = saved.map { AskedRange(start: $0.durable, last: $0.end! - 1) }
             let asked = resumed.compactMap(AskedRange.init)
@@ -398,9 +406,9 @@ import Testing
                 + "\(Set(resumed.map(\.connectionID)).count) connection(s): \(resumed.map { $0.range ?? "whole" })")
     }
 
-    /// Cancelled after the split but before any lane received a byte: a split alone is not written to the state
-    /// (a checkpoint writes only when some extent moved), so the state still has one empty segment, and the next run
-    /// simply starts afresh (one whole-file request, split again), without reporting a restart.
+    /// Cancelled after the split but before any lane received a byte: the split is made durable before the lanes
+    /// start, so the state lists the empty segments, and the next run asks for exactly those ranges (with If-Range),
+    /// without a whole-file request and without reporting a restart.
     @Test func cancelledBeforeAnyLaneByteStartsAfreshQuietly() async throws {
         let f = try Fixture()
         let size: Int64 = 8 << 20
@@ -412,7 +420,8 @@ import Testing
         }
         try await Self.interrupt(f, options: Self.options(lanes: 4), stalls: 4, written: segments.map(\.start))
         let state = try #require(try StateFile.read(f.paths.state))
-        #expect(state.segments == [Segment(start: 0, end: size, durable: 0)], "\(state.segments)")
+        let empty = segments.map { Segment(start: $0.start, end: $0.last! + 1, durable: $0.start) }
+        #expect(state.segments.sorted { $0.start < $1.start } == empty, "\(state.segments)")
         armed.disarm()
         let requestsBefore = f.server.requests.count
 
@@ -420,17 +429,16 @@ import Testing
         try f.expectComplete(result, file.data)
         #expect(f.watch.restarts.isEmpty, "\(f.watch.restarts)")
         let resumed = f.server.requests[requestsBefore...]
-        #expect(resumed.first?.range == nil)
-        #expect(Set(resumed.dropFirst().compactMap(AskedRange.init)) == Set(segments))
+        #expect(resumed.allSatisfy { $0.range != nil && $0.header("If-Range") == Self.etag })
+        #expect(Set(resumed.compactMap(AskedRange.init)) == Set(segments))
     }
 
-    /// A crash (not a cancel) before the first checkpoint after the split: the state on disk still has one segment
-    /// for the whole file, and the live record's slots for the new segments are beyond the state's list. Simulated
-    /// exactly: no checkpoint may run (huge interval), the three files are copied while every lane is stalled (what
-    /// `kill -9` would leave, page cache included), the run is cancelled, and the copies are put back. The resumed
-    /// run trusts lane 0's bytes (the live record) and re-fetches the other lanes' bytes; the file is byte-exact.
-    /// How many connections the resumed run used is printed: a one-segment partial is never split again.
-    @Test func crashBeforeTheSplitIsDurableKeepsTheFirstSegment() async throws {
+    /// A crash (not a cancel) before any timed checkpoint after the split: the split itself was made durable before
+    /// the lanes started, so the state on disk lists every segment, and the live record's slots say how far each
+    /// lane wrote. Simulated exactly: no timed checkpoint may run (huge interval), the three files are copied while
+    /// every lane is stalled (what `kill -9` would leave, page cache included), the run is cancelled, and the copies
+    /// are put back. The resumed run trusts every lane's bytes and fetches only the rest; the file is byte-exact.
+    @Test func crashAfterTheSplitKeepsEveryLanesBytes() async throws {
         let f = try Fixture()
         let size: Int64 = 8 << 20
         let file = ServedFile.random(size: Int(size), seed: 0x5E6E, etag: Self.etag)
@@ -456,7 +464,8 @@ import Testing
         }
         for (path, bytes) in zip(files, copies.withLock { $0 }) { try writeFile(path, bytes) }
         let crashed = try #require(try StateFile.read(paths.state))
-        #expect(crashed.segments == [Segment(start: 0, end: size, durable: 0)], "the split was not yet durable")
+        let split = segments.map { Segment(start: $0.start, end: $0.last! + 1, durable: $0.start) }
+        #expect(crashed.segments.sorted { $0.start < $1.start } == split, "the split is durable, the bytes are not")
         armed.disarm()
         #expect(await Self.settle(f.server))
         let requestsBefore = f.server.requests.count
@@ -466,13 +475,11 @@ import Testing
         try f.expectComplete(result, file.data)
         #expect(await Self.settle(f.server))
         let resumed = Array(f.server.requests[requestsBefore...])
-        #expect(AskedRange(try #require(resumed.first))?.start == stops[0], "lane 0's written bytes are kept")
-        #expect(result.resumedFrom == stops[0])
+        let kept = Int64(stops.count) * 400_000
+        #expect(Set(resumed.compactMap(AskedRange.init).map(\.start)) == Set(stops), "every lane's written bytes are kept")
+        #expect(result.resumedFrom == kept)
         let sent = f.server.bodyBytesSent - sentBefore
-        #expect(Int64(sent) == size - stops[0])
-        print(
-            "SegmentedTests.crashBeforeSplitIsDurable: resumed with \(resumed.count) request(s) "
-                + "\(resumed.map { $0.range ?? "whole" }); re-fetched \(3 * 400_000) bytes the other lanes had written")
+        #expect(Int64(sent) == size - kept)
     }
 
     // MARK: 6. Piece checks

@@ -99,7 +99,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         var redirects: [String] = []
         while true {
             if Task.isCancelled { throw try interrupted() }
-            if let store, store.snapshot.segments.count > 1 || segmentNow {
+            if let store, store.snapshot.segments.count > 1 || segmentNow || resplit(store) {
                 segmentNow = false
                 if let done = try await runSegmented(store) { return done }
                 continue
@@ -294,7 +294,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                         rebooted: true)
                 }
             }
-            known = point.bytes > 0 ? state.validators : nil
+            // Validators matter when bytes are kept, or when segments (even empty ones) are to be asked for by range.
+            known = point.bytes > 0 || store.snapshot.segments.count > 1 ? state.validators : nil
             resumedFrom = point.bytes
             position.store(point.bytes, ordering: .relaxed)
             if let total = state.validators.totalLength { totalLength.store(total, ordering: .relaxed) }
@@ -493,9 +494,16 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     /// Whether to split now: more than one connection wanted and the server gave what ranges need.
     private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
-        guard lanes(for: validators) > 1, let total = validators.totalLength,
-            total >= 2 * options.minimumSplitSize
-        else { return false }
+        guard lanes(for: validators) > 1 else { return false }
+        guard let total = validators.totalLength, total >= 2 * options.minimumSplitSize else {
+            if let asked = options.connections, asked > 1 {
+                emit(.notice(
+                    validators.totalLength == nil
+                        ? "the server does not say the file's length; using one connection"
+                        : "the file is too small to split; using one connection"))
+            }
+            return false
+        }
         guard validators.acceptRanges, validators.ifRange != nil else {
             emit(.notice(
                 validators.acceptRanges
@@ -506,17 +514,20 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         return true
     }
 
-    /// Cuts the whole-file segment into `lanes` segments on piece boundaries.
+    /// Cuts what remains of the single segment (from its written offset to `total`) into `lanes` segments on
+    /// piece boundaries.
     private func split(_ store: PartStore, total: Int64, lanes: Int) {
         let pieceSize = store.pieceSize
+        let from = store.written(0)
+        let remaining = total - from
         // No part smaller than the minimum split: more lanes than that fit only share the parts.
-        let parts = Int64(max(1, min(lanes, Int(total / max(1, options.minimumSplitSize)))))
-        let part = total / parts
+        let parts = Int64(max(1, min(lanes, Int(remaining / max(1, options.minimumSplitSize)))))
+        let part = remaining / parts
         let alignment = pieceSize <= part ? pieceSize : max(1, options.minimumSplitSize)
         var slot = 0
-        var previous: Int64 = 0
+        var previous = from
         for index in 1..<max(2, Int(parts)) where parts > 1 {
-            let boundary = (part * Int64(index) + alignment - 1) / alignment * alignment
+            let boundary = (from + part * Int64(index) + alignment - 1) / alignment * alignment
             // Rounding can make two boundaries meet: skip the repeat rather than stop splitting.
             guard boundary > previous, boundary < total else { continue }
             guard let next = store.split(slot, at: boundary) else { break }
@@ -524,6 +535,21 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             slot = next
         }
     }
+
+    /// Whether a resumed single-segment partial should continue over several connections: once, at the start of
+    /// the run, when what remains is worth splitting.
+    private func resplit(_ store: PartStore) -> Bool {
+        guard !resplitConsidered else { return false }
+        resplitConsidered = true
+        guard let known, let total = known.totalLength, store.snapshot.segments.count == 1,
+            lanes(for: known) > 1, known.acceptRanges, known.ifRange != nil,
+            total - store.written(0) >= 2 * options.minimumSplitSize
+        else { return false }
+        split(store, total: total, lanes: lanes(for: known))
+        return store.snapshot.segments.count > 1
+    }
+
+    private var resplitConsidered = false
 
     /// Fetches the unfinished segments over several connections. Returns the result, or nil after a restart.
     private func runSegmented(_ store: PartStore) async throws -> DownloadResult? {
@@ -541,6 +567,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         if let total = known.totalLength, let error = store.preallocate(totalLength: total) {
             throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
         }
+        // The split is durable before any lane writes, so a crash in the first second keeps every lane's bytes.
+        try store.checkpoint(force: true)
         let outcome: SegmentedTransfer.Outcome
         do {
             outcome = try await transfer.run()
