@@ -13,7 +13,8 @@
 #   STITCH=...        stitch binary (default .build/release/stitch, built with
 #                     `swift build -c release` if missing; if STITCH is set
 #                     explicitly and not executable, stitch is skipped)
-#   TOOLS="stitch curl wget aria2c axel"   tools to run, in this order
+#   TOOLS="stitch stitch-c1 curl wget aria2c axel"   tools to run, in this order
+#                     (stitch = its default connection count; stitch-c1 = --connections 1)
 #   BENCH_TMPDIR=...  where the work dir (source file + outputs) is created
 #                     (default ${TMPDIR:-/tmp}); needs about 2 x SIZE_MIB free
 #   RUN_TIMEOUT=600   seconds before a single download is killed
@@ -50,7 +51,7 @@ cd "$repo"
 
 SIZE_MIB=${SIZE_MIB:-1024}
 REPEAT=${REPEAT:-3}
-TOOLS=${TOOLS:-stitch curl wget aria2c axel}
+TOOLS=${TOOLS:-stitch stitch-c1 curl wget aria2c axel}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 KEEP=${KEEP:-0}
 [[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || die "SIZE_MIB must be a positive integer"
@@ -92,7 +93,7 @@ resolve_stitch() {
 
 tool_binary() {
     case $1 in
-    stitch) printf '%s\n' "$STITCH" ;;
+    stitch | stitch-c1) printf '%s\n' "$STITCH" ;;
     *) printf '%s\n' "$1" ;;
     esac
 }
@@ -101,6 +102,7 @@ selected=()
 for t in $TOOLS; do
     case $t in
     stitch) resolve_stitch ;;
+    stitch-c1) [[ -n ${skip_reason[stitch]:-} ]] && skip_reason[$t]=${skip_reason[stitch]} ;;
     curl | wget | aria2c | axel)
         if ! command -v "$t" >/dev/null 2>&1; then
             case $t in
@@ -109,7 +111,7 @@ for t in $TOOLS; do
             esac
         fi
         ;;
-    *) die "unknown tool in TOOLS: $t (known: stitch curl wget aria2c axel)" ;;
+    *) die "unknown tool in TOOLS: $t (known: stitch stitch-c1 curl wget aria2c axel)" ;;
     esac
     selected+=("$t")
 done
@@ -120,6 +122,7 @@ tool_cmd() {
     local tool=$1 url=$2 out=$3
     case $tool in
     stitch) printf '%s\n' "$STITCH" get "$url" -o "$out" --quiet ;;
+    stitch-c1) printf '%s\n' "$STITCH" get "$url" -o "$out" --quiet --connections 1 ;;
     curl) printf '%s\n' curl -q -s -o "$out" "$url" ;;
     wget) printf '%s\n' wget --no-config -q -O "$out" "$url" ;;
     aria2c)
@@ -134,7 +137,7 @@ tool_cmd() {
 tool_version() {
     local out
     case $1 in
-    stitch) out=$(timeout 5 "$STITCH" --version 2>&1 </dev/null) || out="version unknown" ;;
+    stitch | stitch-c1) out=$(timeout 5 "$STITCH" --version 2>&1 </dev/null) || out="version unknown" ;;
     curl | wget | aria2c | axel) out=$("$1" --version 2>&1 </dev/null) || true ;;
     esac
     out=${out%%$'\n'*}
