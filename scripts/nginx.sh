@@ -185,7 +185,7 @@ http {
 
     log_format stitch '\$remote_addr [\$time_local] "\$request" \$status \$body_bytes_sent '
                       'port=\$server_port proto=\$server_protocol range="\$http_range" '
-                      'if_range="\$http_if_range" ua="\$http_user_agent" rt=\$request_time';
+                      'if_range="\$http_if_range" ua="\$http_user_agent" rt=\$request_time conn=\$connection';
     access_log $dir/logs/access.log stitch;
 
     client_body_temp_path $dir/tmp/client_body;

@@ -27,6 +27,45 @@ struct NginxIntegrationTests {
         #expect(sandbox.entries() == ["medium.bin"])
     }
 
+    /// Several connections against nginx, over HTTP and over HTTPS with HTTP/2: byte-exact; nginx logs ranged
+    /// requests with If-Range that tile the file; over HTTPS, N separate TCP connections unless --streams asks
+    /// for streams of one.
+    @Test(arguments: [("http", false), ("https", false), ("https", true)])
+    func severalConnections(_ scheme: String, _ streams: Bool) async throws {
+        let nginx = try await sharedNginx()
+        let name = "segmented-\(UUID().uuidString).bin"
+        let bytes = ServedFile.randomBytes(count: 12 << 20, seed: 31)
+        try nginx.publish(name, bytes: bytes)
+        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        var arguments = ["get", scheme == "http" ? nginx.httpURL(name) : nginx.httpsURL(name), "-o", "out.bin", "-c", "4"]
+        if scheme == "https" { arguments += ["--ca-cert", nginx.caCertificate] }
+        if streams { arguments.append("--streams") }
+        let result = try await sandbox.run(arguments)
+        #expect(result.status == 0, "\(result)")
+        #expect(readBytes(sandbox.path("out.bin")) == bytes)
+
+        var ranged: [String] = []
+        _ = await waitUntil {
+            ranged = nginx.accessLogLines(containing: name).filter { $0.contains("range=\"bytes=") }
+            return ranged.count >= 4
+        }
+        #expect(ranged.count >= 4, "\(nginx.accessLogLines(containing: name))")
+        #expect(ranged.allSatisfy { $0.contains("if_range=\"") && !$0.contains("if_range=\"\"") && !$0.contains("if_range=\"-\"") })
+        let connections = Set(ranged.compactMap { line in
+            line.range(of: "conn=").map { String(line[$0.upperBound...].prefix { $0.isNumber }) }
+        })
+        if scheme == "https" {
+            #expect(ranged.allSatisfy { $0.contains("proto=HTTP/2.0") })
+            if streams {
+                #expect(connections.count == 1, "\(ranged)")
+            } else {
+                #expect(connections.count >= 4, "\(ranged)")
+            }
+        }
+    }
+
     @Test func interruptedAndResumedWithRangeAndIfRange() async throws {
         let nginx = try await sharedNginx()
         let name = "resume-\(UUID().uuidString).bin"

@@ -495,6 +495,10 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     /// Whether to split now: more than one connection wanted and the server gave what ranges need.
     private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
         guard lanes(for: validators) > 1 else { return false }
+        if rangesRefused {
+            emit(.notice("the server ignored a range request; using one connection"))
+            return false
+        }
         guard let total = validators.totalLength, total >= 2 * options.minimumSplitSize else {
             if let asked = options.connections, asked > 1 {
                 emit(.notice(
@@ -580,10 +584,18 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         case .complete:
             return try finish()
         case .restart(let reason):
+            if reason == .rangeIgnored {
+                // The server says Accept-Ranges but answered a range with the whole file: no more splitting.
+                rangesRefused = true
+            }
             try restart(reason)
             return nil
         }
     }
+
+    /// Set when a server ignored a range request despite advertising ranges: the rest of the run uses one
+    /// connection (a restart would otherwise split again and meet the same answer).
+    private var rangesRefused = false
 
     // MARK: TransferDelegate (transport thread)
 
