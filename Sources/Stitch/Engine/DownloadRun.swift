@@ -96,7 +96,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         }
 
         var failures = 0
-        var redirects: [String] = []
+        var redirects = RedirectChain(limit: options.maxRedirects)
         while true {
             if Task.isCancelled { throw try interrupted() }
             if let store, store.snapshot.segments.count > 1 || segmentNow || resplit(store) {
@@ -131,7 +131,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             if segmentNow { continue }
             if switchToResume {
                 currentURL = startURL
-                redirects = []
+                redirects.reset()
                 continue
             }
             if case .failure(let error) = result, error.isCancelled || Task.isCancelled { throw try interrupted() }
@@ -140,19 +140,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             var retryAfter: String?
             switch verdict {
             case .redirect(let location):
-                guard let next = URL(string: location, relativeTo: currentURL)?.absoluteURL,
-                    let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
-                else {
-                    throw DownloadError(.redirects, "redirect to an unusable location: \(location.debugDescription)")
-                }
-                redirects.append(currentURL.absoluteString)
-                if redirects.contains(next.absoluteString) {
-                    throw DownloadError(
-                        .redirects, "redirect loop: \((redirects + [next.absoluteString]).joined(separator: " → "))")
-                }
-                if redirects.count > options.maxRedirects {
-                    throw DownloadError(.redirects, "too many redirects (more than \(options.maxRedirects))")
-                }
+                let next = try redirects.follow(location, from: currentURL)
                 emit(.redirected(to: next.absoluteString))
                 currentURL = next
                 continue
@@ -194,20 +182,14 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                             return try finish()
                         }
                     case .failure(let error):
-                        if error.isTLS { throw DownloadError(.tls, "TLS error: \(error.message)", cause: error) }
-                        guard error.isRetryable else {
-                            throw DownloadError(.protocolViolation, error.message, cause: error, resumable: true)
-                        }
-                        retryReason = error.message
+                        retryReason = try error.retryReason()
                     }
                 }
             case nil:
                 guard case .failure(let error) = result else {
                     throw DownloadError(.protocolViolation, "no response from \(currentURL.absoluteString)")
                 }
-                if error.isTLS { throw DownloadError(.tls, "TLS error: \(error.message)", cause: error) }
-                guard error.isRetryable else { throw DownloadError(.protocolViolation, error.message, cause: error) }
-                retryReason = error.message
+                retryReason = try error.retryReason()
             }
 
             // A retry: from the original URL (redirect targets may expire), from the current offset.
@@ -233,7 +215,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             try? store?.checkpoint()
             do { try await clock.sleep(seconds: delay) } catch { throw try interrupted() }
             currentURL = startURL
-            redirects = []
+            redirects.reset()
         }
     }
 

@@ -224,7 +224,7 @@ final class SegmentedTransfer: Sendable {
     private func fetch(_ slot: Int) async throws {
         var failures = 0
         var url = startURL
-        var redirects: [String] = []
+        var redirects = RedirectChain(limit: options.maxRedirects)
         while !stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
             if let failure = checkpointer?.error ?? (store.isBroken ? brokenError : nil) {
@@ -254,18 +254,12 @@ final class SegmentedTransfer: Sendable {
             var retryAfter: String?
             switch sink.verdict {
             case .redirect(let location):
-                guard let next = URL(string: location, relativeTo: url)?.absoluteURL,
-                    let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
-                else {
-                    halt(.failure(DownloadError(.redirects, "redirect to an unusable location: \(location.debugDescription)")))
+                do {
+                    url = try redirects.follow(location, from: url)
+                } catch {
+                    halt(.failure(error))
                     return
                 }
-                redirects.append(url.absoluteString)
-                if redirects.contains(next.absoluteString) || redirects.count > options.maxRedirects {
-                    halt(.failure(DownloadError(.redirects, "redirect loop or too many redirects at \(next.absoluteString)")))
-                    return
-                }
-                url = next
                 continue
             case .restart(let why):
                 halt(.restart(why))
@@ -301,15 +295,10 @@ final class SegmentedTransfer: Sendable {
                     reason = "the connection closed at \(store.written(slot)) before \(end)"
                 case .failure(let error):
                     if error.isCancelled { throw CancellationError() }
-                    if error.isTLS {
-                        halt(.failure(DownloadError(.tls, "TLS error: \(error.message)", cause: error)))
+                    do { reason = try error.retryReason(abortIsRetryable: true) } catch {
+                        halt(.failure(error))
                         return
                     }
-                    guard error.isRetryable || error.isAbortedByDelegate else {
-                        halt(.failure(DownloadError(.protocolViolation, error.message, cause: error, resumable: true)))
-                        return
-                    }
-                    reason = error.message
                 }
             case nil:
                 guard case .failure(let error) = result else {
@@ -317,15 +306,10 @@ final class SegmentedTransfer: Sendable {
                     return
                 }
                 if error.isCancelled { throw CancellationError() }
-                if error.isTLS {
-                    halt(.failure(DownloadError(.tls, "TLS error: \(error.message)", cause: error)))
+                do { reason = try error.retryReason() } catch {
+                    halt(.failure(error))
                     return
                 }
-                guard error.isRetryable else {
-                    halt(.failure(DownloadError(.protocolViolation, error.message, cause: error, resumable: true)))
-                    return
-                }
-                reason = error.message
             }
             failures += 1
             if failures > options.retry.maxRetries {
@@ -340,7 +324,7 @@ final class SegmentedTransfer: Sendable {
             emit(.retrying(attempt: failures, maxRetries: options.retry.maxRetries, delay: delay, reason: reason))
             try await clock.sleep(seconds: delay)
             url = startURL
-            redirects = []
+            redirects.reset()
         }
     }
 
