@@ -26,27 +26,10 @@ set -euo pipefail
 export LC_ALL=C # decimal point in $EPOCHREALTIME and awk output
 
 prog=bench/run.sh
-die() { printf '%s: error: %s\n' "$prog" "$*" >&2; exit 1; }
-note() { printf '%s: %s\n' "$prog" "$*" >&2; }
-
-case ${1:-} in
--h | --help)
-    sed -n '3,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-    exit 0
-    ;;
-"") ;;
-*) die "unexpected argument: $1 (configure with environment variables, see --help)" ;;
-esac
-
-invocation=""
-for v in SIZE_MIB REPEAT STITCH TOOLS BENCH_TMPDIR RUN_TIMEOUT KEEP; do
-    if [[ -n ${!v+x} ]]; then
-        invocation+="$v=$(printf '%q' "${!v}") "
-    fi
-done
-invocation+=$(printf '%q' "$0")
-
-repo=$(cd "$(dirname "$0")/.." && pwd -P)
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/lib.sh"
+bench_args "$@"
+bench_invocation SIZE_MIB REPEAT STITCH TOOLS BENCH_TMPDIR RUN_TIMEOUT KEEP
 cd "$repo"
 
 SIZE_MIB=${SIZE_MIB:-1024}
@@ -54,62 +37,24 @@ REPEAT=${REPEAT:-3}
 TOOLS=${TOOLS:-stitch stitch-c1 curl wget aria2c axel}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 KEEP=${KEEP:-0}
-[[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || die "SIZE_MIB must be a positive integer"
-[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "REPEAT must be a positive integer"
-[[ $RUN_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "RUN_TIMEOUT must be a positive integer"
-
-TIME=/usr/bin/time
-[[ -x $TIME ]] || die "GNU time not found at $TIME (apt-get install time)"
-command -v timeout >/dev/null || die "timeout (coreutils) not found"
-command -v awk >/dev/null || die "awk not found"
+need_posint SIZE_MIB REPEAT RUN_TIMEOUT
+need_commands timeout awk
 
 # ---------------------------------------------------------------- tools
 declare -A skip_reason=()
-stitch_explicit=0
-if [[ -n ${STITCH+x} ]]; then
-    stitch_explicit=1
-fi
-STITCH=${STITCH:-.build/release/stitch}
-[[ $STITCH == /* ]] || STITCH=$repo/$STITCH
-
-resolve_stitch() {
-    if [[ -x $STITCH ]]; then
-        return 0
-    fi
-    if ((stitch_explicit)); then
-        skip_reason[stitch]="STITCH=$STITCH is not an executable file"
-        return 0
-    fi
-    if ! command -v swift >/dev/null 2>&1; then
-        skip_reason[stitch]="$STITCH missing and no swift toolchain to build it"
-        return 0
-    fi
-    note "building stitch: swift build -c release --product stitch"
-    if swift build -c release --product stitch >&2 && [[ -x $STITCH ]]; then
-        return 0
-    fi
-    skip_reason[stitch]="swift build -c release failed (or did not produce $STITCH)"
-}
-
-tool_binary() {
-    case $1 in
-    stitch | stitch-c1) printf '%s\n' "$STITCH" ;;
-    *) printf '%s\n' "$1" ;;
-    esac
-}
+stitch_init
 
 selected=()
 for t in $TOOLS; do
     case $t in
-    stitch) resolve_stitch ;;
+    stitch)
+        resolve_stitch
+        [[ -z $stitch_skip ]] || skip_reason[stitch]=$stitch_skip
+        ;;
     stitch-c1) [[ -n ${skip_reason[stitch]:-} ]] && skip_reason[$t]=${skip_reason[stitch]} ;;
     curl | wget | aria2c | axel)
-        if ! command -v "$t" >/dev/null 2>&1; then
-            case $t in
-            aria2c) skip_reason[$t]="aria2c not installed (apt-get install aria2)" ;;
-            *) skip_reason[$t]="$t not installed (apt-get install $t)" ;;
-            esac
-        fi
+        r=$(missing_reason "$t")
+        [[ -z $r ]] || skip_reason[$t]=$r
         ;;
     *) die "unknown tool in TOOLS: $t (known: stitch stitch-c1 curl wget aria2c axel)" ;;
     esac
@@ -125,60 +70,17 @@ tool_cmd() {
     stitch-c1) printf '%s\n' "$STITCH" get "$url" -o "$out" --quiet --connections 1 ;;
     curl) printf '%s\n' curl -q -s -o "$out" "$url" ;;
     wget) printf '%s\n' wget --no-config -q -O "$out" "$url" ;;
-    aria2c)
-        printf '%s\n' aria2c --no-conf -q -x1 -s1 -j1 --file-allocation=none \
-            --check-integrity=false --allow-overwrite=true --auto-file-renaming=false \
-            --summary-interval=0 -d "$(dirname "$out")" -o "$(basename "$out")" "$url"
-        ;;
+    aria2c) aria2c_cmd "$out" "$url" -x1 -s1 ;;
     axel) printf '%s\n' axel -n 1 -q -o "$out" "$url" ;;
     esac
 }
 
-tool_version() {
-    local out
-    case $1 in
-    stitch | stitch-c1) out=$(timeout 5 "$STITCH" --version 2>&1 </dev/null) || out="version unknown" ;;
-    curl | wget | aria2c | axel) out=$("$1" --version 2>&1 </dev/null) || true ;;
-    esac
-    out=${out%%$'\n'*}
-    printf '%s\n' "${out:-unknown}"
-}
-
 # ---------------------------------------------------------------- setup
-base=${BENCH_TMPDIR:-${TMPDIR:-/tmp}}
-mkdir -p "$base"
-WORK=$(mktemp -d "$base/stitch-bench.XXXXXX")
-NGX=$WORK/nginx
-OUTDIR=$WORK/out
-child=""
-cleanup() {
-    local rc=$?
-    if [[ -n $child ]]; then
-        kill -TERM "$child" 2>/dev/null || true
-        wait "$child" 2>/dev/null || true
-    fi
-    "$repo/scripts/nginx.sh" stop "$NGX" >/dev/null 2>&1 || true
-    if [[ $KEEP == 1 ]]; then
-        note "kept work dir $WORK"
-    else
-        rm -rf "$WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
+bench_workdir stitch-bench
 size_bytes=$((SIZE_MIB * 1024 * 1024))
-avail_kib=$(df -Pk "$WORK" | awk 'NR == 2 { print $4 }')
-need_kib=$((SIZE_MIB * 2 * 1024 + 64 * 1024))
-((avail_kib >= need_kib)) ||
-    die "not enough space in $WORK: need $((need_kib / 1024)) MiB, have $((avail_kib / 1024)) MiB (set BENCH_TMPDIR or SIZE_MIB)"
-
-note "starting nginx in $NGX"
-"$repo/scripts/nginx.sh" start "$NGX" >/dev/null
-# shellcheck disable=SC1091
-. "$NGX/ports.env"
+need_space "$SIZE_MIB" "set BENCH_TMPDIR or SIZE_MIB"
+# shellcheck disable=SC2119 # no extra nginx settings
+start_nginx
 SRC=$NGINX_WWW/big.bin
 note "creating ${SIZE_MIB} MiB random file"
 head -c "$size_bytes" /dev/urandom >"$SRC"
@@ -194,55 +96,25 @@ RESULTS=$WORK/results.txt
 declare -A failed=()
 
 run_one() {
-    local tool=$1 r=$2 out=$OUTDIR/$1.out tfile=$WORK/time.txt log=$WORK/$1.$2.log
+    local tool=$1 r=$2 out=$OUTDIR/$1.out log=$WORK/$1.$2.log status
     local -a cmd
     mapfile -t cmd < <(tool_cmd "$tool" "$URL" "$out")
-    rm -rf "${OUTDIR:?}"/* "${OUTDIR:?}"/.[!.]* 2>/dev/null || true
+    clean_out
     sync
-    local t0 t1 rc=0
-    rm -f "$tfile"
-    t0=$EPOCHREALTIME
-    # timeout -> GNU time -> tool: time measures the tool itself; timeout
-    # signals its whole process group on expiry or when it gets TERM. Run in
-    # the background and `wait`, so INT/TERM traps fire without waiting for
-    # the download to finish (cleanup then TERMs $child).
-    timeout "$RUN_TIMEOUT" "$TIME" -f '%e %U %S %M' -o "$tfile" "${cmd[@]}" >"$log" 2>&1 </dev/null &
-    child=$!
-    wait "$child" || rc=$?
-    child=""
-    t1=$EPOCHREALTIME
-    local line wall user sys rss status=ok
-    line=$(tail -n 1 "$tfile" 2>/dev/null) || line=""
-    read -r _ user sys rss <<<"$line" || true
-    user=${user:-0} sys=${sys:-0} rss=${rss:-0}
-    wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
-    if ((rc == 124)); then
-        status="timeout"
-    elif ((rc != 0)); then
-        status="exit=$rc"
-    elif [[ ! -f $out ]]; then
-        status="no-output"
-    elif [[ $(stat -c %s "$out") != "$size_bytes" ]]; then
-        status="size=$(stat -c %s "$out")"
-    elif ! cmp -s "$out" "$SRC"; then
-        status="content-mismatch"
-    fi
+    timed_run "$log" "${cmd[@]}"
+    status=$(output_status "$run_rc" "$out" "$size_bytes" "$SRC")
     if [[ $status != ok ]]; then
         failed[$tool]=1
         note "$tool run $r FAILED ($status); log: $(tail -n 3 "$log" | tr '\n' ' ')"
     else
-        note "$tool run $r: ${wall}s wall, user ${user}s sys ${sys}s, rss ${rss} KiB"
+        note "$tool run $r: ${run_wall}s wall, user ${run_user}s sys ${run_sys}s, rss ${run_rss} KiB"
     fi
-    printf '%s %s %s %s %s %s %s\n' "$tool" "$r" "$wall" "$user" "$sys" "$rss" "$status" >>"$RESULTS"
-    rm -rf "${OUTDIR:?}"/* "${OUTDIR:?}"/.[!.]* 2>/dev/null || true
+    printf '%s %s %s %s %s %s %s\n' "$tool" "$r" "$run_wall" "$run_user" "$run_sys" "$run_rss" "$status" >>"$RESULTS"
+    clean_out
 }
 
-# Untimed warm-up: write one copy of the file on the output filesystem so the
-# first timed run does not pay for first-touch page allocation/writeback.
 note "warm-up: copying the source once to the output dir"
-cat "$SRC" >"$OUTDIR/warmup.bin"
-rm -f "$OUTDIR/warmup.bin"
-sync
+warm_up "$SRC"
 
 # Round-robin over tools so drift (thermal, background load) hits all of them alike.
 for ((r = 1; r <= REPEAT; r++)); do
@@ -255,15 +127,12 @@ done
 # ---------------------------------------------------------------- report
 # summary: tool best_wall median_cpu max_rss_kib ok_runs
 summarize() {
-    awk -v tool="$1" '
+    awk -v tool="$1" "$AWK_MEDIAN"'
         $1 == tool && $7 == "ok" { n++; w[n] = $3; c[n] = $4 + $5; if ($6 > rss) rss = $6 }
         END {
             if (n == 0) { print "none"; exit }
             best = w[1]; for (i = 2; i <= n; i++) if (w[i] < best) best = w[i]
-            # insertion sort for the median
-            for (i = 2; i <= n; i++) { v = c[i]; j = i - 1; while (j > 0 && c[j] > v) { c[j + 1] = c[j]; j-- } c[j + 1] = v }
-            med = (n % 2) ? c[(n + 1) / 2] : (c[n / 2] + c[n / 2 + 1]) / 2
-            printf "%s %s %s %d\n", best, med, rss, n
+            printf "%s %s %s %d\n", best, median(c, n), rss, n
         }' "$RESULTS"
 }
 
@@ -279,16 +148,8 @@ for t in "${selected[@]}"; do
     rssm[$t]=$(awk -v k="$rss" 'BEGIN { printf "%.1f", k / 1024 }')
 done
 
-ratio() { # ratio VALUE BASE
-    awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b; else print "n/a" }'
-}
-
-cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || true)
 {
-    printf '# Stitch download benchmark\n\n'
-    printf 'Command: `%s`\n\n' "$invocation"
-    printf -- '- Date: %s\n' "$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-    printf -- '- Host: %s, %s CPUs (%s), kernel %s\n' "$(uname -n)" "$(nproc)" "${cpu_model:-unknown CPU}" "$(uname -r)"
+    report_head "Stitch download benchmark"
     printf -- '- File: %s MiB (%s bytes) random, sha256 %s\n' "$SIZE_MIB" "$size_bytes" "$src_sha"
     printf -- '- Server: loopback nginx (scripts/nginx.sh, 1 worker, sendfile), plain HTTP/1.1 %s\n' "$URL"
     printf -- '- Runs per tool: %s (round-robin); wall = best run, CPU = median user+sys, RSS = max peak RSS\n' "$REPEAT"
@@ -299,7 +160,7 @@ cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/n
             printf -- '- %s: skipped: %s\n' "$t" "${skip_reason[$t]}"
         else
             mapfile -t cmd < <(tool_cmd "$t" "$URL" "$OUTDIR/$t.out")
-            printf -- '- %s (%s): `%s`\n' "$t" "$(tool_version "$t")" "$(printf '%q ' "${cmd[@]}" | sed 's/ $//')"
+            cmd_line "$t" "$t" "${cmd[@]}"
         fi
     done
     printf '\n## Results\n\n'
@@ -333,7 +194,4 @@ cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/n
     awk '{ printf "| %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7 }' "$RESULTS"
 }
 
-if ((${#failed[@]} > 0)); then
-    note "some runs failed: ${!failed[*]}"
-    exit 1
-fi
+bench_finish

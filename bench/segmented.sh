@@ -47,28 +47,11 @@ set -euo pipefail
 export LC_ALL=C # decimal point in $EPOCHREALTIME and awk output
 
 prog=bench/segmented.sh
-die() { printf '%s: error: %s\n' "$prog" "$*" >&2; exit 1; }
-note() { printf '%s: %s\n' "$prog" "$*" >&2; }
-
-case ${1:-} in
--h | --help)
-    sed -n '3,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-    exit 0
-    ;;
-"") ;;
-*) die "unexpected argument: $1 (configure with environment variables, see --help)" ;;
-esac
-
-invocation=""
-for v in SECTIONS CONNECTIONS THROTTLE_RATE THROTTLE_SIZE_MIB SIZE_MIB RATES RATE_SECONDS \
-    REPEAT RATE_REPEAT TOOLS RATE_TOOLS STITCH NGINX BENCH_TMPDIR RUN_TIMEOUT KEEP; do
-    if [[ -n ${!v+x} ]]; then
-        invocation+="$v=$(printf '%q' "${!v}") "
-    fi
-done
-invocation+=$(printf '%q' "$0")
-
-repo=$(cd "$(dirname "$0")/.." && pwd -P)
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/lib.sh"
+bench_args "$@"
+bench_invocation SECTIONS CONNECTIONS THROTTLE_RATE THROTTLE_SIZE_MIB SIZE_MIB RATES RATE_SECONDS \
+    REPEAT RATE_REPEAT TOOLS RATE_TOOLS STITCH NGINX BENCH_TMPDIR RUN_TIMEOUT KEEP
 cd "$repo"
 
 SECTIONS=${SECTIONS:-1 2 3}
@@ -89,13 +72,8 @@ KEEP=${KEEP:-0}
 # one chunk "for free" (default 2m would be 2 MiB per Range request).
 THROTTLE_CHUNK=256k
 
-posint='^[1-9][0-9]*$'
-[[ $SIZE_MIB =~ $posint ]] || die "SIZE_MIB must be a positive integer"
-[[ $THROTTLE_SIZE_MIB =~ $posint ]] || die "THROTTLE_SIZE_MIB must be a positive integer"
-[[ $REPEAT =~ $posint ]] || die "REPEAT must be a positive integer"
-[[ $RATE_REPEAT =~ $posint ]] || die "RATE_REPEAT must be a positive integer"
-[[ $RUN_TIMEOUT =~ $posint ]] || die "RUN_TIMEOUT must be a positive integer"
-if ! [[ $CONNECTIONS =~ $posint ]] || ((CONNECTIONS < 2 || CONNECTIONS > 16)); then
+need_posint SIZE_MIB THROTTLE_SIZE_MIB REPEAT RATE_REPEAT RUN_TIMEOUT
+if ! [[ $CONNECTIONS =~ ^[1-9][0-9]*$ ]] || ((CONNECTIONS < 2 || CONNECTIONS > 16)); then
     die "CONNECTIONS must be 2..16"
 fi
 [[ $THROTTLE_RATE =~ ^[1-9][0-9]*[kKmM]?$ ]] || die "THROTTLE_RATE must look like 20m or 500k (nginx size)"
@@ -131,41 +109,13 @@ if want_sec 3; then
     ((${#rate_list[@]} > 0)) || die "RATES is empty"
 fi
 
-TIME=/usr/bin/time
-[[ -x $TIME ]] || die "GNU time not found at $TIME (apt-get install time)"
-for c in timeout awk cmp sha256sum; do
-    command -v "$c" >/dev/null || die "$c not found"
-done
+need_commands timeout awk cmp sha256sum
 
 # ---------------------------------------------------------------- clients
 # Rows are keyed: stitch_n stitch_1 aria2c_n axel_n curl (sections 1 and 2),
 # stitch_rate curl_rate (section 3). Each row belongs to one tool.
 declare -A tool_skip=() row_skip=()
-stitch_explicit=0
-if [[ -n ${STITCH+x} ]]; then
-    stitch_explicit=1
-fi
-STITCH=${STITCH:-.build/release/stitch}
-[[ $STITCH == /* ]] || STITCH=$repo/$STITCH
-
-resolve_stitch() {
-    if [[ -x $STITCH ]]; then
-        return 0
-    fi
-    if ((stitch_explicit)); then
-        tool_skip[stitch]="STITCH=$STITCH is not an executable file"
-        return 0
-    fi
-    if ! command -v swift >/dev/null 2>&1; then
-        tool_skip[stitch]="$STITCH missing and no swift toolchain to build it"
-        return 0
-    fi
-    note "building stitch: swift build -c release --product stitch"
-    if swift build -c release --product stitch >&2 && [[ -x $STITCH ]]; then
-        return 0
-    fi
-    tool_skip[stitch]="swift build -c release failed (or did not produce $STITCH)"
-}
+stitch_init
 
 row_tool() {
     case $1 in
@@ -198,23 +148,9 @@ row_cmd() {
     stitch_rate) printf '%s\n' "$STITCH" get "$url" -o "$out" --quiet --limit-rate "$rate" ;;
     curl) printf '%s\n' curl -q -s -o "$out" "$url" ;;
     curl_rate) printf '%s\n' curl -q -s --limit-rate "$rate" -o "$out" "$url" ;;
-    aria2c_n)
-        printf '%s\n' aria2c --no-conf -q -x"$CONNECTIONS" -s"$CONNECTIONS" -k1M -j1 --file-allocation=none \
-            --check-integrity=false --allow-overwrite=true --auto-file-renaming=false \
-            --summary-interval=0 -d "$(dirname "$out")" -o "$(basename "$out")" "$url"
-        ;;
+    aria2c_n) aria2c_cmd "$out" "$url" -x"$CONNECTIONS" -s"$CONNECTIONS" -k1M ;;
     axel_n) printf '%s\n' axel -n "$CONNECTIONS" -q -o "$out" "$url" ;;
     esac
-}
-
-tool_version() {
-    local out
-    case $1 in
-    stitch) out=$(timeout 5 "$STITCH" --version 2>&1 </dev/null) || out="version unknown" ;;
-    *) out=$("$1" --version 2>&1 </dev/null) || true ;;
-    esac
-    out=${out%%$'\n'*}
-    printf '%s\n' "${out:-unknown}"
 }
 
 sec1_rows=() sec2_rows=() sec3_rows=()
@@ -246,16 +182,13 @@ for key in "${all_rows[@]}"; do
 done
 for t in aria2c axel curl; do
     [[ -n ${used_tools[$t]:-} ]] || continue
-    if ! command -v "$t" >/dev/null 2>&1; then
-        case $t in
-        aria2c) tool_skip[$t]="aria2c not installed (apt-get install aria2)" ;;
-        *) tool_skip[$t]="$t not installed (apt-get install $t)" ;;
-        esac
-    fi
+    r=$(missing_reason "$t")
+    [[ -z $r ]] || tool_skip[$t]=$r
 done
 stitch_help=""
 if [[ -n ${used_tools[stitch]:-} ]]; then
     resolve_stitch
+    [[ -z $stitch_skip ]] || tool_skip[stitch]=$stitch_skip
     if [[ -z ${tool_skip[stitch]:-} ]]; then
         stitch_help=$(timeout 10 "$STITCH" get --help 2>&1 </dev/null) || true
     fi
@@ -280,167 +213,6 @@ for key in "${all_rows[@]}"; do
     note "skipping $(row_label "$key"): ${row_skip[$key]}"
 done
 
-# ---------------------------------------------------------------- nginx
-# Own nginx (scripts/nginx.sh has no port with a 20m limit and its slow port
-# keeps the default 2m sendfile_max_chunk): one plain port, one throttled port.
-find_nginx() {
-    if [[ -n ${NGINX:-} ]]; then
-        [[ -x $NGINX ]] || die "NGINX=$NGINX is not executable"
-        printf '%s\n' "$NGINX"
-    elif command -v nginx >/dev/null 2>&1; then
-        command -v nginx
-    elif [[ -x /usr/sbin/nginx ]]; then
-        printf '%s\n' /usr/sbin/nginx
-    else
-        die "nginx not found (apt-get install nginx-light)"
-    fi
-}
-
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-http_ok() { # HEAD /ping.txt answers 200
-    local line
-    (
-        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
-        printf 'HEAD /ping.txt HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-        IFS= read -r -t 3 line <&3 || exit 1
-        [[ $line == HTTP/1.?\ 200* ]]
-    ) 2>/dev/null
-}
-
-ngx_pid() { # pid of the master serving $NGX, or nothing
-    local pid cmdline
-    [[ -f $NGX/nginx.pid ]] || return 0
-    pid=$(<"$NGX/nginx.pid") || return 0
-    [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 0
-    cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 0
-    [[ $cmdline == *"$NGX/nginx.conf"* ]] || return 0
-    printf '%s\n' "$pid"
-}
-
-alive() { # not gone and not a zombie (the daemon is reparented, maybe never reaped)
-    local state
-    state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null) || return 1
-    [[ -n $state && $state != Z && $state != X ]]
-}
-
-ngx_stop() {
-    local pid i
-    [[ -n ${NGX:-} ]] || return 0
-    pid=$(ngx_pid)
-    [[ -n $pid ]] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-        alive "$pid" || return 0
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-}
-
-ngx_write_conf() {
-    local plain=$1 throttled=$2 user_line=""
-    # Default worker user (nobody) could not read a mode-700 temp dir.
-    [[ $(id -u) -ne 0 ]] || user_line="user root;"
-    cat >"$NGX/nginx.conf" <<EOF
-# Generated by bench/segmented.sh; started as: nginx -p $NGX -c $NGX/nginx.conf
-$user_line
-daemon on;
-worker_processes 1;
-pid $NGX/nginx.pid;
-error_log $NGX/logs/error.log warn;
-
-events {
-    worker_connections 512;
-}
-
-http {
-    types {
-        application/octet-stream bin;
-        text/plain txt;
-    }
-    default_type application/octet-stream;
-
-    # \$connection (serial number, unique with one worker) lets the script
-    # count the TCP connections and requests each client really used.
-    log_format bench '\$connection \$status \$body_bytes_sent "\$request" '
-                     'range="\$http_range" port=\$server_port rt=\$request_time';
-    access_log $NGX/logs/access.log bench;
-
-    client_body_temp_path $NGX/tmp/client_body;
-    proxy_temp_path       $NGX/tmp/proxy;
-    fastcgi_temp_path     $NGX/tmp/fastcgi;
-    uwsgi_temp_path       $NGX/tmp/uwsgi;
-    scgi_temp_path        $NGX/tmp/scgi;
-
-    sendfile on;
-    tcp_nopush on;
-    keepalive_timeout 30s;
-    server_tokens off;
-    etag on;
-
-    server {
-        listen 127.0.0.1:$plain;
-        server_name localhost 127.0.0.1;
-        root $NGX/www;
-    }
-
-    # limit_rate applies to each request (so to each connection of a segmented client).
-    server {
-        listen 127.0.0.1:$throttled;
-        server_name localhost 127.0.0.1;
-        root $NGX/www;
-        limit_rate $THROTTLE_RATE;
-        sendfile_max_chunk $THROTTLE_CHUNK;
-    }
-}
-EOF
-}
-
-ngx_start() {
-    local nginx attempt p i plain="" throttled=""
-    nginx=$(find_nginx)
-    mkdir -p "$NGX/www" "$NGX/logs" "$NGX/tmp"
-    printf 'ok\n' >"$NGX/www/ping.txt"
-    for ((attempt = 1; attempt <= 8; attempt++)); do
-        plain="" throttled=""
-        for ((i = 0; i < 1000; i++)); do
-            p=$((20000 + RANDOM % 12000)) # below the default ephemeral range
-            port_busy "$p" && continue
-            if [[ -z $plain ]]; then
-                plain=$p
-            elif [[ $p != "$plain" ]]; then
-                throttled=$p
-                break
-            fi
-        done
-        [[ -n $throttled ]] || die "could not find free ports"
-        ngx_write_conf "$plain" "$throttled"
-        rm -f "$NGX/nginx.pid"
-        : >"$NGX/logs/error.log"
-        if "$nginx" -p "$NGX" -c "$NGX/nginx.conf" -e "$NGX/logs/error.log" >"$NGX/logs/start.log" 2>&1; then
-            break
-        fi
-        if grep -q 'Address already in use' "$NGX/logs/start.log" "$NGX/logs/error.log" 2>/dev/null; then
-            note "port collision (attempt $attempt), retrying"
-            throttled=""
-            continue
-        fi
-        cat "$NGX/logs/start.log" >&2
-        die "nginx failed to start (config: $NGX/nginx.conf)"
-    done
-    [[ -n $throttled ]] || die "nginx failed to start: ports kept colliding"
-    for ((i = 0; i < 150; i++)); do
-        [[ -n $(ngx_pid) ]] && http_ok "$plain" && http_ok "$throttled" && break
-        sleep 0.1
-    done
-    if ! { [[ -n $(ngx_pid) ]] && http_ok "$plain" && http_ok "$throttled"; }; then
-        die "nginx did not answer on 127.0.0.1:$plain/$throttled (log: $NGX/logs/error.log)"
-    fi
-    PLAIN_PORT=$plain THROTTLED_PORT=$throttled
-    ACCESS_LOG=$NGX/logs/access.log
-    note "nginx running (pid $(ngx_pid)): plain=$plain throttled($THROTTLE_RATE/s per connection)=$throttled"
-}
-
 # ---------------------------------------------------------------- setup
 max_mib=0
 want_sec 1 && ((THROTTLE_SIZE_MIB > max_mib)) && max_mib=$THROTTLE_SIZE_MIB
@@ -452,107 +224,60 @@ if want_sec 3; then
     done
 fi
 
-base=${BENCH_TMPDIR:-${TMPDIR:-/tmp}}
-mkdir -p "$base"
-WORK=$(mktemp -d "$base/stitch-segbench.XXXXXX")
-NGX=$WORK/nginx
-OUTDIR=$WORK/out
-child=""
-cleanup() {
-    local rc=$?
-    if [[ -n $child ]]; then
-        kill -TERM "$child" 2>/dev/null || true
-        wait "$child" 2>/dev/null || true
-    fi
-    ngx_stop || true
-    if [[ $KEEP == 1 ]]; then
-        note "kept work dir $WORK"
-    else
-        rm -rf "$WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-avail_kib=$(df -Pk "$WORK" | awk 'NR == 2 { print $4 }')
-need_kib=$((max_mib * 2 * 1024 + 64 * 1024))
-((avail_kib >= need_kib)) ||
-    die "not enough space in $WORK: need $((need_kib / 1024)) MiB, have $((avail_kib / 1024)) MiB (set BENCH_TMPDIR or smaller sizes)"
-
+bench_workdir stitch-segbench
+need_space "$max_mib" "set BENCH_TMPDIR or smaller sizes"
 mkdir -p "$OUTDIR" "$WORK/logs"
-ngx_start
+
+# scripts/nginx.sh with its optional throttled port: plain port (sections 2
+# and 3) and a port with `limit_rate THROTTLE_RATE; sendfile_max_chunk
+# THROTTLE_CHUNK;` (section 1). Its access log ends in conn=$connection (the
+# connection serial, unique with its one worker), which lets run_one count the
+# TCP connections and requests each client really used.
+start_nginx NGINX_THROTTLE_RATE="$THROTTLE_RATE" NGINX_THROTTLE_CHUNK="$THROTTLE_CHUNK"
+PLAIN_PORT=$NGINX_HTTP_PORT THROTTLED_PORT=$NGINX_THROTTLE_PORT
+ACCESS_LOG=$NGINX_ACCESS_LOG WWW=$NGINX_WWW
 
 RESULTS=$WORK/results.txt # "sec key run wall user sys rss_kib conns reqs status"
 : >"$RESULTS"
 declare -A failed=() file_desc=()
 
-clean_out() { rm -rf "${OUTDIR:?}"/* "${OUTDIR:?}"/.[!.]* 2>/dev/null || true; }
-
 # make_src NAME BYTES: random file in the document root, hashed (which also
-# pulls it into the page cache), plus one untimed copy to the output dir so
-# the first timed run does not pay for first-touch page allocation.
+# pulls it into the page cache), plus the untimed warm-up copy.
 make_src() {
-    local name=$1 bytes=$2 path=$NGX/www/$1 sha
+    local name=$1 bytes=$2 path=$WWW/$1 sha
     note "creating $name ($bytes bytes, random)"
     head -c "$bytes" /dev/urandom >"$path"
     sha=$(sha256sum "$path" | awk '{ print $1 }')
     file_desc[$name]="$bytes bytes, sha256 $sha"
-    cat "$path" >"$OUTDIR/warmup.bin"
-    rm -f "$OUTDIR/warmup.bin"
-    sync
+    warm_up "$path"
 }
 
 # run_one SEC KEY RUN FILE PORT [RATE]
 run_one() {
     local sec=$1 key=$2 r=$3 name=$4 port=$5 rate=${6:-}
-    local src=$NGX/www/$name url=http://127.0.0.1:$5/$4 out=$OUTDIR/$2.out
-    local tfile=$WORK/time.txt log=$WORK/logs/$1.$2.$3.log size
+    local src=$WWW/$name url=http://127.0.0.1:$5/$4 out=$OUTDIR/$2.out
+    local log=$WORK/logs/$1.$2.$3.log size n0 status conns reqs
     local -a cmd
     size=$(stat -c %s "$src")
     mapfile -t cmd < <(row_cmd "$key" "$url" "$out" "$rate")
     clean_out
     sync
-    local n0 t0 t1 rc=0
     n0=$(wc -l <"$ACCESS_LOG")
-    rm -f "$tfile"
-    t0=$EPOCHREALTIME
-    # timeout -> GNU time -> client, in the background so INT/TERM traps fire
-    # at once (see bench/run.sh).
-    timeout "$RUN_TIMEOUT" "$TIME" -f '%e %U %S %M' -o "$tfile" "${cmd[@]}" >"$log" 2>&1 </dev/null &
-    child=$!
-    wait "$child" || rc=$?
-    child=""
-    t1=$EPOCHREALTIME
-    local line wall user sys rss status=ok conns reqs
-    line=$(tail -n 1 "$tfile" 2>/dev/null) || line=""
-    read -r _ user sys rss <<<"$line" || true
-    user=${user:-0} sys=${sys:-0} rss=${rss:-0}
-    wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
-    if ((rc == 124)); then
-        status="timeout"
-    elif ((rc != 0)); then
-        status="exit=$rc"
-    elif [[ ! -f $out ]]; then
-        status="no-output"
-    elif [[ $(stat -c %s "$out") != "$size" ]]; then
-        status="size=$(stat -c %s "$out")"
-    elif ! cmp -s "$out" "$src"; then
-        status="content-mismatch"
-    fi
-    # nginx logs a request when it ends; give aborted ones a moment.
+    timed_run "$log" "${cmd[@]}"
+    status=$(output_status "$run_rc" "$out" "$size" "$src")
+    # nginx logs a request when it ends; give aborted ones a moment. The last
+    # field of a log line is conn=SERIAL.
     sleep 0.25
     read -r conns reqs < <(tail -n "+$((n0 + 1))" "$ACCESS_LOG" |
-        awk -v f="/$name " 'index($0, f) { if (!($1 in seen)) { seen[$1] = 1; c++ } n++ }
+        awk -v f="/$name " 'index($0, f) { if (!($NF in seen)) { seen[$NF] = 1; c++ } n++ }
                             END { printf "%d %d\n", c, n }')
     if [[ $status != ok ]]; then
         failed["$(row_label "$key")"]=1
         note "[$sec] $(row_label "$key") ${rate:+$rate }run $r FAILED ($status); log: $(tail -n 3 "$log" | tr '\n' ' ')"
     else
-        note "[$sec] $(row_label "$key") ${rate:+$rate }run $r: ${wall}s wall, user ${user}s sys ${sys}s, rss ${rss} KiB, $conns conn / $reqs req"
+        note "[$sec] $(row_label "$key") ${rate:+$rate }run $r: ${run_wall}s wall, user ${run_user}s sys ${run_sys}s, rss ${run_rss} KiB, $conns conn / $reqs req"
     fi
-    printf '%s %s %s %s %s %s %s %s %s %s\n' "$sec" "$key" "$r" "$wall" "$user" "$sys" "$rss" "$conns" "$reqs" "$status" >>"$RESULTS"
+    printf '%s %s %s %s %s %s %s %s %s %s\n' "$sec" "$key" "$r" "$run_wall" "$run_user" "$run_sys" "$run_rss" "$conns" "$reqs" "$status" >>"$RESULTS"
     clean_out
 }
 
@@ -566,7 +291,7 @@ if want_sec 1; then
             run_one 1 "$key" "$r" "$f1" "$THROTTLED_PORT"
         done
     done
-    rm -f "$NGX/www/$f1"
+    rm -f "$WWW/$f1"
 fi
 
 if want_sec 2; then
@@ -583,7 +308,7 @@ if want_sec 2; then
                 run_one 2 "$key" "$r" "$f2" "$PLAIN_PORT"
             done
         done
-        rm -f "$NGX/www/$f2"
+        rm -f "$WWW/$f2"
     fi
 fi
 
@@ -604,21 +329,17 @@ if want_sec 3; then
                 run_one "3:$R" "$key" "$r" "$f3" "$PLAIN_PORT" "$R"
             done
         done
-        rm -f "$NGX/www/$f3"
+        rm -f "$WWW/$f3"
     done
 fi
 
 # ---------------------------------------------------------------- report
 # summarize SEC KEY -> "min_wall median_wall max_wall median_cpu max_rss max_conns max_reqs ok_runs" or "none"
 summarize() {
-    awk -v sec="$1" -v key="$2" '
+    awk -v sec="$1" -v key="$2" "$AWK_MEDIAN"'
         $1 == sec && $2 == key && $10 == "ok" {
             n++; w[n] = $4; c[n] = $5 + $6
             if ($7 > rss) rss = $7; if ($8 > conns) conns = $8; if ($9 > reqs) reqs = $9
-        }
-        function median(a, n,    i, j, v) {
-            for (i = 2; i <= n; i++) { v = a[i]; j = i - 1; while (j > 0 && a[j] > v) { a[j + 1] = a[j]; j-- } a[j + 1] = v }
-            return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
         }
         END {
             if (n == 0) { print "none"; exit }
@@ -628,9 +349,6 @@ summarize() {
 }
 
 calc() { awk "BEGIN { $1 }"; }
-ratio() { # ratio VALUE BASE
-    awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b; else print "n/a" }'
-}
 verdict() { # verdict CONDITION-AWK-EXPR
     if awk "BEGIN { exit !($1) }"; then echo PASS; else echo FAIL; fi
 }
@@ -672,8 +390,7 @@ print_commands() { # SEC-DESCRIPTION PORT FILE RATE ROWS...
             printf -- '- %s: skipped: %s\n' "$(row_label "$key")" "${row_skip[$key]}"
         else
             mapfile -t cmd < <(row_cmd "$key" "http://127.0.0.1:$port/$name" "$OUTDIR/$key.out" "$rate")
-            printf -- '- %s (%s): `%s`\n' "$(row_label "$key")" "$(tool_version "$(row_tool "$key")")" \
-                "$(printf '%q ' "${cmd[@]}" | sed 's/ $//')"
+            cmd_line "$(row_label "$key")" "$(row_tool "$key")" "${cmd[@]}"
         fi
     done
 }
@@ -808,13 +525,9 @@ report_sec3() {
     printf '\nTarget: every run within 5%% of the requested rate ("worst run" is the run furthest from 1.000). A short RATE_SECONDS makes start-up time and any initial burst weigh more.\n'
 }
 
-cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || true)
 {
-    printf '# Stitch segmented-download benchmark\n\n'
-    printf 'Command: `%s`\n\n' "$invocation"
-    printf -- '- Date: %s\n' "$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-    printf -- '- Host: %s, %s CPUs (%s), kernel %s\n' "$(uname -n)" "$(nproc)" "${cpu_model:-unknown CPU}" "$(uname -r)"
-    printf -- '- Server: loopback nginx (own config from bench/segmented.sh: 1 worker, sendfile, HTTP/1.1): plain port %s, throttled port %s\n' \
+    report_head "Stitch segmented-download benchmark"
+    printf -- '- Server: loopback nginx (scripts/nginx.sh: 1 worker, sendfile, HTTP/1.1): plain port %s, throttled port %s\n' \
         "$PLAIN_PORT" "$THROTTLED_PORT"
     if [[ -n ${used_tools[stitch]:-} ]]; then
         if [[ -n ${tool_skip[stitch]:-} ]]; then
@@ -836,7 +549,4 @@ cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/n
     done <"$RESULTS"
 }
 
-if ((${#failed[@]} > 0)); then
-    note "some runs failed: ${!failed[*]}"
-    exit 1
-fi
+bench_finish

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Loopback nginx for Stitch integration tests (and bench/run.sh).
+# Loopback nginx for Stitch integration tests (and bench/run.sh, bench/segmented.sh).
 #
 #   scripts/nginx.sh start DIR   # create DIR, cert, test files, start nginx
 #   scripts/nginx.sh stop DIR    # stop it (safe to call twice / if never started)
@@ -13,16 +13,25 @@
 #   NGINX_CA_CERT     DIR/cert.pem, self-signed, its own CA (IP:127.0.0.1, DNS:localhost)
 #   NGINX_WWW         DIR/www (document root)
 #   NGINX_DIR, NGINX_PID_FILE, NGINX_ACCESS_LOG, NGINX_ERROR_LOG
+# and, only when NGINX_THROTTLE_RATE is set (after the lines above):
+#   NGINX_THROTTLE_PORT   plain HTTP with limit_rate NGINX_THROTTLE_RATE per request
+#   NGINX_THROTTLE_RATE   the rate, as given
+#   NGINX_THROTTLE_CHUNK  its sendfile_max_chunk, only when NGINX_THROTTLE_CHUNK is set
 # DIR/www holds small.bin (1 MiB random), medium.bin (16 MiB random),
 # empty.bin (0 bytes) and SHA256SUMS (check with `cd DIR/www && sha256sum -c SHA256SUMS`).
 # Files already present with the right size are kept (a second `start` after
 # `stop` serves the same bytes).  nginx sends ETag, Last-Modified and
 # Accept-Ranges: bytes for static files by default and honours Range requests.
-# The access log records the Range request header and the protocol of every request.
+# The access log records the Range request header and the protocol of every request,
+# and the connection serial number (conn=, last field; unique with the one worker).
 #
 # Environment knobs (all optional):
 #   NGINX=/path/to/nginx      nginx binary (default: nginx in PATH, else /usr/sbin/nginx)
 #   NGINX_SLOW_RATE=2m        limit_rate for the slow port
+#   NGINX_THROTTLE_RATE=20m   adds a fourth, throttled port with this limit_rate (default: none)
+#   NGINX_THROTTLE_CHUNK=256k sendfile_max_chunk of that port: nginx sends up to this much
+#                             per write before each pause, so it is the unthrottled burst at the
+#                             start of every request (default: nginx's own, 2m)
 #   NGINX_START_TIMEOUT=15    seconds to wait for nginx to answer
 #
 # Runs as root (workers then run as root too, so a mode-700 mktemp DIR is fine)
@@ -158,8 +167,9 @@ EOF
     mv -f "$dir/cert.pem.tmp" "$dir/cert.pem"
 }
 
+# write_conf DIR HTTP HTTPS SLOW RATE [THROTTLE_PORT THROTTLE_RATE [THROTTLE_CHUNK]]
 write_conf() {
-    local dir=$1 http=$2 https=$3 slow=$4 rate=$5 user_line=""
+    local dir=$1 http=$2 https=$3 slow=$4 rate=$5 throttle=${6:-} trate=${7:-} tchunk=${8:-} user_line=""
     if [[ $(id -u) -eq 0 ]]; then
         # Default worker user (nobody) could not read a mode-700 temp dir.
         user_line="user root;"
@@ -224,30 +234,66 @@ http {
         root $dir/www;
         limit_rate $rate;
     }
-}
 EOF
+    if [[ -n $throttle ]]; then
+        cat >>"$dir/nginx.conf" <<EOF
+
+    # limit_rate applies to each request (so to each connection of a segmented client).
+    server {
+        listen 127.0.0.1:$throttle;
+        server_name localhost 127.0.0.1;
+        root $dir/www;
+        limit_rate $trate;${tchunk:+
+        sendfile_max_chunk $tchunk;}
+    }
+EOF
+    fi
+    printf '}\n' >>"$dir/nginx.conf"
 }
 
-# Three distinct random ports below Linux's default ephemeral range
-# (32768-60999) that nobody is listening on right now.
+# N (default 3) distinct random ports below Linux's default ephemeral range
+# (32768-60999) that nobody is listening on right now, on one line.
 pick_ports() {
+    local n=${1:-3} p tries=0
     local -a ports=()
-    local p tries=0
-    while ((${#ports[@]} < 3)); do
+    while ((${#ports[@]} < n)); do
         ((++tries < 1000)) || die "could not find free ports"
         p=$((20000 + RANDOM % 12000))
         [[ " ${ports[*]-} " == *" $p "* ]] && continue
         port_busy "$p" && continue
         ports+=("$p")
     done
-    printf '%s %s %s\n' "${ports[@]}"
+    printf '%s\n' "${ports[*]}"
+}
+
+# The NGINX_THROTTLE_* settings lines of ports.env (not the port) for RATE [CHUNK].
+throttle_env() {
+    [[ -z $1 ]] || printf 'NGINX_THROTTLE_RATE=%s\n' "$1"
+    [[ -z ${2:-} ]] || printf 'NGINX_THROTTLE_CHUNK=%s\n' "$2"
+}
+
+# True when the nginx for DIR answers on every port: DIR HTTP HTTPS SLOW [THROTTLE].
+all_answer() {
+    [[ -n $(running_pid "$1") ]] && http_ok "$2" && http_ok "$4" && port_busy "$3" &&
+        { [[ -z ${5:-} ]] || http_ok "$5"; }
 }
 
 do_start() {
     local dir=$1 nginx rate timeout pid attempt http https slow i ok
+    local trate tchunk throttle="" nports=3
     nginx=$(find_nginx)
     rate=${NGINX_SLOW_RATE:-2m}
     [[ $rate =~ ^[0-9]+[kKmMgG]?$ ]] || die "bad NGINX_SLOW_RATE=$rate (want e.g. 2m, 500k)"
+    trate=${NGINX_THROTTLE_RATE:-}
+    tchunk=${NGINX_THROTTLE_CHUNK:-}
+    if [[ -n $trate ]]; then
+        [[ $trate =~ ^[0-9]+[kKmMgG]?$ ]] || die "bad NGINX_THROTTLE_RATE=$trate (want e.g. 20m, 500k)"
+        nports=4
+    fi
+    if [[ -n $tchunk ]]; then
+        [[ -n $trate ]] || die "NGINX_THROTTLE_CHUNK needs NGINX_THROTTLE_RATE"
+        [[ $tchunk =~ ^[1-9][0-9]*[kKmMgG]?$ ]] || die "bad NGINX_THROTTLE_CHUNK=$tchunk (want e.g. 256k)"
+    fi
     timeout=${NGINX_START_TIMEOUT:-15}
 
     # Already running for this DIR and answering? Then start is a no-op.
@@ -255,9 +301,13 @@ do_start() {
     if [[ -n $pid && -f $dir/ports.env ]]; then
         http=$(sed -n 's/^NGINX_HTTP_PORT=//p' "$dir/ports.env")
         if [[ -n $http ]] && http_ok "$http"; then
-            note "nginx already running for $dir (pid $pid)"
-            cat "$dir/ports.env"
-            return 0
+            # A throttled port with other settings (or none) needs a restart.
+            if [[ -z $trate || $(grep -E '^NGINX_THROTTLE_(RATE|CHUNK)=' "$dir/ports.env") == "$(throttle_env "$trate" "$tchunk")" ]]; then
+                note "nginx already running for $dir (pid $pid)"
+                cat "$dir/ports.env"
+                return 0
+            fi
+            note "nginx running for $dir (pid $pid) has other throttle settings; restarting it"
         fi
     fi
     [[ -z $pid ]] || do_stop "$dir"
@@ -273,8 +323,8 @@ do_start() {
 
     ok=""
     for ((attempt = 1; attempt <= 8; attempt++)); do
-        read -r http https slow < <(pick_ports)
-        write_conf "$dir" "$http" "$https" "$slow" "$rate"
+        read -r http https slow throttle < <(pick_ports "$nports")
+        write_conf "$dir" "$http" "$https" "$slow" "$rate" "$throttle" "$trate" "$tchunk"
         rm -f "$dir/nginx.pid"
         : >"$dir/logs/start.log"
         # nginx binds all listen sockets before daemonizing, so a zero exit
@@ -298,15 +348,15 @@ do_start() {
 
     # Wait until the master wrote its pid and every port answers.
     for ((i = 0; i < timeout * 10; i++)); do
-        if [[ -n $(running_pid "$dir") ]] && http_ok "$http" && http_ok "$slow" && port_busy "$https"; then
+        if all_answer "$dir" "$http" "$https" "$slow" "$throttle"; then
             break
         fi
         sleep 0.1
     done
-    if ! { [[ -n $(running_pid "$dir") ]] && http_ok "$http" && http_ok "$slow" && port_busy "$https"; }; then
+    if ! all_answer "$dir" "$http" "$https" "$slow" "$throttle"; then
         tail -n 20 "$dir/logs/error.log" >&2 2>/dev/null || true
         do_stop "$dir"
-        die "nginx did not answer on 127.0.0.1:$http/$https/$slow within ${timeout}s"
+        die "nginx did not answer on 127.0.0.1:$http/$https/$slow${throttle:+/$throttle} within ${timeout}s"
     fi
 
     cat >"$dir/ports.env.tmp" <<EOF
@@ -321,8 +371,11 @@ NGINX_PID_FILE=$dir/nginx.pid
 NGINX_ACCESS_LOG=$dir/logs/access.log
 NGINX_ERROR_LOG=$dir/logs/error.log
 EOF
+    if [[ -n $throttle ]]; then
+        { printf 'NGINX_THROTTLE_PORT=%s\n' "$throttle" && throttle_env "$trate" "$tchunk"; } >>"$dir/ports.env.tmp"
+    fi
     mv -f "$dir/ports.env.tmp" "$dir/ports.env"
-    note "nginx running (pid $(running_pid "$dir")): http=$http https+h2=$https slow($rate/s)=$slow www=$dir/www"
+    note "nginx running (pid $(running_pid "$dir")): http=$http https+h2=$https slow($rate/s)=$slow${throttle:+ throttled($trate/s${tchunk:+, chunk $tchunk})=$throttle} www=$dir/www"
     cat "$dir/ports.env"
 }
 
