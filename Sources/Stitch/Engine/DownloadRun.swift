@@ -372,7 +372,6 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         hasher?.reset()
         known = nil
         position.store(0, ordering: .relaxed)
-        durableMirror.store(0, ordering: .relaxed)  // nothing of the new start is durable yet
         nextPoke = options.checkpointBytes
         currentURL = startURL
     }
@@ -452,12 +451,13 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     var progress: DownloadProgress {
         let total = totalLength.load(ordering: .relaxed)
         // Durable first, then written: a restart in between can only make written smaller, so clamp.
-        let durable = durableMirror.load(ordering: .acquiring)
-        let bytes = hasStore.load(ordering: .acquiring) ? store?.writtenBytes ?? 0 : position.load(ordering: .relaxed)
+        let opened = hasStore.load(ordering: .acquiring)
+        // With several connections the lanes write, not this object's sink: the store knows for all of them.
+        let durable = opened ? store?.durable.load(ordering: .acquiring) ?? 0 : 0
+        let bytes = opened ? store?.writtenBytes ?? 0 : position.load(ordering: .relaxed)
         return DownloadProgress(bytes: bytes, total: total >= 0 ? total : nil, durableBytes: min(durable, bytes))
     }
 
-    private let durableMirror = Atomic<Int64>(0)
 
     // MARK: Several connections
 
@@ -623,7 +623,6 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 return .abort
             }
             hasher?.reset()
-            durableMirror.store(0, ordering: .relaxed)  // nothing of the new start is durable yet
             nextPoke = options.checkpointBytes
             known = validators
             begin(at: 0, verifyUpTo: 0, validators: validators, status: head.status)
@@ -730,7 +729,6 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         offset += Int64(data.count)
         store.noteWritten(0, offset)
         position.store(offset, ordering: .relaxed)
-        durableMirror.store(store.durable.load(ordering: .relaxed), ordering: .relaxed)
         if offset >= nextPoke {
             nextPoke = offset + options.checkpointBytes
             checkpointer?.poke()
