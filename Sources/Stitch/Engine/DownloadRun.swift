@@ -458,7 +458,6 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         return DownloadProgress(bytes: bytes, total: total >= 0 ? total : nil, durableBytes: min(durable, bytes))
     }
 
-
     // MARK: Several connections
 
     /// Set at the first response's head when the download is split over several connections: the transfer
