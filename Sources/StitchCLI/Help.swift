@@ -25,7 +25,8 @@ enum Help {
         OPTIONS:
           -o, --output PATH         save to PATH
           -d, --dir DIR             save in DIR, named from Content-Disposition or the URL (default: .)
-              --resume DEST         continue the download saved at DEST (URL and options come from DEST.stitch)
+              --resume DEST         continue the download saved at DEST (URL, headers and checksum come from
+                                    DEST.stitch; give TLS options again; a header given replaces the saved one)
               --checksum ALGO=HEX   verify the file (sha-256, sha-512, sha-1, md5)
           -c, --connections N       TCP connections for one file, 1-16 (default: 1 per 16 MiB, at most 4;
                                     one when the server gives no ranges or no strong validator)

@@ -99,7 +99,12 @@ struct StitchCommand {
         if let resumePath = options.resumePath.map(normalizedPath) {
             do {
                 let saved = try Downloader.savedDownload(at: resumePath)
-                var headers = saved.headers
+                // A header given now replaces a saved one of the same name (e.g. a fresh Authorization).
+                let given = Set(options.headers.map { $0.name.lowercased() })
+                var headers = HTTPHeaders()
+                for field in saved.headers where !given.contains(field.name.lowercased()) {
+                    headers.add(name: field.name, value: field.value)
+                }
                 for field in options.headers { headers.add(name: field.name, value: field.value) }
                 request = DownloadRequest(
                     url: saved.url, destination: .file(resumePath), headers: headers,

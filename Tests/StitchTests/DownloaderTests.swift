@@ -883,6 +883,14 @@ import Testing
         #expect(error?.code == .checksumMismatch)
         #expect(try readFile(f.dest) == file.data)  // the finished file is left as it is
         #expect(f.server.requests.count == 1)
+
+        // With overwrite, a new version with its new checksum replaces it.
+        let newer = ServedFile.random(size: 300_000, seed: 38, etag: "\"v2\"")
+        f.serve(newer)
+        let newSum = try ExpectedChecksum(algorithm: .sha256, digest: DigestHasher.digest(.sha256, of: newer.data))
+        let replaced = try await f.download(f.request(checksum: newSum, overwrite: true))
+        #expect(!replaced.alreadyComplete)
+        #expect(try readFile(f.dest) == newer.data)
     }
 
     @Test func rerunAfterSuccessIsAlreadyComplete() async throws {

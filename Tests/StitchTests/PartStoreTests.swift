@@ -772,6 +772,23 @@ import Testing
         #expect(error?.isResumable == true)
     }
 
+    /// A response with another length when nothing was kept (e.g. after a reboot dropped every byte): the file
+    /// is laid out anew for the new length, so the state stays readable and the segments tile it.
+    @Test func anotherLengthWithNothingKeptRelaysTheFile() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: 3 << 20).validators)
+        var grown = makeState(durable: 0, total: 5 << 20).validators
+        grown.etag = "\"v2\""
+        try store.update(validators: grown)
+        let state = try #require(try StateFile.read(paths.state))
+        #expect(state.segments == [Segment(start: 0, end: 5 << 20, durable: 0)])
+        #expect(state.validators == grown)
+        #expect(store.end(0) == 5 << 20)
+    }
+
     // MARK: Helpers
 
     /// A single-segment state: `0..<durable` of `0..<total` on stable storage.

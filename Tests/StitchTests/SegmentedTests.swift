@@ -250,6 +250,27 @@ import Testing
         #expect(requests[(whole[1] + 1)...].count == 4)
     }
 
+    /// Backends behind a balancer that disagree on the ETag of the same bytes: every split meets a validator it
+    /// did not start with and restarts. After the second such restart the run continues on one connection (and
+    /// says so) instead of failing as an unstable source; the file is byte-exact.
+    @Test func disagreeingBackendsEndOnOneConnection() async throws {
+        let f = try Fixture()
+        let size = 8 << 20
+        let data = ServedFile.randomBytes(count: size, seed: 0x5E70)
+        let a = ServedFile(data: data, etag: "\"backend-a\"")
+        let b = ServedFile(data: data, etag: "\"backend-b\"")
+        let server = f.server
+        f.serve(a) { _, index in
+            // The next request lands on the other backend.
+            server.replaceFile("/file.bin", with: index % 2 == 0 ? b : a)
+            return .none
+        }
+        let result = try await f.download(f.request(), options: Self.options(lanes: 4))
+        try f.expectComplete(result, data)
+        #expect(f.watch.restarts.count == 2, "\(f.watch.restarts)")
+        #expect(f.watch.notices.contains { $0.contains("using one connection") }, "\(f.watch.notices)")
+    }
+
     /// The file changes between two requests of one lane: lane 1 stalls after 300 000 bytes (the others finish with
     /// the old file), the file is replaced, the stall ends with a closed connection, and the lane's retry (If-Range
     /// with the old ETag) gets the new file whole. The download restarts from zero and ends with the new file only.

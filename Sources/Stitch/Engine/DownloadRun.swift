@@ -311,6 +311,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         if let expected = request.checksum {
             let digest = try digestOfFile(at: paths.destination, expected.algorithm)
             guard expected.matches(digest) else {
+                if request.overwrite { return nil }  // download it again and replace it
                 throw DownloadError(
                     .checksumMismatch,
                     "\(paths.destination) is already downloaded but does not match \(expected) (it has \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest))); pass --overwrite to download it again"
@@ -323,19 +324,24 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             alreadyComplete: true, checksum: request.checksum)
     }
 
-    private func digestOfFile(at path: String, _ algorithm: ChecksumAlgorithm) throws -> [UInt8] {
+    /// The digest of the first `length` bytes of `path` (all of it when nil).
+    private func digestOfFile(at path: String, _ algorithm: ChecksumAlgorithm, length: Int64? = nil) throws -> [UInt8] {
         let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
         guard fd >= 0 else { throw DownloadError.io("cannot read", path: path, .current) }
         defer { close(fd) }
         let hasher = DigestHasher(algorithm)
         let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
         defer { chunk.deallocate() }
-        while true {
-            let n = retryingOnInterrupt { Glibc.read(fd, chunk.baseAddress, chunk.count) }
+        var left = length ?? Int64.max
+        while left > 0 {
+            let want = Int(min(Int64(chunk.count), left))
+            let n = retryingOnInterrupt { Glibc.read(fd, chunk.baseAddress, want) }
             if n < 0 { throw DownloadError.io("cannot read", path: path, .current) }
-            if n == 0 { return hasher.finalize() }
+            if n == 0 { break }
             hasher.update(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))
+            left -= Int64(n)
         }
+        return hasher.finalize()
     }
 
     private func discardLeftovers(_ paths: DownloadPaths) throws(DownloadError) {
@@ -385,7 +391,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     /// Saves the state durably and describes the interruption.
     private func interrupted() throws -> DownloadError {
         checkpointer?.stop()
-        try store?.checkpoint()
+        // A failed last checkpoint still leaves the earlier ones and the live record: report the interruption.
+        try? store?.checkpoint()
         let saved = store?.durable.load(ordering: .acquiring) ?? 0
         return DownloadError(
             .cancelled, "interrupted; \(saved) bytes saved — rerun the same command to resume",
@@ -406,7 +413,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         }
         var verified: ExpectedChecksum?
         if let expected = request.checksum, let hasher {
-            let digest = hashFromDisk ? try digestOfFile(at: store.paths.part, expected.algorithm) : hasher.finalize()
+            let digest =
+                hashFromDisk ? try digestOfFile(at: store.paths.part, expected.algorithm, length: bytes) : hasher.finalize()
             guard expected.matches(digest) else {
                 storeClosed = true
                 store.discard()
@@ -476,9 +484,15 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     /// Whether to split now: more than one connection wanted and the server gave what ranges need.
     private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
         guard lanes(for: validators) > 1 else { return false }
-        if rangesRefused {
+        switch splittingFailed {
+        case .rangesIgnored:
             emit(.notice("the server ignored a range request; using one connection"))
             return false
+        case .restarted:
+            emit(.notice("the download restarted twice while split; using one connection for the rest of this run"))
+            return false
+        case nil:
+            break
         }
         guard let total = validators.totalLength, total >= 2 * options.minimumSplitSize else {
             if let asked = options.connections, asked > 1 {
@@ -565,18 +579,23 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         case .complete:
             return try finish()
         case .restart(let reason):
+            // A server that ignored a range gets one connection from now on; one whose answers differ between
+            // connections twice (e.g. backends with different ETags) too — a single change may split again.
+            segmentedRestarts += 1
             if reason == .rangeIgnored {
-                // The server says Accept-Ranges but answered a range with the whole file: no more splitting.
-                rangesRefused = true
+                splittingFailed = .rangesIgnored
+            } else if segmentedRestarts >= 2 {
+                splittingFailed = .restarted
             }
             try restart(reason)
             return nil
         }
     }
 
-    /// Set when a server ignored a range request despite advertising ranges: the rest of the run uses one
-    /// connection (a restart would otherwise split again and meet the same answer).
-    private var rangesRefused = false
+    /// Why the rest of this run uses one connection, after several connections led to a restart.
+    private enum SplittingFailure { case rangesIgnored, restarted }
+    private var splittingFailed: SplittingFailure?
+    private var segmentedRestarts = 0
 
     // MARK: TransferDelegate (transport thread)
 

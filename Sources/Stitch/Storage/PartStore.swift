@@ -191,7 +191,7 @@ final class PartStore: @unchecked Sendable {
     /// or the store's end, so that two runs — two processes, or two calls in one — never write one partial
     /// download. Nothing on disk is changed before the lock is held.
     private static func openLocked(_ paths: DownloadPaths) throws(DownloadError) -> Int32 {
-        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CREAT | O_CLOEXEC, 0o644) }
+        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o644) }
         guard fd >= 0 else { throw .io("cannot open", path: paths.part, .current) }
         if let busy = lock(fd, paths) {
             close(fd)
@@ -529,13 +529,27 @@ final class PartStore: @unchecked Sendable {
             guard state.validators != validators else { return }
             var next = state
             next.validators = validators
+            var relaid = false
             if let total = validators.totalLength, next.segments.count == 1, next.segments[0].end == nil {
                 next.segments[0].end = total
                 next.pieceSize = PieceLayout.pieceSize(forTotal: total)
+            } else if validators.totalLength != state.validators.totalLength {
+                // Another length (only reachable when nothing was kept): lay the file out anew, so the segments
+                // tile the new length; a new nonce voids the old slots.
+                next.segments = Self.wholeFile(validators)
+                next.pieceSize = PieceLayout.pieceSize(forTotal: validators.totalLength)
+                next.pieces = []
+                next.liveNonce = Self.newNonce()
+                relaid = true
             }
             next.updatedAt = now()
             try StateFile.write(next, to: paths.state)
             state = next
+            if relaid {
+                live.reset(nonce: next.nonce, written: next.segments.map(\.durable))
+                pendingPieces.withLock { $0.removeAll() }
+                durable.store(next.durableBytes, ordering: .releasing)
+            }
             publishEnds(next.segments)
         }
     }

@@ -116,7 +116,9 @@ final class CurlTransfer: @unchecked Sendable {
             set(stitch_easy_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 0))
         }
         if let ca = options.caCertificatePath {
+            // Instead of the system store, not beside it: Debian's libcurl also has a built-in CA path.
             set(stitch_easy_setopt_string(easy, CURLOPT_CAINFO, ca))
+            set(stitch_easy_setopt_string(easy, CURLOPT_CAPATH, nil))
         }
         for field in request.headers {
             headerList = curl_slist_append(headerList, "\(field.name): \(field.value)")
