@@ -111,15 +111,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             sinkFailure = nil
             switchToResume = false
             let before = store?.written(0) ?? 0
-            // The resume headers are the engine's: a caller's Range, If-Range or Accept-Encoding would splice
-            // or encode the file behind its back, so they are replaced, never merged.
-            var headers = HTTPHeaders()
-            for field in request.headers where !ResumePolicy.ownedHeaders.contains(field.name.lowercased()) {
-                headers.add(name: field.name, value: field.value)
-            }
-            for (name, value) in ResumePolicy.headers(for: plan) {
-                headers.add(name: name, value: value)
-            }
+            let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
             let transportRequest = TransportRequest(
                 url: currentURL.absoluteString, headers: headers, options: options.transport)
             let result = await transport.perform(transportRequest, delegate: self)

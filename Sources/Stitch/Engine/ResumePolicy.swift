@@ -85,6 +85,18 @@ enum ResumePolicy {
     /// Request headers the engine alone sets (lowercased); a caller's values for them are dropped.
     static let ownedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]
 
+    /// The headers of a request: the caller's, less the ones the engine owns (a caller's Range, If-Range or
+    /// Accept-Encoding would splice or encode the file behind its back, so they are replaced, never merged),
+    /// then the plan's.
+    static func requestHeaders(user: HTTPHeaders, plan: RequestPlan) -> HTTPHeaders {
+        var headers = HTTPHeaders()
+        for field in user where !ownedHeaders.contains(field.name.lowercased()) {
+            headers.add(name: field.name, value: field.value)
+        }
+        for (name, value) in Self.headers(for: plan) { headers.add(name: name, value: value) }
+        return headers
+    }
+
     /// The request headers a plan needs (besides the user's).
     static func headers(for plan: RequestPlan) -> [(String, String)] {
         var headers = [("Accept-Encoding", "identity")]

@@ -235,11 +235,7 @@ final class SegmentedTransfer: Sendable {
             guard let end = store.end(slot), start < end else { return }
             let plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
             let sink = LaneSink(transfer: self, slot: slot, plan: plan, known: known)
-            var headers = HTTPHeaders()
-            for field in request.headers where !ResumePolicy.ownedHeaders.contains(field.name.lowercased()) {
-                headers.add(name: field.name, value: field.value)
-            }
-            for (name, value) in ResumePolicy.headers(for: plan) { headers.add(name: name, value: value) }
+            let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
             var transportOptions = options.transport
             transportOptions.separateConnection = !options.http2Streams
             register(sink, for: slot)
