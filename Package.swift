@@ -25,11 +25,16 @@ let package = Package(
             pkgConfig: "libcrypto",
             providers: [.apt(["libssl-dev"])]
         ),
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
         .systemLibrary(name: "CStitchSystem"),
         .target(name: "CStitchCRC"),
         .target(
             name: "Stitch",
-            dependencies: ["CCurl", "CCrypto", "CStitchSystem", "CStitchCRC"],
+            dependencies: ["CCurl", "CCrypto", "CSQLite", "CStitchSystem", "CStitchCRC"],
             swiftSettings: swiftSettings
         ),
         .executableTarget(
