@@ -121,6 +121,19 @@ import Testing
         print("SegmentedTests.steal: the victim's request sent \(sent - size) bytes past the split point")
     }
 
+    /// A lane steals only from a request that would take at least a second more at its speed so far; one with no
+    /// speed yet (just started, or nothing received) may always be stolen from.
+    @Test func stealingWeighsTheVictimsTimeLeft() {
+        let left = { (written: Int64, now: Double) in
+            SegmentedTransfer.secondsLeft(from: 1_000, at: 10, written: written, end: 101_000, now: now)
+        }
+        #expect(left(51_000, 11) == 1)  // 50 000 B/s, 50 000 left
+        #expect(left(91_000, 11) < SegmentedTransfer.stealMinimumSeconds)  // almost done: left alone
+        #expect(left(11_000, 11) >= SegmentedTransfer.stealMinimumSeconds)  // slow: worth a steal
+        #expect(left(1_000, 20) == .infinity)  // stalled from the start
+        #expect(left(51_000, 10.05) == .infinity)  // too young to judge
+    }
+
     /// More lanes than minimum-sized parts: 16 lanes over 12 MiB with a 1 MiB minimum split make 12 segments of
     /// 1 MiB, one request each (a boundary that rounding repeats is skipped, not the end of the split).
     @Test func moreLanesThanMinimumSizedPartsStillSplitsIntoAsManyAsFit() async throws {
@@ -372,7 +385,7 @@ import Testing
     /// state file then lists the N segments with exactly those offsets durable. Resumed with N' connections, the
     /// requests start exactly at the saved offsets and end at the segments' ends (a one-segment partial resumed
     /// with several connections is split again from its offset), the bytes sent are exactly the missing ones, and
-    /// the file is byte-exact.
+    /// the file is byte-exact. A lane with several segments to fetch reuses its connection for the next one.
     @Test(arguments: [(4, 2), (4, 8), (4, 1), (2, 4), (1, 4)])
     func resumeWithADifferentNumberOfConnections(_ before: Int, _ after: Int) async throws {
         let f = try Fixture()
@@ -418,6 +431,9 @@ import Testing
             let asked = resumed.compactMap(AskedRange.init)
             #expect(asked.count == resumed.count && asked.count == expected.count, "\(resumed.map(\.range))")
             #expect(Set(asked) == Set(expected), "resumed \(asked), saved \(expected)")
+            // A lane that finishes a segment lets its response end and asks for the next on the same connection.
+            let connections = Set(resumed.map(\.connectionID)).count
+            #expect(connections <= min(after, saved.count), "\(connections) connections for \(after) lanes")
         }
         #expect(resumed.allSatisfy { $0.header("If-Range") == Self.etag })
         #expect(Int64(f.server.bodyBytesSent - sentBefore) == size - have, "only the missing bytes are sent")

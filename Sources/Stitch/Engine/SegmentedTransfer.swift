@@ -54,6 +54,8 @@ final class SegmentedTransfer: Sendable {
 
     /// Bytes a running request may have in flight (socket buffers) when its range is cut short.
     static let stealSlack: Int64 = 2 << 20
+    /// A segment whose connection will finish it sooner than this is left alone by idle lanes.
+    static let stealMinimumSeconds = 1.0
 
     private let shared = Mutex(Shared())
     let stopped = Atomic<Bool>(false)
@@ -145,9 +147,13 @@ final class SegmentedTransfer: Sendable {
                 return (slot, segments[slot].durable, end)
             }
             // The victim's request still runs to its old end, so what the server already sent past the split
-            // point is received and dropped: only a remainder well above that in-flight slack is worth halving.
+            // point is received and dropped: only a remainder well above that in-flight slack is worth halving,
+            // and only one that would take its connection a while yet (a steal costs a new request and closes
+            // the victim's connection; lanes about to finish anyway gain nothing).
+            let now = monotonicNow()
             guard let (victim, written, end) = victims.max(by: { $0.2 - $0.1 < $1.2 - $1.1 }),
-                end - written >= 2 * minimum + Self.stealSlack
+                end - written >= 2 * minimum + Self.stealSlack,
+                secondsLeft(state.sinks[victim], written: written, end: end, now: now) >= Self.stealMinimumSeconds
             else { return nil }
             // Split in the middle, on a piece boundary when the piece fits (so each piece has one writer).
             var at = written + (end - written) / 2
@@ -157,6 +163,20 @@ final class SegmentedTransfer: Sendable {
             state.owned.insert(slot)
             return slot
         }
+    }
+
+    /// How long the request on a segment would take to reach `end` at its speed so far; infinite when it has no
+    /// speed yet to judge by (not started, or under a tenth of a second old).
+    private func secondsLeft(_ sink: LaneSink?, written: Int64, end: Int64, now: Double) -> Double {
+        guard let sink else { return .infinity }
+        return Self.secondsLeft(from: sink.plan.resumeOffset, at: sink.startedAt, written: written, end: end, now: now)
+    }
+
+    static func secondsLeft(from start: Int64, at started: Double, written: Int64, end: Int64, now: Double) -> Double {
+        let elapsed = now - started
+        let done = written - start
+        guard elapsed >= 0.1, done > 0 else { return .infinity }
+        return Double(end - written) / (Double(done) / elapsed)
     }
 
     /// Once a second: a connection under a quarter of the median speed for three seconds in a row is dropped and
@@ -346,6 +366,8 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
     var reachedEnd = false
     var failure: Errno?
     var pieces: PieceHasher?
+    /// When this request was made and where it started, for the lane's speed.
+    let startedAt = monotonicNow()
     /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
     let replace = Atomic<Bool>(false)
     /// The head was accepted and the body is flowing (what the slow-connection monitor may judge).
@@ -413,7 +435,9 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
         transfer.wrote(count)
         if count < bytes.count || offset >= end {
             reachedEnd = true
-            return false
+            // At the end it asked for, the response is over: let it finish so the connection is kept for the
+            // lane's next range. Cut short by a split, the server is still sending: stop it.
+            return count == bytes.count && offset == plan.rangeEnd
         }
         return true
     }
