@@ -67,6 +67,9 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
         public static let cancelled = Code("cancelled")
         /// There is no saved download to resume at the given path.
         public static let nothingToResume = Code("nothingToResume")
+
+        /// The code whose ``description`` is `name` (a failure read back from the catalog).
+        static func named(_ name: String) -> Code { Code(name) }
     }
 
     public let code: Code

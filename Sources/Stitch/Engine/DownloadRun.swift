@@ -238,7 +238,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                     return done
                 }
             }
-            guard state.url == request.url else {
+            guard request.owns(state.url) else {
                 if request.overwrite {
                     try discardLeftovers(paths)
                     return try checkDestination(paths, exists: destinationExists)
@@ -253,6 +253,13 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                     .destinationExists,
                     "\(paths.destination) already exists; pass --overwrite to replace it "
                         + "(the partial download beside it is kept)")
+            }
+            var state = state
+            if state.url != request.url {
+                // The same download under a new URL: saved at the next checkpoint. The saved validators decide
+                // (If-Range) whether the new URL's file is the one the bytes came from.
+                emit(.notice("continuing the partial download started from \(state.url) from its new URL"))
+                state.url = request.url
             }
             var (store, point) = try PartStore.reopen(paths: paths, state: state)
             self.store = store
@@ -297,7 +304,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     /// The result for a destination this run's URL already completed, if it is that; with a checksum asked
     /// for, the file is hashed and must match.
     private func completedResult(_ paths: DownloadPaths) throws -> DownloadResult? {
-        guard let mark = CompletionMark.read(at: paths.destination), mark.url == request.url else { return nil }
+        guard let mark = CompletionMark.read(at: paths.destination), request.owns(mark.url) else { return nil }
         var info = stat()
         guard stat(paths.destination, &info) == 0, Int64(info.st_size) == mark.length else { return nil }
         if let expected = request.checksum {
@@ -470,7 +477,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     /// How many connections this download should use, given what the server said.
     private func lanes(for validators: Validators) -> Int {
-        options.connections ?? Connections.automatic(forLength: validators.totalLength)
+        let wanted = options.connections ?? Connections.automatic(forLength: validators.totalLength)
+        return max(1, min(wanted, options.maximumConnections ?? wanted))
     }
 
     /// Whether to split now: more than one connection wanted and the server gave what ranges need.
@@ -679,7 +687,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                         contentDisposition: head.headers["Content-Disposition"], urlPath: currentURL.path
                     ).unicodeScalars),
                 maxBytes: FileNaming.maxNameBytes - DownloadPaths.longestSuffixBytes)
-            path = absolutePath(directory.hasSuffix("/") ? directory + name : directory + "/" + name)
+            let named = absolutePath(directory.hasSuffix("/") ? directory + name : directory + "/" + name)
+            path = request.choosePath?(named) ?? named
             let paths = DownloadPaths(destination: path)
             if let done = try openExisting(paths) {
                 alreadyComplete = done

@@ -16,6 +16,13 @@ public struct DownloadRequest: Sendable {
     public var checksum: ExpectedChecksum?
     /// Replace an existing destination that Stitch did not leave, or an unusable partial download.
     public var overwrite: Bool
+    /// URLs this download had before `url` (an expired signed URL replaced by a fresh one): a partial or finished
+    /// file that one of them left is this download's. The partial is resumed only if the new URL serves the same
+    /// file (`If-Range` with the saved validators); otherwise it starts over and says why.
+    public var formerURLs: [String] = []
+    /// With ``Destination/directory(_:)``: given the path named by the first response, returns the path to use.
+    /// ``DownloadManager`` uses it to keep two downloads off one file. Called once, on an arbitrary thread.
+    public var choosePath: (@Sendable (String) -> String)?
 
     public init(
         url: String, destination: Destination, headers: HTTPHeaders = HTTPHeaders(),
@@ -27,6 +34,9 @@ public struct DownloadRequest: Sendable {
         self.checksum = checksum
         self.overwrite = overwrite
     }
+
+    /// Whether a partial or finished download of `other` belongs to this request.
+    func owns(_ other: String) -> Bool { other == url || formerURLs.contains(other) }
 }
 
 /// How retries are spaced: exponential backoff with jitter, honouring `Retry-After`.
@@ -91,6 +101,8 @@ public struct DownloadOptions: Sendable {
     public var progressInterval: Double = 0.25
     /// TCP connections for one download; nil chooses by size (see ``Connections/automatic(forLength:)``).
     public var connections: Int?
+    /// An upper bound on ``connections`` and on the automatic choice (``DownloadManager``'s per-host cap).
+    public var maximumConnections: Int?
     /// A bandwidth cap; pass the same limiter to several downloads to cap them together.
     public var rateLimiter: RateLimiter?
     /// With several connections over HTTPS: carry them as HTTP/2 streams of one TCP connection instead of N

@@ -1,0 +1,244 @@
+/// Where a managed download stands. There are no transitional states: a download is one of these from the moment
+/// an action returns. ``DownloadStatus/after(_:)`` is the whole transition table.
+public enum DownloadStatus: Sendable, Hashable, CustomStringConvertible {
+    /// Waiting for a free slot (the concurrency or per-host cap).
+    case queued
+    /// Transferring, or retrying after a network failure.
+    case running
+    /// Stopped by ``DownloadManager/pause(_:)``; ``DownloadManager/resumeAll()`` queues it again.
+    case paused
+    /// The file is at its destination, complete and verified.
+    case completed
+    /// Stopped by an error or by ``DownloadManager/cancel(_:)``; the partial data is kept when
+    /// ``DownloadFailure/isResumable``, and ``DownloadManager/resume(_:)`` retries it.
+    case failed(DownloadFailure)
+    /// Gone from the manager (``DownloadManager/remove(_:deletingFiles:)``); the last state a stream reports.
+    case removed
+
+    public var description: String {
+        switch self {
+        case .queued: "queued"
+        case .running: "running"
+        case .paused: "paused"
+        case .completed: "completed"
+        case .failed(let failure): "failed: \(failure.message)"
+        case .removed: "removed"
+        }
+    }
+
+    /// The name stored in the catalog and shown by the CLI.
+    public var name: String {
+        switch self {
+        case .queued: "queued"
+        case .running: "running"
+        case .paused: "paused"
+        case .completed: "completed"
+        case .failed: "failed"
+        case .removed: "removed"
+        }
+    }
+
+    /// The status after `action`, or nil when the action is not allowed from this status.
+    ///
+    /// | from \ action | start   | pause  | resume | cancel | complete  | fail   | remove  |
+    /// |---------------|---------|--------|--------|--------|-----------|--------|---------|
+    /// | queued        | running | paused | –      | failed | –         | –      | removed |
+    /// | running       | –       | paused | –      | failed | completed | failed | removed |
+    /// | paused        | –       | –      | queued | failed | –         | –      | removed |
+    /// | completed     | –       | –      | –      | –      | –         | –      | removed |
+    /// | failed        | –       | –      | queued | –      | –         | –      | removed |
+    /// | removed       | –       | –      | –      | –      | –         | –      | –       |
+    ///
+    /// `start`, `complete` and `fail` are the manager's own; the others are what a user asks for.
+    public func after(_ action: DownloadAction) -> DownloadStatus? {
+        switch (self, action) {
+        case (.queued, .start): .running
+        case (.queued, .pause), (.running, .pause): .paused
+        case (.paused, .resume), (.failed, .resume): .queued
+        case (.queued, .cancel), (.running, .cancel), (.paused, .cancel): .failed(.cancelled)
+        case (.running, .complete): .completed
+        case (.running, .fail(let failure)): .failed(failure)
+        case (.removed, _): nil
+        case (_, .remove): .removed
+        default: nil
+        }
+    }
+}
+
+/// What moves a download from one ``DownloadStatus`` to another.
+public enum DownloadAction: Sendable, Hashable, CustomStringConvertible {
+    case start, pause, resume, cancel, complete
+    case fail(DownloadFailure)
+    case remove
+
+    public var description: String {
+        switch self {
+        case .start: "start"
+        case .pause: "pause"
+        case .resume: "resume"
+        case .cancel: "cancel"
+        case .complete: "complete"
+        case .fail: "fail"
+        case .remove: "remove"
+        }
+    }
+
+    /// Every action, with a sample failure: for tables and tests.
+    public static let all: [DownloadAction] = [
+        .start, .pause, .resume, .cancel, .complete, .fail(DownloadFailure(code: .io, message: "x")), .remove,
+    ]
+}
+
+/// Why a download failed, as kept in the catalog.
+public struct DownloadFailure: Sendable, Hashable, CustomStringConvertible {
+    public var code: DownloadError.Code
+    /// One line for people.
+    public var message: String
+    /// Whether ``DownloadManager/resume(_:)`` continues from the saved partial data.
+    public var isResumable: Bool
+
+    public init(code: DownloadError.Code, message: String, isResumable: Bool = true) {
+        self.code = code
+        self.message = message
+        self.isResumable = isResumable
+    }
+
+    init(_ error: DownloadError) {
+        self.init(code: error.code, message: error.message, isResumable: error.isResumable)
+    }
+
+    /// Stopped by ``DownloadManager/cancel(_:)``.
+    public static let cancelled = DownloadFailure(
+        code: .cancelled, message: "cancelled; the partial download is kept", isResumable: true)
+
+    public var description: String { message }
+}
+
+/// Why a ``DownloadManager`` call was refused.
+public struct DownloadManagerError: Error, Sendable, Hashable, CustomStringConvertible {
+    public enum Kind: Sendable, Hashable {
+        /// No download has this id (never added, or removed).
+        case unknownDownload(DownloadID)
+        /// The action is not allowed from the download's status (see ``DownloadStatus/after(_:)``).
+        case illegalTransition(from: DownloadStatus, action: DownloadAction)
+        /// Another download of this manager already writes to this path.
+        case pathInUse(String, by: DownloadID)
+        /// The URL, a header or an option is malformed.
+        case invalidRequest(String)
+        /// The catalog could not be read or written.
+        case catalog(String)
+        /// The manager was closed.
+        case closed
+    }
+
+    public var kind: Kind
+
+    public init(_ kind: Kind) { self.kind = kind }
+
+    public var description: String {
+        switch kind {
+        case .unknownDownload(let id): "no download with id \(id)"
+        case .illegalTransition(let from, let action): "cannot \(action) a download that is \(from.name)"
+        case .pathInUse(let path, let id): "\(path) is already the destination of download \(id)"
+        case .invalidRequest(let message): message
+        case .catalog(let message): "catalog: \(message)"
+        case .closed: "the download manager is closed"
+        }
+    }
+}
+
+/// Bytes, speed and time left of a managed download, as its events report them.
+public struct TransferProgress: Sendable, Hashable {
+    /// Bytes written to the part file.
+    public var bytes: Int64
+    /// The complete length, if the server said it.
+    public var total: Int64?
+    /// Bytes that would survive a power cut.
+    public var durableBytes: Int64
+    /// Smoothed download speed in bytes per second (0 until measured).
+    public var bytesPerSecond: Double
+    /// Seconds to go at the smoothed speed, when both the length and a speed are known.
+    public var secondsLeft: Double?
+
+    public init(
+        bytes: Int64 = 0, total: Int64? = nil, durableBytes: Int64 = 0, bytesPerSecond: Double = 0,
+        secondsLeft: Double? = nil
+    ) {
+        self.bytes = bytes
+        self.total = total
+        self.durableBytes = durableBytes
+        self.bytesPerSecond = bytesPerSecond
+        self.secondsLeft = secondsLeft
+    }
+}
+
+/// One download as the manager sees it at a moment.
+public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
+    public var id: DownloadID
+    public var url: String
+    public var headers: HTTPHeaders
+    /// The path given when added: a file, or the folder the file is named into.
+    public var destination: Destination
+    /// The file's path once known (with a folder, after the first response).
+    public var path: String?
+    public var status: DownloadStatus
+    public var progress: TransferProgress
+    /// Higher runs first; equal priorities run in ``position`` order.
+    public var priority: Int
+    public var position: Int64
+    public var checksum: ExpectedChecksum?
+    /// Seconds since the epoch.
+    public var addedAt: Double
+}
+
+/// What the manager reports as downloads move.
+public enum DownloadManagerEvent: Sendable, Hashable {
+    case added(DownloadSnapshot)
+    case statusChanged(DownloadID, DownloadStatus)
+    /// At most about ten a second per download.
+    case progress(DownloadID, TransferProgress)
+    /// The file's final path is known.
+    case pathResolved(DownloadID, String)
+    /// Something worth telling that changes nothing (a retry, a restart from zero and why, a fallback).
+    case notice(DownloadID, String)
+
+    /// The download the event is about.
+    public var id: DownloadID {
+        switch self {
+        case .added(let snapshot): snapshot.id
+        case .statusChanged(let id, _), .progress(let id, _), .pathResolved(let id, _), .notice(let id, _): id
+        }
+    }
+}
+
+/// An exponentially weighted speed over progress samples, for steady speed and ETA figures.
+struct SpeedMeter: Sendable {
+    /// Weight of the newest one-second rate; about a five-second memory.
+    var smoothing = 0.2
+    private(set) var bytesPerSecond: Double = 0
+    private var last: (bytes: Int64, time: Double)?
+
+    mutating func add(bytes: Int64, at time: Double) {
+        guard let last else {
+            self.last = (bytes, time)
+            return
+        }
+        let elapsed = time - last.time
+        guard elapsed >= 0.05 else { return }
+        let rate = Double(max(0, bytes - last.bytes)) / elapsed
+        // Weight by elapsed time so that irregular samples average the same as regular ones.
+        let weight = min(1, smoothing * elapsed)
+        bytesPerSecond = bytesPerSecond == 0 ? rate : bytesPerSecond + (rate - bytesPerSecond) * weight
+        self.last = (bytes, time)
+    }
+
+    mutating func reset() {
+        bytesPerSecond = 0
+        last = nil
+    }
+
+    func secondsLeft(bytes: Int64, total: Int64?) -> Double? {
+        guard let total, bytesPerSecond > 0 else { return nil }
+        return Double(max(0, total - bytes)) / bytesPerSecond
+    }
+}
