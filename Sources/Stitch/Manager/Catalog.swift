@@ -1,0 +1,752 @@
+import CSQLite
+import Foundation
+import Glibc
+
+/// The persistent list of a download manager's downloads: `DIRECTORY/catalog.sqlite3`, an SQLite database.
+///
+/// Only the `DownloadManager` actor uses a catalog, one call at a time (the connection is opened with
+/// `SQLITE_OPEN_NOMUTEX`), so the class is deliberately not `Sendable`; ``CatalogEntry`` values cross isolation
+/// instead.
+///
+/// ## Durability
+/// The database runs in WAL mode with `synchronous=NORMAL`: every change is committed before its method returns and
+/// survives a kill of the process at any instant. A power cut or kernel crash may lose the last few commits (WAL
+/// frames not yet synced at a checkpoint) but never corrupts the database. That is enough because the catalog holds
+/// what to download and in which order; the bytes already downloaded live in each download's own state file beside
+/// its destination, written with its own fsync discipline, and `completedBytes` here is only a snapshot for listings.
+///
+/// ## Damage and versions
+/// A file that is not a database, or that SQLite finds damaged (on open, on the first query, or because
+/// `PRAGMA quick_check` does not answer "ok"), is moved aside to `catalog.sqlite3.corrupt-<unix seconds>` with its
+/// `-wal`/`-journal` files, and an empty catalog takes its place; ``openReport`` says so, so that the manager can
+/// re-add the downloads whose state files it finds. A catalog written by a newer Stitch (a higher
+/// `PRAGMA user_version` than ``currentSchemaVersion``) is refused and left untouched; an older one is migrated in
+/// one transaction.
+final class Catalog {
+    /// What opening the catalog found.
+    struct OpenReport: Sendable, Hashable {
+        /// The catalog is new and empty: there was no database, or a damaged one was moved aside.
+        var created: Bool
+        /// The schema version the catalog was migrated from, if it was older than the current one.
+        var migratedFrom: Int?
+        /// If the old file was damaged: one line saying what was wrong and where the file was moved.
+        var rebuiltBecause: String?
+    }
+
+    /// The schema version this code reads and writes (`PRAGMA user_version`).
+    ///
+    /// - 1: the first schema (no `priority` or `error_code` columns; ordered by `position` alone).
+    /// - 2: adds `priority INTEGER NOT NULL DEFAULT 0` and `error_code TEXT`; ordered by priority, then position.
+    static let currentSchemaVersion = 2
+    static let fileName = "catalog.sqlite3"
+    /// How long a statement waits for another connection's write lock before failing with `SQLITE_BUSY`.
+    static let busyTimeoutMilliseconds: Int32 = 5000
+
+    /// The database file.
+    let path: String
+    /// What opening found: a new catalog, a migration, or a damaged file moved aside.
+    let openReport: OpenReport
+
+    private var connection: OpaquePointer?
+    /// Prepared statements, by their SQL text; finalized by ``close()``.
+    private var statements: [String: OpaquePointer] = [:]
+    private let encoder: JSONEncoder = {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return encoder
+    }()
+
+    /// Opens the catalog in `directory`, creating the directory and an empty catalog if missing, migrating an
+    /// older schema, and replacing a damaged file with an empty catalog (see ``openReport``).
+    ///
+    /// - Parameter directory: The manager's directory; the database is `directory/catalog.sqlite3`.
+    /// - Throws: ``CatalogError`` if the directory or database cannot be opened or created, if the catalog was
+    ///   written by a newer Stitch (`.newerSchema`), or if the file is an SQLite database that is not a catalog.
+    init(directory: String) throws(CatalogError) {
+        try Self.createDirectory(directory)
+        let path = directory.hasSuffix("/") ? directory + Self.fileName : directory + "/" + Self.fileName
+        self.path = path
+
+        var rebuiltBecause: String?
+        let opened: (connection: OpaquePointer, created: Bool, migratedFrom: Int?)
+        do throws(CatalogError) {
+            opened = try Self.openAndPrepare(path)
+        } catch let error where error.code == .corrupt {
+            let moved = try Self.moveAside(path)
+            rebuiltBecause = "\(error.message); moved it to \(moved)".replacingOccurrences(of: "\n", with: " ")
+            opened = try Self.openAndPrepare(path)
+        }
+        connection = opened.connection
+        openReport = OpenReport(
+            created: opened.created || rebuiltBecause != nil, migratedFrom: opened.migratedFrom,
+            rebuiltBecause: rebuiltBecause)
+    }
+
+    deinit {
+        close()
+    }
+
+    /// Finalizes the prepared statements and closes the database. Later calls do nothing; other methods then
+    /// throw `.closed`.
+    func close() {
+        guard let connection else { return }
+        for statement in statements.values {
+            sqlite3_finalize(statement)
+        }
+        statements = [:]
+        sqlite3_close_v2(connection)
+        self.connection = nil
+    }
+
+    // MARK: Reading
+
+    /// Every download, highest priority first and, within a priority, lowest position first.
+    func all() throws(CatalogError) -> [CatalogEntry] {
+        try withStatement(Self.selectAllSQL) { statement throws(CatalogError) in
+            var entries: [CatalogEntry] = []
+            var decoder = RowDecoder()
+            while try statement.step(or: "cannot read the downloads") {
+                entries.append(try decoder.entry(statement, path: path))
+            }
+            return entries
+        }
+    }
+
+    /// The download with this ID, or `nil` if the catalog has none.
+    func entry(_ id: DownloadID) throws(CatalogError) -> CatalogEntry? {
+        try withStatement(Self.selectOneSQL) { statement throws(CatalogError) in
+            try statement.bind(id, at: 1)
+            guard try statement.step(or: "cannot read download \(id)") else { return nil }
+            var decoder = RowDecoder()
+            return try decoder.entry(statement, path: path)
+        }
+    }
+
+    /// The highest position of any download, or 0 if there are none (a new last download goes one after it).
+    func maxPosition() throws(CatalogError) -> Int64 {
+        try scalar("SELECT COALESCE(MAX(position), 0) FROM downloads")
+    }
+
+    /// The lowest position of any download, or 0 if there are none (a new first download goes one before it).
+    func minPosition() throws(CatalogError) -> Int64 {
+        try scalar("SELECT COALESCE(MIN(position), 0) FROM downloads")
+    }
+
+    // MARK: Writing
+
+    /// Adds downloads in one transaction: all of them, or none if any fails.
+    ///
+    /// - Throws: `.duplicateID` if an ID is already in the catalog or appears twice in `entries`; `.invalidValue`
+    ///   for a status that is not one of ``CatalogEntry/Status``.
+    func insert(_ entries: [CatalogEntry]) throws(CatalogError) {
+        guard !entries.isEmpty else { return }
+        for entry in entries {
+            try Self.validate(entry.status, id: entry.id)
+        }
+        var encoded = FieldEncoder(encoder: encoder)
+        try transaction("cannot insert downloads") { () throws(CatalogError) in
+            for entry in entries {
+                try withStatement(Self.insertSQL) { statement throws(CatalogError) in
+                    try bind(entry, to: statement, encoder: &encoded)
+                    _ = try statement.step(or: "cannot insert download \(entry.id)")
+                }
+            }
+        }
+    }
+
+    /// Replaces every field of the download with `entry.id`.
+    ///
+    /// - Throws: `.notFound` if the catalog has no such download.
+    func update(_ entry: CatalogEntry) throws(CatalogError) {
+        try Self.validate(entry.status, id: entry.id)
+        var encoded = FieldEncoder(encoder: encoder)
+        try withStatement(Self.updateSQL) { statement throws(CatalogError) in
+            try bind(entry, to: statement, encoder: &encoded)
+            _ = try statement.step(or: "cannot update download \(entry.id)")
+        }
+        try expectOneChange(entry.id)
+    }
+
+    /// Sets a download's status and error (pass `nil`s to clear the error), and its `updatedAt`.
+    ///
+    /// - Throws: `.notFound` if the catalog has no such download; `.invalidValue` for an unknown status.
+    func setStatus(
+        _ id: DownloadID, status: String, errorCode: String? = nil, errorMessage: String? = nil,
+        updatedAt: Double = Date().timeIntervalSince1970
+    ) throws(CatalogError) {
+        try Self.validate(status, id: id)
+        try withStatement(
+            "UPDATE downloads SET status = ?2, error_code = ?3, error_message = ?4, updated_at = ?5 WHERE id = ?1"
+        ) { statement throws(CatalogError) in
+            try statement.bind(id, at: 1)
+            try statement.bind(status, at: 2)
+            try statement.bind(errorCode, at: 3)
+            try statement.bind(errorMessage, at: 4)
+            try statement.bind(updatedAt, at: 5)
+            _ = try statement.step(or: "cannot set the status of download \(id)")
+        }
+        try expectOneChange(id)
+    }
+
+    /// Moves a download in the queue, and sets its `updatedAt`.
+    ///
+    /// - Throws: `.notFound` if the catalog has no such download.
+    func setPosition(
+        _ id: DownloadID, priority: Int, position: Int64, updatedAt: Double = Date().timeIntervalSince1970
+    ) throws(CatalogError) {
+        try withStatement(
+            "UPDATE downloads SET priority = ?2, position = ?3, updated_at = ?4 WHERE id = ?1"
+        ) { statement throws(CatalogError) in
+            try statement.bind(id, at: 1)
+            try statement.bind(Int64(priority), at: 2)
+            try statement.bind(position, at: 3)
+            try statement.bind(updatedAt, at: 4)
+            _ = try statement.step(or: "cannot move download \(id)")
+        }
+        try expectOneChange(id)
+    }
+
+    /// Removes a download.
+    ///
+    /// - Returns: Whether the catalog had it.
+    @discardableResult
+    func delete(_ id: DownloadID) throws(CatalogError) -> Bool {
+        try withStatement("DELETE FROM downloads WHERE id = ?1") { statement throws(CatalogError) in
+            try statement.bind(id, at: 1)
+            _ = try statement.step(or: "cannot delete download \(id)")
+        }
+        return try changes() > 0
+    }
+
+    // MARK: Schema
+
+    /// The columns every row query selects and `RowDecoder` reads, in this order; also the insert's columns.
+    private static let columns = [
+        "id", "url", "headers", "destination_kind", "destination_path", "resolved_path", "checksum", "options",
+        "status", "error_code", "error_message", "priority", "position", "total_bytes", "completed_bytes", "etag",
+        "last_modified", "created_at", "updated_at",
+    ]
+    private static let columnList = columns.joined(separator: ", ")
+    private static let selectAllSQL =
+        "SELECT \(columnList) FROM downloads ORDER BY priority DESC, position ASC, id ASC"
+    private static let selectOneSQL = "SELECT \(columnList) FROM downloads WHERE id = ?1"
+    private static let insertSQL =
+        "INSERT INTO downloads (\(columnList)) VALUES ("
+        + (1...columns.count).map { "?\($0)" }.joined(separator: ", ") + ")"
+    private static let updateSQL =
+        "UPDATE downloads SET "
+        + columns.enumerated().dropFirst().map { "\($0.element) = ?\($0.offset + 1)" }.joined(separator: ", ")
+        + " WHERE id = ?1"
+
+    /// The current schema, for a new catalog.
+    private static let schema = """
+        CREATE TABLE downloads (
+            id INTEGER PRIMARY KEY,
+            url TEXT NOT NULL,
+            headers TEXT NOT NULL,
+            destination_kind TEXT NOT NULL,
+            destination_path TEXT NOT NULL,
+            resolved_path TEXT,
+            checksum TEXT,
+            options TEXT NOT NULL,
+            status TEXT NOT NULL,
+            error_code TEXT,
+            error_message TEXT,
+            priority INTEGER NOT NULL DEFAULT 0,
+            position INTEGER NOT NULL,
+            total_bytes INTEGER,
+            completed_bytes INTEGER NOT NULL DEFAULT 0,
+            etag TEXT,
+            last_modified TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX downloads_order ON downloads (priority DESC, position);
+        PRAGMA user_version = 2;
+        """
+
+    /// The SQL that takes a catalog from version `from` to `from + 1`, ending with the new `user_version`.
+    ///
+    /// Version 1 had the columns of version 2 except `priority` and `error_code`, and an index on `position`.
+    private static let migrations: [(from: Int, sql: String)] = [
+        (
+            from: 1,
+            sql: """
+            ALTER TABLE downloads ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+            ALTER TABLE downloads ADD COLUMN error_code TEXT;
+            DROP INDEX IF EXISTS downloads_position;
+            CREATE INDEX downloads_order ON downloads (priority DESC, position);
+            PRAGMA user_version = 2;
+            """
+        )
+    ]
+
+    // MARK: Opening
+
+    private static func createDirectory(_ directory: String) throws(CatalogError) {
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        } catch {
+            throw CatalogError(.io, "cannot create the catalog directory \(directory): \(error)")
+        }
+    }
+
+    /// Opens, checks and creates or migrates the database; a `.corrupt` error at any step means "move it aside".
+    private static func openAndPrepare(
+        _ path: String
+    ) throws(CatalogError) -> (connection: OpaquePointer, created: Bool, migratedFrom: Int?) {
+        let opened = try openChecked(path)
+        do throws(CatalogError) {
+            let (created, migratedFrom) = try prepareSchema(opened.connection, path: path, version: opened.version)
+            return (opened.connection, created, migratedFrom)
+        } catch {
+            sqlite3_close_v2(opened.connection)
+            throw error
+        }
+    }
+
+    /// Opens the database and checks that it is sound and not newer than this code, then sets WAL mode.
+    ///
+    /// - Returns: The connection and the schema version (0 for a new file).
+    /// - Throws: `.corrupt` if the file is not a database or is damaged; `.newerSchema`; any other open failure.
+    private static func openChecked(_ path: String) throws(CatalogError) -> (connection: OpaquePointer, version: Int) {
+        var handle: OpaquePointer?
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let result = sqlite3_open_v2(path, &handle, flags, nil)
+        guard let handle else {
+            throw CatalogError.sqlite("cannot open the catalog \(path)", connection: nil, result)
+        }
+        do throws(CatalogError) {
+            guard result == SQLITE_OK else {
+                throw CatalogError.sqlite("cannot open the catalog \(path)", connection: handle, result)
+            }
+            sqlite3_extended_result_codes(handle, 1)
+            sqlite3_busy_timeout(handle, busyTimeoutMilliseconds)
+
+            // Read-only checks first, so that a file we refuse is not modified.
+            let check = try texts(handle, "PRAGMA quick_check(3)", or: "cannot read the catalog \(path)")
+            guard check == ["ok"] else {
+                throw CatalogError(
+                    .corrupt, "the catalog \(path) is damaged (quick_check: \(check.joined(separator: "; ")))")
+            }
+            let version =
+                try texts(handle, "PRAGMA user_version", or: "cannot read the catalog \(path)")
+                .first.flatMap { Int($0) } ?? 0
+            guard version <= currentSchemaVersion else {
+                throw CatalogError(
+                    .newerSchema,
+                    "the catalog \(path) has schema version \(version), written by a newer Stitch; this Stitch reads "
+                        + "version \(currentSchemaVersion) and older, and leaves the file alone"
+                )
+            }
+            // WAL may be refused (for example on file systems without shared memory); the catalog then still
+            // works in the default rollback-journal mode.
+            _ = try texts(handle, "PRAGMA journal_mode = WAL", or: "cannot set WAL mode on \(path)")
+            try execute(handle, "PRAGMA synchronous = NORMAL", or: "cannot set synchronous mode on \(path)")
+            return (handle, version)
+        } catch {
+            sqlite3_close_v2(handle)
+            throw error
+        }
+    }
+
+    /// Creates the schema in an empty database or migrates an older one, in one transaction.
+    ///
+    /// - Returns: Whether the schema was created, and the version migrated from, if any.
+    private static func prepareSchema(
+        _ handle: OpaquePointer, path: String, version: Int
+    ) throws(CatalogError) -> (created: Bool, migratedFrom: Int?) {
+        guard version != currentSchemaVersion else { return (false, nil) }
+        try execute(handle, "BEGIN IMMEDIATE", or: "cannot prepare the catalog \(path)")
+        do throws(CatalogError) {
+            // Read again under the write lock: another connection may have created or migrated it meanwhile.
+            let what = "cannot prepare the catalog \(path)"
+            let version = try texts(handle, "PRAGMA user_version", or: what).first.flatMap { Int($0) } ?? 0
+            var result: (created: Bool, migratedFrom: Int?) = (false, nil)
+            switch version {
+            case currentSchemaVersion:
+                break
+            case 0:
+                let objects = try texts(handle, "SELECT count(*) FROM sqlite_master", or: what)
+                guard objects == ["0"] else {
+                    throw CatalogError(.notACatalog, "\(path) is an SQLite database but not a Stitch catalog")
+                }
+                try execute(handle, schema, or: "cannot create the catalog \(path)")
+                result.created = true
+            case 1..<currentSchemaVersion:
+                for migration in migrations where migration.from >= version {
+                    try execute(
+                        handle, migration.sql,
+                        or: "cannot migrate the catalog \(path) from version \(migration.from)")
+                }
+                result.migratedFrom = version
+            default:
+                throw CatalogError(
+                    .newerSchema, "the catalog \(path) has schema version \(version), written by a newer Stitch")
+            }
+            try execute(handle, "COMMIT", or: "cannot prepare the catalog \(path)")
+            return result
+        } catch {
+            if sqlite3_get_autocommit(handle) == 0 {
+                sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
+            }
+            throw error
+        }
+    }
+
+    /// Renames a damaged catalog to `NAME.corrupt-<unix seconds>` (with `.1`, `.2`… if taken), and its `-wal` and
+    /// `-journal` files likewise, so that they are not replayed into the new catalog; removes its `-shm`.
+    ///
+    /// Closing the failed connection usually has SQLite remove the `-wal` and `-shm` already (after checkpointing
+    /// any valid frames into the damaged file); this handles what is left, for example while another process
+    /// still has the old file open.
+    ///
+    /// - Returns: The new path of the database file.
+    private static func moveAside(_ path: String) throws(CatalogError) -> String {
+        let base = "\(path).corrupt-\(time(nil))"
+        var target = base
+        var attempt = 0
+        var info = stat()
+        while lstat(target, &info) == 0 {
+            attempt += 1
+            target = "\(base).\(attempt)"
+        }
+        guard rename(path, target) == 0 else {
+            throw CatalogError(.io, "cannot move the damaged catalog \(path) to \(target): \(Errno.current)")
+        }
+        for suffix in ["-wal", "-journal"] where rename(path + suffix, target + suffix) != 0 && errno != ENOENT {
+            let failure = Errno.current
+            guard unlink(path + suffix) == 0 || errno == ENOENT else {
+                throw CatalogError(.io, "cannot move the damaged catalog's \(path + suffix): \(failure)")
+            }
+        }
+        guard unlink(path + "-shm") == 0 || errno == ENOENT else {
+            throw CatalogError(.io, "cannot remove the damaged catalog's \(path)-shm: \(Errno.current)")
+        }
+        return target
+    }
+
+    /// Runs SQL that binds no values (schema, pragmas, transactions) on a connection.
+    private static func execute(_ handle: OpaquePointer, _ sql: String, or what: String) throws(CatalogError) {
+        let result = sqlite3_exec(handle, sql, nil, nil, nil)
+        guard result == SQLITE_OK else { throw CatalogError.sqlite(what, connection: handle, result) }
+    }
+
+    /// The first column of every row of an unprepared query that binds no values, as text.
+    private static func texts(_ db: OpaquePointer, _ sql: String, or what: String) throws(CatalogError) -> [String] {
+        var raw: OpaquePointer?
+        let prepared = sqlite3_prepare_v2(db, sql, -1, &raw, nil)
+        guard prepared == SQLITE_OK, let raw else { throw CatalogError.sqlite(what, connection: db, prepared) }
+        defer { sqlite3_finalize(raw) }
+        let statement = Statement(handle: raw)
+        var rows: [String] = []
+        while try statement.step(or: what) {
+            rows.append(statement.text(0) ?? "")
+        }
+        return rows
+    }
+
+    // MARK: Statements
+
+    /// Runs `body` with the cached prepared statement for `sql`, then resets it and clears its bindings.
+    private func withStatement<Result>(
+        _ sql: String, _ body: (Statement) throws(CatalogError) -> Result
+    ) throws(CatalogError) -> Result {
+        guard let connection else { throw CatalogError(.closed, "the catalog \(path) is closed") }
+        let handle: OpaquePointer
+        if let cached = statements[sql] {
+            handle = cached
+        } else {
+            var raw: OpaquePointer?
+            let result = sqlite3_prepare_v3(connection, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &raw, nil)
+            guard result == SQLITE_OK, let raw else {
+                throw CatalogError.sqlite("cannot prepare a query on \(path)", connection: connection, result)
+            }
+            statements[sql] = raw
+            handle = raw
+        }
+        defer {
+            sqlite3_reset(handle)
+            sqlite3_clear_bindings(handle)
+        }
+        return try body(Statement(handle: handle))
+    }
+
+    private func scalar(_ sql: String) throws(CatalogError) -> Int64 {
+        try withStatement(sql) { statement throws(CatalogError) in
+            guard try statement.step(or: "cannot query \(path)") else { return 0 }
+            return statement.int64(0)
+        }
+    }
+
+    /// Runs `body` in a write transaction; rolls back if it throws.
+    private func transaction(_ what: String, _ body: () throws(CatalogError) -> Void) throws(CatalogError) {
+        guard let connection else { throw CatalogError(.closed, "the catalog \(path) is closed") }
+        try Self.execute(connection, "BEGIN IMMEDIATE", or: "\(what): cannot begin a transaction on \(path)")
+        do throws(CatalogError) {
+            try body()
+            try Self.execute(connection, "COMMIT", or: "\(what): cannot commit to \(path)")
+        } catch {
+            if sqlite3_get_autocommit(connection) == 0 {
+                sqlite3_exec(connection, "ROLLBACK", nil, nil, nil)
+            }
+            throw error
+        }
+    }
+
+    private func changes() throws(CatalogError) -> Int32 {
+        guard let connection else { throw CatalogError(.closed, "the catalog \(path) is closed") }
+        return sqlite3_changes(connection)
+    }
+
+    private func expectOneChange(_ id: DownloadID) throws(CatalogError) {
+        guard try changes() > 0 else { throw CatalogError(.notFound, "the catalog has no download \(id)") }
+    }
+
+    private static func validate(_ status: String, id: DownloadID) throws(CatalogError) {
+        guard CatalogEntry.Status.all.contains(status) else {
+            throw CatalogError(.invalidValue, "download \(id): \"\(status)\" is not a download status")
+        }
+    }
+
+    /// Binds every column of `entry` in `columns` order (`?1` is the ID), for the insert and the update.
+    private func bind(
+        _ entry: CatalogEntry, to statement: Statement, encoder: inout FieldEncoder
+    ) throws(CatalogError) {
+        try statement.bind(entry.id, at: 1)
+        try statement.bind(entry.url, at: 2)
+        try statement.bind(try encoder.headers(entry.headers, id: entry.id), at: 3)
+        try statement.bind(entry.destinationKind.rawValue, at: 4)
+        try statement.bind(entry.destinationPath, at: 5)
+        try statement.bind(entry.resolvedPath, at: 6)
+        try statement.bind(entry.checksum, at: 7)
+        try statement.bind(try encoder.options(entry.options, id: entry.id), at: 8)
+        try statement.bind(entry.status, at: 9)
+        try statement.bind(entry.errorCode, at: 10)
+        try statement.bind(entry.errorMessage, at: 11)
+        try statement.bind(Int64(entry.priority), at: 12)
+        try statement.bind(entry.position, at: 13)
+        try statement.bind(entry.totalBytes, at: 14)
+        try statement.bind(entry.completedBytes, at: 15)
+        try statement.bind(entry.etag, at: 16)
+        try statement.bind(entry.lastModified, at: 17)
+        try statement.bind(entry.createdAt, at: 18)
+        try statement.bind(entry.updatedAt, at: 19)
+    }
+}
+
+/// Why the catalog could not do something: one line, with SQLite's message and result code when SQLite failed.
+struct CatalogError: Error, Sendable, CustomStringConvertible {
+    /// What kind of failure this is; compare with the static members.
+    struct Code: Sendable, Hashable, CustomStringConvertible {
+        private let name: String
+        private init(_ name: String) { self.name = name }
+        var description: String { name }
+
+        /// Any SQLite failure without a more specific code (I/O error, busy, disk full…).
+        static let sqlite = Code("sqlite")
+        /// The file is not a database or is damaged (`SQLITE_NOTADB`, `SQLITE_CORRUPT`, a failed quick check).
+        static let corrupt = Code("corrupt")
+        /// The catalog was written by a newer Stitch; it was not modified.
+        static let newerSchema = Code("newerSchema")
+        /// The file is an SQLite database of something else; it was not modified.
+        static let notACatalog = Code("notACatalog")
+        /// An inserted ID is already in the catalog (or twice in the batch).
+        static let duplicateID = Code("duplicateID")
+        /// No download has the ID.
+        static let notFound = Code("notFound")
+        /// A value cannot be stored or a stored value cannot be read (unknown status, malformed headers…).
+        static let invalidValue = Code("invalidValue")
+        /// The catalog was closed.
+        static let closed = Code("closed")
+        /// Creating the directory or moving a damaged file aside failed.
+        static let io = Code("io")
+    }
+
+    let code: Code
+    /// One line for people.
+    let message: String
+    /// SQLite's extended result code, when SQLite reported the failure.
+    let resultCode: Int32?
+
+    init(_ code: Code, _ message: String, resultCode: Int32? = nil) {
+        self.code = code
+        self.message = message
+        self.resultCode = resultCode
+    }
+
+    var description: String { message }
+
+    /// An SQLite failure: `what`, SQLite's message for the connection (or for the code) and the result code.
+    static func sqlite(_ what: String, connection: OpaquePointer?, _ result: Int32) -> CatalogError {
+        let detail =
+            connection.flatMap { sqlite3_errmsg($0) }.map { String(cString: $0) }
+            ?? String(cString: sqlite3_errstr(result))
+        let code: Code
+        switch result & 0xFF {
+        case SQLITE_CORRUPT, SQLITE_NOTADB: code = .corrupt
+        case _ where result == stitch_sqlite_constraint_primarykey: code = .duplicateID
+        default: code = .sqlite
+        }
+        return CatalogError(code, "\(what): \(detail) (SQLite result code \(result))", resultCode: result)
+    }
+}
+
+/// A borrowed prepared statement: binding, stepping and reading columns.
+private struct Statement {
+    let handle: OpaquePointer
+
+    /// Steps once. Returns `true` for a row, `false` when done.
+    func step(or what: String) throws(CatalogError) -> Bool {
+        switch sqlite3_step(handle) {
+        case SQLITE_ROW: return true
+        case SQLITE_DONE: return false
+        case let result: throw CatalogError.sqlite(what, connection: sqlite3_db_handle(handle), result)
+        }
+    }
+
+    private func check(_ result: Int32, _ index: Int32) throws(CatalogError) {
+        guard result == SQLITE_OK else {
+            throw CatalogError.sqlite("cannot bind parameter \(index)", connection: sqlite3_db_handle(handle), result)
+        }
+    }
+
+    func bind(_ value: Int64?, at index: Int32) throws(CatalogError) {
+        try check(value.map { sqlite3_bind_int64(handle, index, $0) } ?? sqlite3_bind_null(handle, index), index)
+    }
+
+    func bind(_ value: Double, at index: Int32) throws(CatalogError) {
+        try check(sqlite3_bind_double(handle, index, value), index)
+    }
+
+    func bind(_ id: DownloadID, at index: Int32) throws(CatalogError) {
+        try bind(Int64(bitPattern: id.rawValue), at: index)
+    }
+
+    func bind(_ value: String?, at index: Int32) throws(CatalogError) {
+        guard var value else { return try check(sqlite3_bind_null(handle, index), index) }
+        let result = value.withUTF8 { utf8 in
+            utf8.withMemoryRebound(to: CChar.self) { text in
+                stitch_sqlite3_bind_text_count_transient(handle, index, text.baseAddress, Int32(text.count))
+            }
+        }
+        try check(result, index)
+    }
+
+    func isNull(_ column: Int32) -> Bool {
+        sqlite3_column_type(handle, column) == SQLITE_NULL
+    }
+
+    func int64(_ column: Int32) -> Int64 {
+        sqlite3_column_int64(handle, column)
+    }
+
+    func optionalInt64(_ column: Int32) -> Int64? {
+        isNull(column) ? nil : int64(column)
+    }
+
+    func double(_ column: Int32) -> Double {
+        sqlite3_column_double(handle, column)
+    }
+
+    /// The column as UTF-8 text; `nil` for NULL.
+    func text(_ column: Int32) -> String? {
+        guard !isNull(column), let bytes = sqlite3_column_text(handle, column) else { return nil }
+        let count = Int(sqlite3_column_bytes(handle, column))
+        return String(decoding: UnsafeBufferPointer(start: bytes, count: count), as: UTF8.self)
+    }
+}
+
+/// Encodes the JSON columns, remembering the last texts: most downloads share their headers and options.
+private struct FieldEncoder {
+    let encoder: JSONEncoder
+    private var lastHeaders: ([String], String)?
+    private var lastOptions: (StoredOptions, String)?
+
+    init(encoder: JSONEncoder) {
+        self.encoder = encoder
+    }
+
+    mutating func headers(_ headers: [String], id: DownloadID) throws(CatalogError) -> String {
+        if headers.isEmpty { return "[]" }
+        if let lastHeaders, lastHeaders.0 == headers { return lastHeaders.1 }
+        let text = try encode(headers, id: id)
+        lastHeaders = (headers, text)
+        return text
+    }
+
+    mutating func options(_ options: StoredOptions, id: DownloadID) throws(CatalogError) -> String {
+        if let lastOptions, lastOptions.0 == options { return lastOptions.1 }
+        let text = try encode(options, id: id)
+        lastOptions = (options, text)
+        return text
+    }
+
+    private func encode(_ value: some Encodable, id: DownloadID) throws(CatalogError) -> String {
+        do {
+            return String(decoding: try encoder.encode(value), as: UTF8.self)
+        } catch {
+            throw CatalogError(.invalidValue, "cannot encode download \(id): \(error)")
+        }
+    }
+}
+
+/// Reads rows in `Catalog.columns` order, decoding each distinct JSON text once.
+private struct RowDecoder {
+    private let decoder = JSONDecoder()
+    private var headers: [String: [String]] = ["[]": []]
+    private var options: [String: StoredOptions] = [:]
+
+    mutating func entry(_ row: Statement, path: String) throws(CatalogError) -> CatalogEntry {
+        let id = DownloadID(rawValue: UInt64(bitPattern: row.int64(0)))
+        let headersText = row.text(2) ?? "[]"
+        let headers: [String]
+        if let known = self.headers[headersText] {
+            headers = known
+        } else {
+            guard let decoded = try? decoder.decode([String].self, from: Data(headersText.utf8)) else {
+                throw CatalogError(.invalidValue, "download \(id) in \(path) has malformed headers: \(headersText)")
+            }
+            self.headers[headersText] = decoded
+            headers = decoded
+        }
+        let kindText = row.text(3) ?? ""
+        guard let kind = CatalogEntry.DestinationKind(rawValue: kindText) else {
+            throw CatalogError(
+                .invalidValue, "download \(id) in \(path) has an unknown destination kind \"\(kindText)\"")
+        }
+        let optionsText = row.text(7) ?? "{}"
+        let options: StoredOptions
+        if let known = self.options[optionsText] {
+            options = known
+        } else {
+            // Lenient: text that is not even JSON reads as the defaults, like missing keys.
+            options = (try? decoder.decode(StoredOptions.self, from: Data(optionsText.utf8))) ?? StoredOptions()
+            self.options[optionsText] = options
+        }
+        let status =
+            row.text(8).flatMap { CatalogEntry.Status.all.contains($0) ? $0 : nil }
+            ?? CatalogEntry.Status.paused
+        return CatalogEntry(
+            id: id,
+            url: row.text(1) ?? "",
+            headers: headers,
+            destinationKind: kind,
+            destinationPath: row.text(4) ?? "",
+            resolvedPath: row.text(5),
+            checksum: row.text(6),
+            options: options,
+            status: status,
+            errorCode: row.text(9),
+            errorMessage: row.text(10),
+            priority: Int(truncatingIfNeeded: row.int64(11)),
+            position: row.int64(12),
+            totalBytes: row.optionalInt64(13),
+            completedBytes: row.int64(14),
+            etag: row.text(15),
+            lastModified: row.text(16),
+            createdAt: row.double(17),
+            updatedAt: row.double(18)
+        )
+    }
+}
