@@ -477,13 +477,26 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     /// How many connections this download should use, given what the server said.
     private func lanes(for validators: Validators) -> Int {
+        if let grantedLanes { return grantedLanes }
+        let wanted = wantedLanes(for: validators)
+        guard wanted > 1, let grant = options.connectionGrant else { return wanted }
+        let granted = max(1, min(wanted, grant(wanted)))
+        grantedLanes = granted
+        return granted
+    }
+
+    /// Connections asked for (or chosen by size), before any grant.
+    private func wantedLanes(for validators: Validators) -> Int {
         let wanted = options.connections ?? Connections.automatic(forLength: validators.totalLength)
         return max(1, min(wanted, options.maximumConnections ?? wanted))
     }
 
+    /// What ``DownloadOptions/connectionGrant`` allowed, asked once per run.
+    private var grantedLanes: Int?
+
     /// Whether to split now: more than one connection wanted and the server gave what ranges need.
     private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
-        guard lanes(for: validators) > 1 else { return false }
+        guard wantedLanes(for: validators) > 1 else { return false }
         switch splittingFailed {
         case .rangesIgnored:
             emit(.notice("the server ignored a range request; using one connection"))
@@ -541,8 +554,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         guard !resplitConsidered else { return false }
         resplitConsidered = true
         guard let known, let total = known.totalLength, store.snapshot.segments.count == 1,
-            lanes(for: known) > 1, known.acceptRanges, known.ifRange != nil,
-            total - store.written(0) >= 2 * options.minimumSplitSize
+            wantedLanes(for: known) > 1, known.acceptRanges, known.ifRange != nil,
+            total - store.written(0) >= 2 * options.minimumSplitSize, lanes(for: known) > 1
         else { return false }
         split(store, total: total, lanes: lanes(for: known))
         return store.snapshot.segments.count > 1
@@ -616,7 +629,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             }
             known = validators
             if start == 0, plan.resumeOffset == 0, let store, let total = validators.totalLength,
-                shouldSegment(validators, status: head.status)
+                shouldSegment(validators, status: head.status), lanes(for: validators) > 1
             {
                 // Split now and let the lanes request exact ranges; this response's bytes are not needed.
                 split(store, total: total, lanes: lanes(for: validators))

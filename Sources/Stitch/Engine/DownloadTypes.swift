@@ -101,8 +101,11 @@ public struct DownloadOptions: Sendable {
     public var progressInterval: Double = 0.25
     /// TCP connections for one download; nil chooses by size (see ``Connections/automatic(forLength:)``).
     public var connections: Int?
-    /// An upper bound on ``connections`` and on the automatic choice (``DownloadManager``'s per-host cap).
+    /// An upper bound on ``connections`` and on the automatic choice.
     public var maximumConnections: Int?
+    /// Asked once, when the download is about to use `wanted` (> 1) connections: how many it may use (the first
+    /// is already open, so the answer is at least 1). ``DownloadManager`` enforces its per-host cap with it.
+    public var connectionGrant: (@Sendable (_ wanted: Int) -> Int)?
     /// A bandwidth cap; pass the same limiter to several downloads to cap them together.
     public var rateLimiter: RateLimiter?
     /// With several connections over HTTPS: carry them as HTTP/2 streams of one TCP connection instead of N

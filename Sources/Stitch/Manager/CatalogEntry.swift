@@ -109,12 +109,18 @@ struct StoredOptions: Codable, Sendable, Hashable {
     var rateLimit: Int64?
     /// Prefer HTTP/2 streams over separate connections when the server supports it.
     var http2Streams: Bool
+    /// URLs the download had before its current one (``DownloadManager/updateSource(_:url:headers:)``).
+    var formerURLs: [String]
 
-    init(connections: Int? = nil, overwrite: Bool = false, rateLimit: Int64? = nil, http2Streams: Bool = false) {
+    init(
+        connections: Int? = nil, overwrite: Bool = false, rateLimit: Int64? = nil, http2Streams: Bool = false,
+        formerURLs: [String] = []
+    ) {
         self.connections = connections
         self.overwrite = overwrite
         self.rateLimit = rateLimit
         self.http2Streams = http2Streams
+        self.formerURLs = formerURLs
     }
 
     private enum CodingKeys: String, CodingKey {
@@ -122,6 +128,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         case overwrite
         case rateLimit
         case http2Streams
+        case formerURLs
     }
 
     init(from decoder: any Decoder) throws {
@@ -131,6 +138,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         overwrite = (try? container.decodeIfPresent(Bool.self, forKey: .overwrite)) ?? false
         rateLimit = (try? container.decodeIfPresent(Int64.self, forKey: .rateLimit)) ?? nil
         http2Streams = (try? container.decodeIfPresent(Bool.self, forKey: .http2Streams)) ?? false
+        formerURLs = (try? container.decodeIfPresent([String].self, forKey: .formerURLs)) ?? []
     }
 
     func encode(to encoder: any Encoder) throws {
@@ -139,5 +147,6 @@ struct StoredOptions: Codable, Sendable, Hashable {
         try container.encode(overwrite, forKey: .overwrite)
         try container.encodeIfPresent(rateLimit, forKey: .rateLimit)
         try container.encode(http2Streams, forKey: .http2Streams)
+        if !formerURLs.isEmpty { try container.encode(formerURLs, forKey: .formerURLs) }
     }
 }

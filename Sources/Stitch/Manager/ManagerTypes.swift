@@ -90,7 +90,7 @@ public enum DownloadAction: Sendable, Hashable, CustomStringConvertible {
 }
 
 /// Why a download failed, as kept in the catalog.
-public struct DownloadFailure: Sendable, Hashable, CustomStringConvertible {
+public struct DownloadFailure: Error, Sendable, Hashable, CustomStringConvertible {
     public var code: DownloadError.Code
     /// One line for people.
     public var message: String

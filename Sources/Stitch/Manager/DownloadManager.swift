@@ -1,0 +1,877 @@
+import Foundation
+import Synchronization
+
+/// Many downloads, one queue: started in order under a concurrency cap and a per-host connection cap, paused,
+/// resumed, cancelled and removed on request, reported through event streams, and kept in a catalog that
+/// outlives the process.
+///
+/// ```swift
+/// let manager = try await DownloadManager(directory: "/var/lib/app/downloads")
+/// let id = try await manager.add("https://example.com/big.iso")
+/// for await event in await manager.events(for: id) { … }
+/// ```
+///
+/// After the process is killed, a new manager on the same directory restores every download in its state and
+/// order; those that were running carry on from what their state files prove (``Configuration/autoResume``).
+/// Per-byte progress lives in each download's own state file beside its destination; the catalog never claims
+/// more than those prove.
+public actor DownloadManager {
+    /// How a manager runs its downloads.
+    public struct Configuration: Sendable {
+        /// Where downloads go unless added with another folder or path. Created if missing.
+        public var downloadDirectory: String
+        /// Downloads transferring at once (aria2's `-j`; its default is 5 too).
+        public var maxConcurrentDownloads = 5
+        /// TCP connections to one host (host and port) over all running downloads.
+        public var maxConnectionsPerHost = 16
+        /// Bytes per second over all downloads; nil for no limit.
+        public var rateLimit: Int64?
+        public var retry = RetryPolicy()
+        /// Whether downloads restored from the catalog start by themselves. Off: those that were running or
+        /// queued come back paused.
+        public var autoResume = true
+        /// Connections per download unless added with a number; nil chooses by size.
+        public var connections: Int?
+        public var transport = TransportOptions()
+
+        public init(downloadDirectory: String) {
+            self.downloadDirectory = downloadDirectory
+        }
+    }
+
+    /// What to add besides the URL.
+    public struct AddOptions: Sendable {
+        /// The file's path: relative to ``directory`` (or the manager's download folder), or absolute. Without
+        /// it the file is named from `Content-Disposition` or the URL, made unique among the manager's downloads.
+        public var out: String?
+        /// The folder for this download instead of ``Configuration/downloadDirectory``.
+        public var directory: String?
+        public var headers = HTTPHeaders()
+        public var checksum: ExpectedChecksum?
+        public var connections: Int?
+        /// Replace an existing file that Stitch did not leave.
+        public var overwrite = false
+        public var priority = 0
+        /// Add without starting (status ``DownloadStatus/paused``).
+        public var paused = false
+
+        public init(out: String? = nil, directory: String? = nil) {
+            self.out = out
+            self.directory = directory
+        }
+    }
+
+    /// What opening the catalog found.
+    public struct RestoreReport: Sendable, Hashable {
+        /// Downloads restored from the catalog (or, after a rebuild, from state files).
+        public var restored: Int
+        /// The schema version an older catalog was migrated from.
+        public var migratedFrom: Int?
+        /// Why the catalog was unreadable and rebuilt (and where the old one was moved), if it was.
+        public var rebuiltBecause: String?
+        /// Partial downloads found by their state files while rebuilding.
+        public var recoveredFromStateFiles: Int
+    }
+
+    public nonisolated let configuration: Configuration
+    public nonisolated let restoreReport: RestoreReport
+
+    private let catalog: Catalog
+    private let downloader: Downloader
+    private let rateLimiter: RateLimiter?
+    private let hosts: HostSlots
+    private let claims = PathClaims()
+    private var table: [DownloadID: Managed] = [:]
+    /// Downloads in start order, rebuilt lazily after additions and moves.
+    private var orderCache: [DownloadID]?
+    private var liveRuns = 0
+    private var nextRunToken = 0
+    private var subscribers: [Int: Subscriber] = [:]
+    private var nextSubscriber = 0
+    private var idleWaiters: [CheckedContinuation<Void, Never>] = []
+    private var isClosed = false
+
+    private struct Managed {
+        var entry: CatalogEntry
+        var status: DownloadStatus
+        var progress: TransferProgress
+        var meter = SpeedMeter()
+        var run: Run?
+        /// Set by ``updateSource``: when the current run ends, start again with the new source.
+        var restartAfterRun = false
+    }
+
+    private final class Run: Sendable {
+        let token: Int
+        let host: String
+        let task: Mutex<Task<Void, Never>?> = Mutex(nil)
+        /// Connections this run holds on its host beyond the first.
+        let extra = Atomic<Int>(0)
+        init(token: Int, host: String) {
+            self.token = token
+            self.host = host
+        }
+    }
+
+    private struct Subscriber {
+        var id: DownloadID?
+        var continuation: AsyncStream<DownloadManagerEvent>.Continuation
+    }
+
+    /// Opens the manager kept in `directory` (its catalog), creating it if needed, and restores its downloads.
+    /// - Parameters:
+    ///   - transport: moves the bytes; the shared libcurl transport by default.
+    /// - Throws: ``DownloadManagerError`` when the catalog cannot be opened or created.
+    public init(
+        directory: String, configuration: Configuration? = nil, transport: any HTTPTransport = CurlTransport.shared,
+        clock: any DownloadClock = SystemClock()
+    ) throws {
+        let configuration = configuration ?? Configuration(downloadDirectory: directory)
+        self.configuration = configuration
+        self.downloader = Downloader(transport: transport, clock: clock)
+        self.rateLimiter = configuration.rateLimit.map { RateLimiter(bytesPerSecond: $0) }
+        self.hosts = HostSlots(cap: max(1, configuration.maxConnectionsPerHost))
+        try? FileManager.default.createDirectory(
+            atPath: configuration.downloadDirectory, withIntermediateDirectories: true)
+        let catalog: Catalog
+        do {
+            catalog = try Catalog(directory: directory)
+        } catch {
+            throw DownloadManagerError(.catalog(error.description))
+        }
+        self.catalog = catalog
+        var recovered = 0
+        var entries: [CatalogEntry]
+        do {
+            entries = try catalog.all()
+            if catalog.openReport.rebuiltBecause != nil {
+                let found = Self.entriesFromStateFiles(in: configuration.downloadDirectory)
+                try catalog.insert(found)
+                recovered = found.count
+                entries = try catalog.all()
+            }
+        } catch {
+            throw DownloadManagerError(.catalog(error.description))
+        }
+        var restored: [DownloadID: Managed] = [:]
+        for entry in entries {
+            var entry = entry
+            var status = Self.status(of: entry)
+            if status == .running || status == .queued {
+                // A download that was running when the process died continues, or waits for the user.
+                status = configuration.autoResume ? .queued : .paused
+                entry.status = status.name
+            }
+            let progress = Self.restoredProgress(entry, status: status)
+            restored[entry.id] = Managed(entry: entry, status: status, progress: progress)
+            if let path = Self.claimedPath(entry) { claims.claim(path, for: entry.id) }
+        }
+        self.table = restored
+        self.restoreReport = RestoreReport(
+            restored: entries.count, migratedFrom: catalog.openReport.migratedFrom,
+            rebuiltBecause: catalog.openReport.rebuiltBecause, recoveredFromStateFiles: recovered)
+        // Restored downloads start at once (autoResume), without waiting for a first call.
+        Task { await self.schedule() }
+    }
+
+    // MARK: Adding
+
+    /// Adds a download and starts it when a slot is free.
+    /// - Returns: its id, stable across restarts.
+    /// - Throws: ``DownloadManagerError``: `.invalidRequest` for a bad URL or option, `.pathInUse` when another
+    ///   download of this manager already writes to the path.
+    @discardableResult
+    public func add(_ url: String, options: AddOptions = AddOptions()) throws -> DownloadID {
+        try add([(url, options)])[0]
+    }
+
+    /// Adds several downloads at once (one catalog transaction): all or none.
+    public func add(_ items: [(url: String, options: AddOptions)]) throws -> [DownloadID] {
+        try checkOpen()
+        var entries: [CatalogEntry] = []
+        entries.reserveCapacity(items.count)
+        var position = (try? catalog.maxPosition()) ?? 0
+        let now = Date().timeIntervalSince1970
+        var taken: [String: DownloadID] = [:]
+        for (url, options) in items {
+            do { _ = try validateURL(url) } catch { throw DownloadManagerError(.invalidRequest(error.message)) }
+            if let connections = options.connections, !(1...16).contains(connections) {
+                throw DownloadManagerError(.invalidRequest("connections must be 1…16, not \(connections)"))
+            }
+            var id = DownloadID.random()
+            while table[id] != nil || taken.values.contains(id) { id = DownloadID.random() }
+            let folder = absolutePath(options.directory ?? configuration.downloadDirectory)
+            let kind: CatalogEntry.DestinationKind
+            let path: String
+            if let out = options.out {
+                kind = .file
+                path = out.hasPrefix("/") ? out : (folder.hasSuffix("/") ? folder + out : folder + "/" + out)
+                if let owner = claims.owner(of: path) ?? taken[path] {
+                    throw DownloadManagerError(.pathInUse(path, by: owner))
+                }
+                taken[path] = id
+            } else {
+                kind = .directory
+                path = folder
+            }
+            position += 1
+            entries.append(
+                CatalogEntry(
+                    id: id, url: url, headers: options.headers.map { "\($0.name): \($0.value)" },
+                    destinationKind: kind, destinationPath: path, checksum: options.checksum?.description,
+                    options: StoredOptions(connections: options.connections, overwrite: options.overwrite),
+                    status: options.paused ? CatalogEntry.Status.paused : CatalogEntry.Status.queued,
+                    priority: options.priority, position: position, createdAt: now, updatedAt: now))
+        }
+        do { try catalog.insert(entries) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        for entry in entries {
+            let status: DownloadStatus = entry.status == CatalogEntry.Status.paused ? .paused : .queued
+            table[entry.id] = Managed(entry: entry, status: status, progress: TransferProgress())
+            if entry.destinationKind == .file { claims.claim(entry.destinationPath, for: entry.id) }
+            publish(.added(snapshot(of: entry.id)!))
+        }
+        orderCache = nil
+        schedule()
+        return entries.map(\.id)
+    }
+
+    // MARK: Controlling
+
+    /// Stops a queued or running download, keeping its partial data; ``resume(_:)`` queues it again.
+    public func pause(_ id: DownloadID) throws {
+        try transition(id, .pause)
+        stopRun(id)
+    }
+
+    /// Queues a paused or failed download again; it continues from its saved partial data.
+    public func resume(_ id: DownloadID) throws {
+        try transition(id, .resume)
+        schedule()
+    }
+
+    /// Stops a download for good unless resumed: it becomes failed (cancelled) and keeps its partial data.
+    public func cancel(_ id: DownloadID) throws {
+        try transition(id, .cancel)
+        stopRun(id)
+    }
+
+    /// Removes a download from the manager, stopping it first.
+    /// - Parameter deletingFiles: also delete its partial data, and the finished file if it completed.
+    public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws {
+        try checkOpen()
+        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        guard let next = managed.status.after(.remove) else {
+            throw DownloadManagerError(.illegalTransition(from: managed.status, action: .remove))
+        }
+        let wasCompleted = managed.status == .completed
+        managed.status = next
+        table[id] = managed
+        let task = managed.run?.task.withLock { $0 }
+        stopRun(id)
+        await task?.value
+        guard let managed = table.removeValue(forKey: id) else { return }
+        orderCache = nil
+        do { try catalog.delete(id) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        if let path = Self.claimedPath(managed.entry) {
+            claims.release(path, for: id)
+            if deletingFiles {
+                try? PartStore.removeLeftovers(at: DownloadPaths(destination: path))
+                if wasCompleted { unlink(path) }
+            }
+        }
+        publish(.statusChanged(id, .removed))
+        finishStreams(for: id)
+        schedule()
+    }
+
+    /// Pauses every queued and running download.
+    public func pauseAll() {
+        for id in order where table[id]?.status == .queued || table[id]?.status == .running {
+            try? pause(id)
+        }
+    }
+
+    /// Queues every paused download again (not failed ones: ``resume(_:)`` retries those one by one).
+    public func resumeAll() {
+        for id in order where table[id]?.status == .paused {
+            try? transition(id, .resume)
+        }
+        schedule()
+    }
+
+    /// Where in the queue to put a download.
+    public enum QueuePlace: Sendable { case front, back }
+
+    /// Moves a download to the front or back of those with its priority.
+    public func move(_ id: DownloadID, to place: QueuePlace) throws {
+        try checkOpen()
+        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        do {
+            managed.entry.position = try place == .front ? catalog.minPosition() - 1 : catalog.maxPosition() + 1
+            try catalog.setPosition(id, priority: managed.entry.priority, position: managed.entry.position)
+        } catch { throw DownloadManagerError(.catalog(error.description)) }
+        table[id] = managed
+        orderCache = nil
+        schedule()
+    }
+
+    /// Changes a download's priority: higher priorities start first (running downloads are not stopped).
+    public func setPriority(_ id: DownloadID, _ priority: Int) throws {
+        try checkOpen()
+        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        managed.entry.priority = priority
+        do {
+            try catalog.setPosition(id, priority: priority, position: managed.entry.position)
+        } catch { throw DownloadManagerError(.catalog(error.description)) }
+        table[id] = managed
+        orderCache = nil
+        schedule()
+    }
+
+    /// Gives a download a new URL (an expired signed link, a rotated token) and, if given, new headers. Its
+    /// partial data is resumed from the new URL only if the server proves the file is the same (its saved
+    /// `ETag` or `Last-Modified` with `If-Range`); otherwise the download starts over and says why. A running
+    /// download switches at once.
+    public func updateSource(_ id: DownloadID, url: String, headers: HTTPHeaders? = nil) throws {
+        try checkOpen()
+        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        do { _ = try validateURL(url) } catch { throw DownloadManagerError(.invalidRequest(error.message)) }
+        guard managed.status != .completed, managed.status != .removed else {
+            throw DownloadManagerError(.invalidRequest("download \(id) is \(managed.status.name); its source is final"))
+        }
+        if managed.entry.url != url {
+            managed.entry.options.formerURLs.removeAll { $0 == url }
+            managed.entry.options.formerURLs.append(managed.entry.url)
+            managed.entry.url = url
+        }
+        if let headers { managed.entry.headers = headers.map { "\($0.name): \($0.value)" } }
+        managed.entry.updatedAt = Date().timeIntervalSince1970
+        do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        if managed.run != nil, managed.status == .running { managed.restartAfterRun = true }
+        table[id] = managed
+        if managed.restartAfterRun { stopRun(id) }
+    }
+
+    // MARK: Looking
+
+    /// The download with this id.
+    public func download(_ id: DownloadID) -> DownloadSnapshot? { snapshot(of: id) }
+
+    /// Every download with this URL (current or former), in queue order.
+    public func downloads(url: String) -> [DownloadSnapshot] {
+        order.compactMap { id in
+            guard let entry = table[id]?.entry, entry.url == url || entry.options.formerURLs.contains(url)
+            else { return nil }
+            return snapshot(of: id)
+        }
+    }
+
+    /// Every download, in queue order (priority, then position).
+    public func downloads() -> [DownloadSnapshot] { order.compactMap { snapshot(of: $0) } }
+
+    /// Events about every download, from now on. The stream ends when the manager closes.
+    ///
+    /// Progress is sent at most about ten times a second per download. A consumer that falls more than
+    /// 10,000 events behind loses the oldest.
+    public func events() -> AsyncStream<DownloadManagerEvent> { subscribe(nil) }
+
+    /// Events about one download, from now on. The stream ends once it is removed or the manager closes.
+    public func events(for id: DownloadID) -> AsyncStream<DownloadManagerEvent> { subscribe(id) }
+
+    /// Calls `handler` with each progress report of download `id` until it stops being active.
+    /// Cancel the returned task to stop early.
+    @discardableResult
+    public func onProgress(_ id: DownloadID, _ handler: @escaping @Sendable (TransferProgress) -> Void)
+        -> Task<Void, Never>
+    {
+        let stream = subscribe(id)
+        return Task {
+            for await event in stream {
+                if case .progress(_, let progress) = event { handler(progress) }
+            }
+        }
+    }
+
+    /// Calls `handler` once, when download `id` completes or fails (at once if it already has); removal counts as
+    /// a failure with code `.cancelled`.
+    @discardableResult
+    public func onCompletion(
+        _ id: DownloadID, _ handler: @escaping @Sendable (Result<DownloadSnapshot, DownloadFailure>) -> Void
+    ) -> Task<Void, Never> {
+        if let done = outcome(of: id) {
+            handler(done)
+            return Task {}
+        }
+        let stream = subscribe(id)
+        return Task { [weak self] in
+            for await event in stream {
+                guard case .statusChanged(_, let status) = event else { continue }
+                switch status {
+                case .completed:
+                    if let snapshot = await self?.download(id) { handler(.success(snapshot)) }
+                    return
+                case .failed(let failure):
+                    handler(.failure(failure))
+                    return
+                case .removed:
+                    handler(.failure(DownloadFailure(code: .cancelled, message: "removed", isResumable: false)))
+                    return
+                default:
+                    continue
+                }
+            }
+        }
+    }
+
+    /// Waits until no download is queued or running (paused, completed and failed ones are at rest).
+    public func waitUntilIdle() async {
+        schedule()
+        if isIdle { return }
+        await withCheckedContinuation { idleWaiters.append($0) }
+    }
+
+    /// Stops every running download (their state is saved; a manager opened later on this directory continues
+    /// them), ends the event streams and closes the catalog. The manager refuses calls afterwards.
+    public func close() async {
+        guard !isClosed else { return }
+        isClosed = true
+        var tasks: [Task<Void, Never>] = []
+        for (_, managed) in table {
+            if let task = managed.run?.task.withLock({ $0 }) {
+                task.cancel()
+                tasks.append(task)
+            }
+        }
+        for task in tasks { await task.value }
+        for (_, subscriber) in subscribers { subscriber.continuation.finish() }
+        subscribers.removeAll()
+        catalog.close()
+        resumeIdleWaiters()
+    }
+
+    // MARK: Internals
+
+    private var isIdle: Bool {
+        liveRuns == 0 && !table.values.contains { $0.status == .queued || $0.status == .running }
+    }
+
+    private func checkOpen() throws {
+        if isClosed { throw DownloadManagerError(.closed) }
+    }
+
+    private var order: [DownloadID] {
+        if let orderCache { return orderCache }
+        let sorted = table.values.sorted {
+            ($0.entry.priority, -$0.entry.position, $1.entry.id) > ($1.entry.priority, -$1.entry.position, $0.entry.id)
+        }.map(\.entry.id)
+        orderCache = sorted
+        return sorted
+    }
+
+    /// Applies a user's action, persisting and announcing the new status.
+    private func transition(_ id: DownloadID, _ action: DownloadAction) throws {
+        try checkOpen()
+        guard let managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        guard let next = managed.status.after(action) else {
+            throw DownloadManagerError(.illegalTransition(from: managed.status, action: action))
+        }
+        setStatus(id, next)
+    }
+
+    private func setStatus(_ id: DownloadID, _ status: DownloadStatus) {
+        guard var managed = table[id], managed.status != status else { return }
+        managed.status = status
+        managed.entry.status = status == .removed ? managed.entry.status : status.name
+        var code: String?
+        var message: String?
+        if case .failed(let failure) = status {
+            code = failure.code.description
+            message = failure.message
+        }
+        managed.entry.errorCode = code
+        managed.entry.errorMessage = message
+        if status != .running { managed.meter.reset() }
+        table[id] = managed
+        if status != .removed {
+            // A catalog that cannot be written is reported by the next call that can throw; the status change
+            // itself is what the user asked for and stands.
+            try? catalog.setStatus(id, status: status.name, errorCode: code, errorMessage: message)
+        }
+        publish(.statusChanged(id, status))
+        if isIdle { resumeIdleWaiters() }
+    }
+
+    /// Starts queued downloads while slots are free, in queue order, skipping those whose host is at its cap.
+    private func schedule() {
+        guard !isClosed else { return }
+        var free = configuration.maxConcurrentDownloads - liveRuns
+        guard free > 0 else { return }
+        for id in order where free > 0 {
+            guard let managed = table[id], managed.status == .queued, managed.run == nil else { continue }
+            let host = Self.hostKey(managed.entry.url)
+            guard hosts.acquire(host, upTo: 1) == 1 else { continue }
+            start(id, host: host)
+            free -= 1
+        }
+        if isIdle { resumeIdleWaiters() }
+    }
+
+    private func start(_ id: DownloadID, host: String) {
+        guard var managed = table[id] else { return }
+        nextRunToken += 1
+        let run = Run(token: nextRunToken, host: host)
+        managed.run = run
+        managed.restartAfterRun = false
+        table[id] = managed
+        liveRuns += 1
+        setStatus(id, .running)
+
+        let (request, options) = makeRequest(managed.entry, run: run)
+        let (events, sink) = AsyncStream.makeStream(of: DownloadEvent.self, bufferingPolicy: .bufferingNewest(1024))
+        let downloader = self.downloader
+        let task = Task { [weak self] in
+            let pump = Task { [weak self] in
+                for await event in events { await self?.engineEvent(id, token: run.token, event) }
+            }
+            let outcome: Result<DownloadResult, DownloadError>
+            do {
+                outcome = .success(try await downloader.download(request, options: options) { sink.yield($0) })
+            } catch let error as DownloadError {
+                outcome = .failure(error)
+            } catch {
+                outcome = .failure(DownloadError(.io, "\(error)"))
+            }
+            sink.finish()
+            await pump.value
+            await self?.runEnded(id, run: run, outcome)
+        }
+        run.task.withLock { $0 = task }
+    }
+
+    private func makeRequest(_ entry: CatalogEntry, run: Run) -> (DownloadRequest, DownloadOptions) {
+        let path = entry.resolvedPath ?? entry.destinationPath
+        let destination: Destination =
+            entry.resolvedPath != nil || entry.destinationKind == .file ? .file(path) : .directory(path)
+        var headers = HTTPHeaders()
+        for line in entry.headers {
+            if let (name, value) = Downloader.parseHeaderLine(line) { headers.add(name: name, value: value) }
+        }
+        var request = DownloadRequest(
+            url: entry.url, destination: destination, headers: headers,
+            checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) },
+            overwrite: entry.options.overwrite)
+        request.formerURLs = entry.options.formerURLs
+        let claims = self.claims
+        let id = entry.id
+        request.choosePath = { proposed in claims.choose(proposed, for: id, url: entry.url) }
+
+        var options = DownloadOptions()
+        options.retry = configuration.retry
+        options.transport = configuration.transport
+        options.rateLimiter = rateLimiter
+        options.connections = entry.options.connections ?? configuration.connections
+        options.http2Streams = entry.options.http2Streams
+        options.progressInterval = 0.1
+        let hosts = self.hosts
+        options.connectionGrant = { wanted in
+            let extra = hosts.acquire(run.host, upTo: wanted - 1)
+            run.extra.add(extra, ordering: .relaxed)
+            return 1 + extra
+        }
+        return (request, options)
+    }
+
+    private func engineEvent(_ id: DownloadID, token: Int, _ event: DownloadEvent) {
+        guard var managed = table[id], managed.run?.token == token else { return }
+        switch event {
+        case .destinationResolved(let path):
+            if managed.entry.resolvedPath != path {
+                managed.entry.resolvedPath = path
+                try? catalog.update(managed.entry)
+            }
+            table[id] = managed
+            publish(.pathResolved(id, path))
+        case .resuming(let from, let note):
+            managed.progress.bytes = from
+            table[id] = managed
+            if let note { publish(.notice(id, note)) }
+        case .receiving(_, _, let total):
+            managed.progress.total = total
+            if managed.entry.totalBytes != total {
+                managed.entry.totalBytes = total
+                try? catalog.update(managed.entry)
+            }
+            table[id] = managed
+        case .progress(let progress):
+            managed.meter.add(bytes: progress.bytes, at: monotonicNow())
+            managed.progress = TransferProgress(
+                bytes: progress.bytes, total: progress.total, durableBytes: progress.durableBytes,
+                bytesPerSecond: managed.meter.bytesPerSecond,
+                secondsLeft: managed.meter.secondsLeft(bytes: progress.bytes, total: progress.total))
+            table[id] = managed
+            publish(.progress(id, managed.progress))
+        case .redirected:
+            break
+        case .restarting(let reason):
+            managed.progress.bytes = 0
+            table[id] = managed
+            publish(.notice(id, "starting over: \(reason)"))
+        case .retrying(let attempt, let maxRetries, let delay, let reason):
+            publish(.notice(id, "retry \(attempt)/\(maxRetries) in \(String(format: "%.1f", delay)) s: \(reason)"))
+        case .notice(let text):
+            publish(.notice(id, text))
+        }
+    }
+
+    private func runEnded(_ id: DownloadID, run: Run, _ outcome: Result<DownloadResult, DownloadError>) {
+        hosts.release(run.host, 1 + run.extra.load(ordering: .relaxed))
+        liveRuns -= 1
+        defer { schedule() }
+        guard var managed = table[id], managed.run === run else { return }
+        managed.run = nil
+        table[id] = managed
+        // A download the user paused, cancelled or removed keeps that status; so does one stopped by close().
+        guard managed.status == .running, !isClosed else { return }
+        if managed.restartAfterRun {
+            let host = run.host
+            if hosts.acquire(host, upTo: 1) == 1 {
+                start(id, host: host)
+            } else {
+                setStatus(id, .queued)  // a new run for the new source, when its host has room
+            }
+            return
+        }
+        switch outcome {
+        case .success(let result):
+            managed.entry.resolvedPath = result.destination
+            managed.entry.totalBytes = result.bytes
+            managed.entry.completedBytes = result.bytes
+            try? catalog.update(managed.entry)
+            managed.progress = TransferProgress(bytes: result.bytes, total: result.bytes, durableBytes: result.bytes)
+            table[id] = managed
+            publish(.progress(id, managed.progress))
+            setStatus(id, .completed)
+        case .failure(let error):
+            managed.entry.completedBytes = managed.progress.durableBytes
+            table[id] = managed
+            setStatus(id, .failed(DownloadFailure(error)))
+        }
+    }
+
+    private func stopRun(_ id: DownloadID) {
+        table[id]?.run?.task.withLock { $0 }?.cancel()
+    }
+
+    private func snapshot(of id: DownloadID) -> DownloadSnapshot? {
+        guard let managed = table[id] else { return nil }
+        let entry = managed.entry
+        var headers = HTTPHeaders()
+        for line in entry.headers {
+            if let (name, value) = Downloader.parseHeaderLine(line) { headers.add(name: name, value: value) }
+        }
+        return DownloadSnapshot(
+            id: id, url: entry.url, headers: headers,
+            destination: entry.destinationKind == .file ? .file(entry.destinationPath) : .directory(entry.destinationPath),
+            path: entry.resolvedPath ?? (entry.destinationKind == .file ? entry.destinationPath : nil),
+            status: managed.status, progress: managed.progress, priority: entry.priority, position: entry.position,
+            checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt)
+    }
+
+    private func outcome(of id: DownloadID) -> Result<DownloadSnapshot, DownloadFailure>? {
+        guard let snapshot = snapshot(of: id) else {
+            return .failure(DownloadFailure(code: .cancelled, message: "no download \(id)", isResumable: false))
+        }
+        switch snapshot.status {
+        case .completed: return .success(snapshot)
+        case .failed(let failure): return .failure(failure)
+        default: return nil
+        }
+    }
+
+    private func subscribe(_ id: DownloadID?) -> AsyncStream<DownloadManagerEvent> {
+        let (stream, continuation) = AsyncStream.makeStream(
+            of: DownloadManagerEvent.self, bufferingPolicy: .bufferingNewest(10_000))
+        if isClosed || (id != nil && table[id!] == nil) {
+            continuation.finish()
+            return stream
+        }
+        let key = nextSubscriber
+        nextSubscriber += 1
+        subscribers[key] = Subscriber(id: id, continuation: continuation)
+        continuation.onTermination = { [weak self] _ in
+            Task { await self?.unsubscribe(key) }
+        }
+        return stream
+    }
+
+    private func unsubscribe(_ key: Int) {
+        subscribers[key] = nil
+    }
+
+    private func publish(_ event: DownloadManagerEvent) {
+        guard !subscribers.isEmpty else { return }
+        let id = event.id
+        for (_, subscriber) in subscribers where subscriber.id == nil || subscriber.id == id {
+            subscriber.continuation.yield(event)
+        }
+    }
+
+    private func finishStreams(for id: DownloadID) {
+        for (key, subscriber) in subscribers where subscriber.id == id {
+            subscriber.continuation.finish()
+            subscribers[key] = nil
+        }
+    }
+
+    private func resumeIdleWaiters() {
+        let waiters = idleWaiters
+        idleWaiters.removeAll()
+        for waiter in waiters { waiter.resume() }
+    }
+
+    // MARK: Restoring
+
+    private static func status(of entry: CatalogEntry) -> DownloadStatus {
+        switch entry.status {
+        case CatalogEntry.Status.queued: return .queued
+        case CatalogEntry.Status.running: return .running
+        case CatalogEntry.Status.completed: return .completed
+        case CatalogEntry.Status.failed:
+            let code = DownloadError.Code.named(entry.errorCode ?? "io")
+            return .failed(DownloadFailure(code: code, message: entry.errorMessage ?? "failed", isResumable: true))
+        default: return .paused
+        }
+    }
+
+    /// The path a download writes to, once known.
+    private static func claimedPath(_ entry: CatalogEntry) -> String? {
+        entry.resolvedPath ?? (entry.destinationKind == .file ? entry.destinationPath : nil)
+    }
+
+    /// What the download's own files prove: the state file's durable bytes, or the whole file once completed.
+    private static func restoredProgress(_ entry: CatalogEntry, status: DownloadStatus) -> TransferProgress {
+        if status == .completed {
+            let bytes = entry.totalBytes ?? entry.completedBytes
+            return TransferProgress(bytes: bytes, total: bytes, durableBytes: bytes)
+        }
+        guard let path = claimedPath(entry),
+            let state = try? StateFile.read(DownloadPaths(destination: path).state), state.url == entry.url
+        else { return TransferProgress(total: entry.totalBytes) }
+        let durable = state.durableBytes
+        return TransferProgress(bytes: durable, total: state.validators.totalLength, durableBytes: durable)
+    }
+
+    /// Catalog entries for the partial downloads whose state files lie in `directory` (a rebuilt catalog).
+    private static func entriesFromStateFiles(in directory: String) -> [CatalogEntry] {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
+        let now = Date().timeIntervalSince1970
+        var entries: [CatalogEntry] = []
+        for name in names.sorted() where name.hasSuffix(".stitch") {
+            let destination = (directory.hasSuffix("/") ? directory : directory + "/") + name.dropLast(7)
+            guard let state = try? StateFile.read(destination + ".stitch") else { continue }
+            entries.append(
+                CatalogEntry(
+                    id: DownloadID.random(), url: state.url, headers: state.headers, destinationKind: .file,
+                    destinationPath: destination, resolvedPath: destination, checksum: state.checksum,
+                    status: CatalogEntry.Status.queued, position: Int64(entries.count + 1),
+                    totalBytes: state.validators.totalLength, completedBytes: state.durableBytes,
+                    etag: state.validators.etag, lastModified: state.validators.lastModified,
+                    createdAt: now, updatedAt: now))
+        }
+        return entries
+    }
+
+    /// The key of the per-host cap: lower-cased host and the port (explicit or the scheme's).
+    static func hostKey(_ url: String) -> String {
+        guard let parsed = URL(string: url), let host = parsed.host?.lowercased() else { return url }
+        let port = parsed.port ?? (parsed.scheme?.lowercased() == "https" ? 443 : 80)
+        return "\(host):\(port)"
+    }
+}
+
+/// Connections in use per host, shared with the engine's threads (which ask for more when they split).
+final class HostSlots: Sendable {
+    private let cap: Int
+    private let used = Mutex<[String: Int]>([:])
+
+    init(cap: Int) { self.cap = cap }
+
+    /// Takes up to `count` connections on `host`; returns how many it got (0 when the host is at its cap).
+    func acquire(_ host: String, upTo count: Int) -> Int {
+        guard count > 0 else { return 0 }
+        return used.withLock { used in
+            let granted = min(count, cap - used[host, default: 0])
+            guard granted > 0 else { return 0 }
+            used[host, default: 0] += granted
+            return granted
+        }
+    }
+
+    func release(_ host: String, _ count: Int) {
+        used.withLock { used in
+            let left = used[host, default: 0] - count
+            used[host] = left > 0 ? left : nil
+        }
+    }
+
+    func inUse(_ host: String) -> Int { used.withLock { $0[host, default: 0] } }
+}
+
+/// Which download writes to which path, so two never share a part file. Shared with the engine's threads (a
+/// download into a folder names its file at the first response).
+final class PathClaims: Sendable {
+    private let owners = Mutex<[String: DownloadID]>([:])
+
+    func owner(of path: String) -> DownloadID? { owners.withLock { $0[path] } }
+
+    func claim(_ path: String, for id: DownloadID) {
+        owners.withLock { $0[path] = id }
+    }
+
+    func release(_ path: String, for id: DownloadID) {
+        owners.withLock { owners in
+            if owners[path] == id { owners[path] = nil }
+        }
+    }
+
+    /// The path for download `id` (of `url`) named `proposed` by its response: `proposed` unless another
+    /// download claims it or a file there belongs to another URL, else `NAME.1.EXT`, `NAME.2.EXT`, … (as aria2
+    /// renames). Claims the path for `id`.
+    func choose(_ proposed: String, for id: DownloadID, url: String) -> String {
+        owners.withLock { owners in
+            for candidate in Self.candidates(proposed) {
+                if let owner = owners[candidate], owner != id { continue }
+                guard Self.isFree(candidate, for: url) else { continue }
+                for (path, owner) in owners where owner == id { owners[path] = nil }
+                owners[candidate] = id
+                return candidate
+            }
+            return proposed
+        }
+    }
+
+    /// `proposed`, then numbered variants with the number after the name's stem: `a/b.tar.gz`, `a/b.1.tar.gz`,
+    /// `a/b.2.tar.gz`, … (a leading dot is part of the stem: `.profile.1`).
+    static func candidates(_ proposed: String) -> some Sequence<String> {
+        let slash = proposed.lastIndex(of: "/").map { proposed.index(after: $0) } ?? proposed.startIndex
+        let folder = proposed[..<slash]
+        let name = proposed[slash...]
+        let dot = name.dropFirst().firstIndex(of: ".")
+        let stem = dot.map { name[..<$0] } ?? name[...]
+        let suffix = dot.map { name[$0...] } ?? ""
+        return (0..<10_000).lazy.map { $0 == 0 ? proposed : "\(folder)\(stem).\($0)\(suffix)" }
+    }
+
+    /// Nothing at `path`, or only what a download of `url` left there (its partial, or its finished file).
+    private static func isFree(_ path: String, for url: String) -> Bool {
+        let paths = DownloadPaths(destination: path)
+        if access(paths.state, F_OK) == 0 {
+            guard let state = try? StateFile.read(paths.state), state.url == url else { return false }
+            return true
+        }
+        if access(paths.destination, F_OK) == 0 {
+            return CompletionMark.read(at: paths.destination)?.url == url
+        }
+        return access(paths.part, F_OK) != 0
+    }
+}
