@@ -8,7 +8,12 @@ struct UsageError: Error {
 
 /// `stitch get` options, parsed and validated before any work starts.
 struct GetOptions {
-    var url: String?
+    var urls: [String] = []
+    var url: String? { urls.count == 1 ? urls[0] : nil }
+    /// `-i FILE` (aria2's input-file format; `-` reads stdin).
+    var inputFile: String?
+    /// `-j N`: downloads at once in a batch.
+    var jobs: Int?
     var resumePath: String?
     var output: String?
     var directory: String?
@@ -102,6 +107,13 @@ struct GetOptions {
                     throw UsageError("--limit-rate takes a rate like 500K, 2M or 1.5M (bytes per second), not '\(text)'")
                 }
                 options.limitRate = rate
+            case "-i", "--input-file": options.inputFile = try take(argument)
+            case "-j", "--jobs", "--max-concurrent-downloads":
+                let text = try take(argument)
+                guard let n = Int(text), (1...256).contains(n) else {
+                    throw UsageError("--jobs takes a whole number from 1 to 256, not '\(text)'")
+                }
+                options.jobs = n
             case "--streams": options.streams = true
             case "-k", "--insecure": options.insecure = true
             case "--overwrite": options.overwrite = true
@@ -115,17 +127,26 @@ struct GetOptions {
             }
             index += 1
         }
-        guard positional.count <= 1 else {
-            throw UsageError("expected one URL, got \(positional.count): \(positional.joined(separator: " "))")
-        }
-        options.url = positional.first
+        options.urls = positional
         try options.validate()
         return options
     }
 
+    /// Several URLs, or a list: run through a download manager, several at once.
+    var isBatch: Bool { urls.count > 1 || inputFile != nil }
+
     func validate() throws {
-        if url == nil && resumePath == nil { throw UsageError("missing URL (or --resume DEST)") }
-        if url != nil && resumePath != nil { throw UsageError("give either a URL or --resume DEST, not both") }
+        if urls.isEmpty && resumePath == nil && inputFile == nil {
+            throw UsageError("missing URL (or -i FILE, or --resume DEST)")
+        }
+        if !urls.isEmpty && resumePath != nil { throw UsageError("give either a URL or --resume DEST, not both") }
+        if inputFile != nil && resumePath != nil { throw UsageError("give either -i FILE or --resume DEST, not both") }
+        if isBatch {
+            if output != nil { throw UsageError("-o names one file; with several URLs use -d DIR (or out= in -i FILE)") }
+            if checksum != nil { throw UsageError("--checksum is for one URL; in -i FILE give checksum= per download") }
+        } else if jobs != nil {
+            throw UsageError("-j is for several downloads (several URLs or -i FILE)")
+        }
         if output != nil && directory != nil { throw UsageError("-o and -d cannot be used together") }
         if resumePath != nil && (output != nil || directory != nil) {
             throw UsageError("--resume DEST names the file already; drop -o/-d")

@@ -53,6 +53,19 @@ final class Output: Sendable {
 
     func error(_ text: String) { message("stitch: \(text)", always: true) }
 
+    /// A status line: redrawn in place on a terminal, one line each otherwise (human mode only).
+    func bar(_ line: String) {
+        guard mode == .human else { return }
+        state.withLock { state in
+            if isTTY {
+                writeAll(STDERR_FILENO, "\r\u{1B}[K" + line)
+                state.barShown = true
+            } else {
+                writeAll(STDERR_FILENO, line + "\n")
+            }
+        }
+    }
+
     /// One JSON object per line on stdout, with a format version.
     func json(_ event: String, _ fields: [String: Any]) {
         guard mode == .json else { return }

@@ -90,6 +90,7 @@ struct StitchCommand {
             return .usage
         }
         let output = Output(mode: options.json ? .json : options.quiet ? .quiet : .human)
+        if options.isBatch { return await Batch.run(options, output: output) }
 
         var request: DownloadRequest
         if let output = options.output, isDirectory(output) {

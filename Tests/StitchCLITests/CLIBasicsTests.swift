@@ -73,7 +73,7 @@ struct CLIBasicsTests {
         (["get", "URL", "-x"], "-x"),
         (["get", "URL", "--quiet=yes"], "--quiet"),
         (["get", "URL", "-o"], "-o"),
-        (["get", "URL", "URL"], "expected one URL"),
+        (["get", "-o", "x", "URL", "URL"], "-o names one file"),
         (["get"], "missing URL"),
         (["get", "URL", "--quiet", "--json"], "--json"),
         (["get", "URL", "--resume", "x"], "--resume"),

@@ -213,8 +213,9 @@ import Testing
 
     @Test func unknownStoredValuesReadLeniently() throws {
         let dir = try CatalogDirectory()
-        let catalog = try Catalog(directory: dir.path)
+        var catalog = try Catalog(directory: dir.path)
         try catalog.insert([makeEntry(1, position: 1), makeEntry(2, position: 2), makeEntry(3, position: 3)])
+        catalog.close()  // the catalog holds its file exclusively while open
         try execute(
             catalog.path,
             """
@@ -222,6 +223,7 @@ import Testing
             UPDATE downloads SET status = '', options = 'not json' WHERE id = 2;
             UPDATE downloads SET options = '{"overwrite": "yes", "rateLimit": 5, "http2Streams": true}' WHERE id = 3;
             """)
+        catalog = try Catalog(directory: dir.path)
         let entries = try catalog.all()
         #expect(entries.map(\.status) == ["paused", "paused", "queued"])
         #expect(
@@ -230,7 +232,9 @@ import Testing
                 StoredOptions(overwrite: false, rateLimit: 5, http2Streams: true),
             ])
 
+        catalog.close()
         try execute(catalog.path, "UPDATE downloads SET destination_kind = 'pipe' WHERE id = 3")
+        catalog = try Catalog(directory: dir.path)
         #expect(code(.invalidValue) { _ = try catalog.all() })
     }
 
@@ -251,17 +255,19 @@ import Testing
         #expect(try Catalog(directory: dir.path).all().count == 1)
     }
 
-    @Test func twoCatalogsOnOneDirectory() throws {
+    /// One owner at a time: a second catalog on the directory is refused as busy (and the first's file is neither
+    /// moved aside nor changed); once the first closes, the second opens and sees everything.
+    @Test func secondCatalogOnOneDirectoryIsRefusedWhileTheFirstIsOpen() throws {
         let dir = try CatalogDirectory()
         let first = try Catalog(directory: dir.path)
         try first.insert([makeEntry(1, position: 1)])
-        let second = try Catalog(directory: dir.path)
-        #expect(second.openReport.created == false)
-        #expect(try second.all().map(\.id.rawValue) == [1])
-        try second.insert([makeEntry(2, position: 2)])
+        #expect(code(.busy) { _ = try Catalog(directory: dir.path) })
+        try first.insert([makeEntry(2, position: 2)])
         #expect(try first.all().map(\.id.rawValue) == [1, 2])
-        try first.setStatus(DownloadID(rawValue: 2), status: "paused")
-        #expect(try second.entry(DownloadID(rawValue: 2))?.status == "paused")
+        first.close()
+        let second = try Catalog(directory: dir.path)
+        #expect(second.openReport.created == false && second.openReport.rebuiltBecause == nil)
+        #expect(try second.all().map(\.id.rawValue) == [1, 2])
     }
 
     @Test func migratesFromVersion1() throws {

@@ -554,18 +554,22 @@ import Testing
     @Test func crashBetweenCheckpoints() throws {
         let dir = try TemporaryDirectory()
         let paths = DownloadPaths(destination: dir.path + "/file.bin")
-        let data = ServedFile.randomBytes(count: 400_000, seed: 9)
+        // Above the small-file limit, so the store has a state file and live record from the start.
+        let total = Int(PartStore.smallFileLimit) + 400_000
+        let data = ServedFile.randomBytes(count: total, seed: 9)
         var store: PartStore? = try PartStore.create(
             paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
-            validators: makeState(durable: 0, total: 400_000).validators)
+            validators: makeState(durable: 0, total: Int64(total)).validators)
+        #expect(fileExists(paths.state) && fileExists(paths.live))
         try write(store!, data, 0..<300_000)
         try store!.checkpoint()
-        #expect(try StateFile.read(paths.state)?.segments == [Segment(start: 0, end: 400_000, durable: 300_000)])
+        #expect(
+            try StateFile.read(paths.state)?.segments == [Segment(start: 0, end: Int64(total), durable: 300_000)])
         try write(store!, data, 300_000..<350_000)  // never checkpointed
         store = nil  // the process dies
 
         let state = try #require(try StateFile.read(paths.state))
-        #expect(state.segments == [Segment(start: 0, end: 400_000, durable: 300_000)])
+        #expect(state.segments == [Segment(start: 0, end: Int64(total), durable: 300_000)])
 
         // Same boot: the live record vouches for 350 000.
         let sameBoot = try PartStore.reopen(paths: paths, state: state).1
@@ -581,9 +585,78 @@ import Testing
         #expect(afterReboot.note != nil)
         #expect(afterRebootStore.written(0) == 300_000)
         // Only 300 000 are vouched for, durably; the rest stays in the file, to be fetched again over itself.
-        #expect(try StateFile.read(paths.state)?.segments == [Segment(start: 0, end: 400_000, durable: 300_000)])
+        #expect(
+            try StateFile.read(paths.state)?.segments == [Segment(start: 0, end: Int64(total), durable: 300_000)])
         #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == Self.slots([300_000]))
         #expect(try readFile(paths.part) == Array(data[0..<350_000]))
+    }
+
+    /// A file up to the small-file limit starts with only its part file: no state file, no live record (stale
+    /// ones from an earlier run are removed). Its first checkpoint writes the state file with what is durable; a
+    /// crash after it resumes from there (no live record: only the durable extent); finishing leaves only the file.
+    @Test func smallFileHasNoStateUntilItsFirstCheckpoint() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/small.bin")
+        let total = Int(PartStore.smallFileLimit)
+        let data = ServedFile.randomBytes(count: total, seed: 21)
+        try writeFile(paths.state, Array("stale".utf8))
+        try writeFile(paths.live, Array("stale".utf8))
+        var store: PartStore? = try PartStore.create(
+            paths: paths, url: "http://x/small.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: Int64(total)).validators)
+        #expect(fileExists(paths.part))
+        #expect(!fileExists(paths.state) && !fileExists(paths.live), "a small download starts with its part only")
+        try write(store!, data, 0..<200_000)
+        #expect(store!.written(0) == 200_000)
+        #expect(!fileExists(paths.state), "nothing is claimed before a checkpoint")
+        try store!.checkpoint()
+        let state = try #require(try StateFile.read(paths.state))
+        #expect(state.segments == [Segment(start: 0, end: Int64(total), durable: 200_000)])
+        try write(store!, data, 200_000..<300_000)  // never checkpointed
+        store = nil  // the process dies
+
+        // The written record was in memory only: the durable extent is what counts.
+        let (reopened, point) = try PartStore.reopen(paths: paths, state: state)
+        #expect(point.bytes == 200_000)
+        try write(reopened, data, 200_000..<total)
+        try reopened.finish(url: "http://x/small.bin", length: Int64(total))
+        #expect(try readFile(paths.destination) == data)
+        #expect(!fileExists(paths.part) && !fileExists(paths.state) && !fileExists(paths.live))
+    }
+
+    /// Finished before any checkpoint: the file appears, and no state file or live record was ever created.
+    @Test func smallFileFinishedBeforeACheckpointLeavesOnlyTheFile() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/tiny.bin")
+        let data = ServedFile.randomBytes(count: 100_000, seed: 22)
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/tiny.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: 100_000).validators)
+        try write(store, data, 0..<100_000)
+        try store.finish(url: "http://x/tiny.bin", length: 100_000)
+        #expect(try readFile(paths.destination) == data)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path) == ["tiny.bin"])
+    }
+
+    /// Directory syncs are shared: many threads finishing in one folder all return, with at most one sync each
+    /// (and, run one after another, exactly one each: a sync covers only renames made before it started).
+    @Test func directorySyncsAreSharedBetweenConcurrentCallers() async throws {
+        let dir = try TemporaryDirectory()
+        let sync = DirectorySync()
+        for _ in 0..<3 { try sync.sync(dir.path) }
+        #expect(sync.syncCount.load(ordering: .relaxed) == 3)
+        let callers = 32
+        let path = dir.path
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<callers {
+                group.addTask { try await offloaded { () throws(DownloadError) in try sync.sync(path) } }
+            }
+            try await group.waitForAll()
+        }
+        let shared = sync.syncCount.load(ordering: .relaxed) - 3
+        #expect(shared >= 1 && shared <= callers)
+        print("PartStoreTests: \(callers) concurrent directory syncs took \(shared) fsyncs")
+        #expect(throws: DownloadError.self) { try sync.sync(dir.path + "/missing") }
     }
 
     /// `restart` writes the new state (new nonce, nothing durable) before it touches the live record or the part

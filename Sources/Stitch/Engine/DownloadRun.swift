@@ -140,7 +140,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 try restart(reason)
                 continue
             case .complete:
-                return try finish()
+                return try await finish()
             case .fail(let status):
                 throw DownloadError(
                     .httpStatus, "HTTP \(status) \(statusText(status)) from \(currentURL.absoluteString)",
@@ -171,7 +171,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                         if let limit, offset < limit {
                             retryReason = "the connection closed at \(offset) of \(limit) bytes"
                         } else {
-                            return try finish()
+                            return try await finish()
                         }
                     case .failure(let error):
                         retryReason = try error.retryReason()
@@ -398,7 +398,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             resumable: store != nil)
     }
 
-    private func finish() throws -> DownloadResult {
+    private func finish() async throws -> DownloadResult {
         checkpointer?.stop()
         // No event after this point: once the file is renamed into place the download is over, and a late
         // progress tick must not reach the caller after (or while) the result is returned.
@@ -425,7 +425,10 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             verified = expected
         }
         storeClosed = true
-        try store.finish(url: request.url, length: bytes)
+        // Two syncs and a rename: blocking calls that must not hold one of the few cooperative threads, or a
+        // list of small files syncs two at a time instead of letting the file system commit them together.
+        let url = request.url
+        try await offloaded { () throws(DownloadError) in try store.finish(url: url, length: bytes) }
         transferred.add(segmentedReceived, ordering: .relaxed)
         return DownloadResult(
             destination: store.paths.destination, bytes: bytes,
@@ -590,7 +593,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         segmentedReceived += transfer.received.load(ordering: .relaxed)
         switch outcome {
         case .complete:
-            return try finish()
+            return try await finish()
         case .restart(let reason):
             // A server that ignored a range gets one connection from now on; one whose answers differ between
             // connections twice (e.g. backends with different ETags) too — a single change may split again.
@@ -802,4 +805,19 @@ func statusText(_ status: Int) -> String {
     case 504: return "Gateway Timeout"
     default: return ""
     }
+}
+
+/// Runs blocking file-system work (syncs) on Dispatch's pool, which grows threads for it, instead of on a
+/// cooperative thread. Not cancellable: once started, the work completes.
+func offloaded<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
+    let result: Result<T, DownloadError> = await withCheckedContinuation { continuation in
+        DispatchQueue.global(qos: .utility).async {
+            do throws(DownloadError) {
+                continuation.resume(returning: .success(try work()))
+            } catch {
+                continuation.resume(returning: .failure(error))
+            }
+        }
+    }
+    return try result.get()
 }

@@ -81,6 +81,12 @@ public struct Downloader: Sendable {
             })
     }
 
+    /// Checks that `url` is one the engine can download (http or https, with a host).
+    /// - Throws: ``DownloadError`` with code `.invalidURL` or `.unsupportedScheme`.
+    public static func validate(url: String) throws(DownloadError) {
+        _ = try validateURL(url)
+    }
+
     /// Splits "Name: value", rejecting what would smuggle another header or request line.
     public static func parseHeaderLine(_ line: String) -> (String, String)? {
         guard let colon = line.firstIndex(of: ":") else { return nil }

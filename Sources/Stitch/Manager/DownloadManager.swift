@@ -373,7 +373,10 @@ public actor DownloadManager {
     ///
     /// Progress is sent at most about ten times a second per download. A consumer that falls more than
     /// 10,000 events behind loses the oldest.
-    public func events() -> AsyncStream<DownloadManagerEvent> { subscribe(nil) }
+    /// - Parameter buffering: how many events wait for a slow consumer before the oldest are dropped.
+    public func events(
+        buffering: AsyncStream<DownloadManagerEvent>.Continuation.BufferingPolicy = .bufferingNewest(10_000)
+    ) -> AsyncStream<DownloadManagerEvent> { subscribe(nil, buffering: buffering) }
 
     /// Events about one download, from now on. The stream ends once it is removed or the manager closes.
     public func events(for id: DownloadID) -> AsyncStream<DownloadManagerEvent> { subscribe(id) }
@@ -443,6 +446,8 @@ public actor DownloadManager {
             }
         }
         for task in tasks { await task.value }
+        // What running downloads learnt (their file's path, its length) is saved for the next manager.
+        for (_, managed) in table where managed.status == .running { try? catalog.update(managed.entry) }
         for (_, subscriber) in subscribers { subscriber.continuation.finish() }
         subscribers.removeAll()
         catalog.close()
@@ -492,10 +497,15 @@ public actor DownloadManager {
         managed.entry.errorMessage = message
         if status != .running { managed.meter.reset() }
         table[id] = managed
-        if status != .removed {
-            // A catalog that cannot be written is reported by the next call that can throw; the status change
-            // itself is what the user asked for and stands.
-            try? catalog.setStatus(id, status: status.name, errorCode: code, errorMessage: message)
+        // `running` is not written: a download the catalog says is queued is restored exactly like a running one,
+        // and the many-small-files case pays one catalog write per download instead of several. The whole row goes
+        // in, so the path and length learnt while running are saved with the status that follows.
+        // A catalog that cannot be written is reported by the next call that can throw; the status change
+        // itself is what the user asked for and stands.
+        if status != .removed && status != .running {
+            managed.entry.updatedAt = Date().timeIntervalSince1970
+            table[id] = managed
+            try? catalog.update(managed.entry)
         }
         publish(.statusChanged(id, status))
         if isIdle { resumeIdleWaiters() }
@@ -585,10 +595,9 @@ public actor DownloadManager {
         guard var managed = table[id], managed.run?.token == token else { return }
         switch event {
         case .destinationResolved(let path):
-            if managed.entry.resolvedPath != path {
-                managed.entry.resolvedPath = path
-                try? catalog.update(managed.entry)
-            }
+            // Kept in memory until the next catalog write: after a crash, a download into a folder finds its
+            // partial again by name (its state file names its URL).
+            managed.entry.resolvedPath = path
             table[id] = managed
             publish(.pathResolved(id, path))
         case .resuming(let from, let note):
@@ -597,10 +606,7 @@ public actor DownloadManager {
             if let note { publish(.notice(id, note)) }
         case .receiving(_, _, let total):
             managed.progress.total = total
-            if managed.entry.totalBytes != total {
-                managed.entry.totalBytes = total
-                try? catalog.update(managed.entry)
-            }
+            managed.entry.totalBytes = total
             table[id] = managed
         case .progress(let progress):
             managed.meter.add(bytes: progress.bytes, at: monotonicNow())
@@ -633,7 +639,7 @@ public actor DownloadManager {
         // A download the user paused, cancelled or removed keeps that status; so does one stopped by close().
         guard managed.status == .running, !isClosed else { return }
         if managed.restartAfterRun {
-            let host = run.host
+            let host = Self.hostKey(managed.entry.url)  // the new source's host, which may not be the old one
             if hosts.acquire(host, upTo: 1) == 1 {
                 start(id, host: host)
             } else {
@@ -646,10 +652,10 @@ public actor DownloadManager {
             managed.entry.resolvedPath = result.destination
             managed.entry.totalBytes = result.bytes
             managed.entry.completedBytes = result.bytes
-            try? catalog.update(managed.entry)
             managed.progress = TransferProgress(bytes: result.bytes, total: result.bytes, durableBytes: result.bytes)
             table[id] = managed
             publish(.progress(id, managed.progress))
+            if result.alreadyComplete { publish(.notice(id, "already complete")) }
             setStatus(id, .completed)
         case .failure(let error):
             managed.entry.completedBytes = managed.progress.durableBytes
@@ -688,9 +694,11 @@ public actor DownloadManager {
         }
     }
 
-    private func subscribe(_ id: DownloadID?) -> AsyncStream<DownloadManagerEvent> {
-        let (stream, continuation) = AsyncStream.makeStream(
-            of: DownloadManagerEvent.self, bufferingPolicy: .bufferingNewest(10_000))
+    private func subscribe(
+        _ id: DownloadID?,
+        buffering: AsyncStream<DownloadManagerEvent>.Continuation.BufferingPolicy = .bufferingNewest(10_000)
+    ) -> AsyncStream<DownloadManagerEvent> {
+        let (stream, continuation) = AsyncStream.makeStream(of: DownloadManagerEvent.self, bufferingPolicy: buffering)
         if isClosed || (id != nil && table[id!] == nil) {
             continuation.finish()
             return stream
@@ -862,7 +870,9 @@ final class PathClaims: Sendable {
         return (0..<10_000).lazy.map { $0 == 0 ? proposed : "\(folder)\(stem).\($0)\(suffix)" }
     }
 
-    /// Nothing at `path`, or only what a download of `url` left there (its partial, or its finished file).
+    /// Nothing at `path`, or only what a download of `url` left there (its partial, or its finished file). A
+    /// part file without a state file is free: it holds nothing resumable (a small download interrupted before
+    /// its first checkpoint), and the engine starts it over.
     private static func isFree(_ path: String, for url: String) -> Bool {
         let paths = DownloadPaths(destination: path)
         if access(paths.state, F_OK) == 0 {
@@ -872,6 +882,6 @@ final class PathClaims: Sendable {
         if access(paths.destination, F_OK) == 0 {
             return CompletionMark.read(at: paths.destination)?.url == url
         }
-        return access(paths.part, F_OK) != 0
+        return true
     }
 }

@@ -231,10 +231,5 @@ enum StateFile {
 /// fsyncs the directory holding `path`, making a rename or unlink in it durable.
 func syncDirectory(containing path: String) throws(DownloadError) {
     let directory = (path as NSString).deletingLastPathComponent
-    let fd = retryingOnInterrupt { open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
-    guard fd >= 0 else { throw .io("cannot open directory", path: directory, .current) }
-    defer { close(fd) }
-    if fsync(fd) != 0 && errno != EINVAL {
-        throw .io("cannot sync directory", path: directory, .current)
-    }
+    try syncDirectory(directory)
 }

@@ -45,9 +45,23 @@ final class LiveRecord: @unchecked Sendable {
         reset(nonce: nonce, written: written)
     }
 
+    /// A record in private memory, for a download too small to be worth a file of its own: the same updates,
+    /// nothing for a later run to read (an interrupted small download starts over).
+    init(anonymousWithNonce nonce: UInt64, written: [Int64]) throws(DownloadError) {
+        guard let mapped = mmap(nil, Self.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+            mapped != MAP_FAILED
+        else { throw DownloadError(.io, "cannot map memory: \(Errno.current)") }
+        self.fd = -1
+        self.base = mapped
+        reset(nonce: nonce, written: written)
+    }
+
+    /// Whether the record lives in a file (not in private memory).
+    var isFileBacked: Bool { fd >= 0 }
+
     deinit {
         munmap(base, Self.size)
-        close(fd)
+        if fd >= 0 { close(fd) }
     }
 
     /// Rewrites the record for a new generation of the download (new nonce, new segment list).

@@ -99,10 +99,21 @@ final class PartStore: @unchecked Sendable {
         [Segment(start: 0, end: validators.totalLength, durable: 0)]
     }
 
+    /// Files of at most this many bytes are started without a state file or live record (see `create`).
+    static let smallFileLimit: Int64 = PieceLayout.minimumPieceSize
+
     /// Starts a fresh download: empty part file, state at zero, a new live record.
+    ///
+    /// A file of known length up to ``smallFileLimit`` starts with neither a state file nor a live record on disk:
+    /// its state file is written at its first checkpoint (after a second), and its written record stays in
+    /// memory. Three fewer files per download is most of the cost of fetching many small files; what an
+    /// interruption before the first checkpoint loses is at most ``smallFileLimit`` bytes, which the next run
+    /// fetches again (a part file without a state file is started over). Nothing is ever claimed that is not
+    /// on disk.
     static func create(
         paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators
     ) throws(DownloadError) -> PartStore {
+        let small = validators.totalLength.map { $0 <= smallFileLimit } ?? false
         let state = DownloadState(
             url: url, headers: headers, checksum: checksum, validators: validators,
             segments: wholeFile(validators), pieceSize: PieceLayout.pieceSize(forTotal: validators.totalLength),
@@ -113,13 +124,23 @@ final class PartStore: @unchecked Sendable {
         let live: LiveRecord
         do throws(DownloadError) {
             guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
-            try StateFile.write(state, to: paths.state)
-            live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: [0])
+            if small {
+                // A state file or live record an earlier run left would describe other bytes: remove them.
+                // (Looked up first: unlinking a missing name still takes the directory's lock.)
+                if access(paths.state, F_OK) == 0 { unlink(paths.state) }
+                if access(paths.live, F_OK) == 0 { unlink(paths.live) }
+                live = try LiveRecord(anonymousWithNonce: state.nonce, written: [0])
+            } else {
+                try StateFile.write(state, to: paths.state)
+                live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: [0])
+            }
         } catch {
             close(fd)
             throw error
         }
-        return PartStore(paths: paths, fd: fd, live: live, state: state)
+        let store = PartStore(paths: paths, fd: fd, live: live, state: state)
+        if small { store.stateOnDisk.store(false, ordering: .relaxed) }
+        return store
     }
 
     /// Reopens a partial download from its state file and decides how much of each segment to trust: the live
@@ -385,7 +406,7 @@ final class PartStore: @unchecked Sendable {
             }
             // The in-memory state changes only once the file says the same.
             next.updatedAt = now()
-            try StateFile.write(next, to: paths.state)
+            try writeState(next)
             state = next
             durable.store(next.durableBytes, ordering: .releasing)
             pendingPieces.withLock { pending in
@@ -470,7 +491,7 @@ final class PartStore: @unchecked Sendable {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot sync", path: paths.part, .current)
             }
-            try StateFile.write(next, to: paths.state)
+            try writeState(next)
             state = next
             live.reset(nonce: next.nonce, written: segments.map(\.durable))
             publishEnds(next.segments)
@@ -480,6 +501,15 @@ final class PartStore: @unchecked Sendable {
             durable.store(next.durableBytes, ordering: .releasing)
         }
     }
+
+    /// Replaces the state file with `next` (atomically) and notes that there is one to remove at the end.
+    private func writeState(_ next: DownloadState) throws(DownloadError) {
+        try StateFile.write(next, to: paths.state)
+        stateOnDisk.store(true, ordering: .relaxed)
+    }
+
+    /// Whether this store has a state file on disk (a small download has none until its first checkpoint).
+    private let stateOnDisk = Atomic<Bool>(true)
 
     private func checkUsable() throws(DownloadError) {
         if broken.load(ordering: .acquiring) {
@@ -503,7 +533,7 @@ final class PartStore: @unchecked Sendable {
             next.liveNonce = Self.newNonce()
             next.updatedAt = now()
             do throws(DownloadError) {
-                try StateFile.write(next, to: paths.state)
+                try writeState(next)
             } catch {
                 // The file may hold either generation now; memory must not pair new validators with old bytes.
                 broken.store(true, ordering: .releasing)
@@ -543,7 +573,7 @@ final class PartStore: @unchecked Sendable {
                 relaid = true
             }
             next.updatedAt = now()
-            try StateFile.write(next, to: paths.state)
+            try writeState(next)
             state = next
             if relaid {
                 live.reset(nonce: next.nonce, written: next.segments.map(\.durable))
@@ -577,10 +607,14 @@ final class PartStore: @unchecked Sendable {
             guard rename(paths.part, paths.destination) == 0 else {
                 throw .io("cannot rename into place", path: paths.destination, .current)
             }
-            try syncDirectory(containing: paths.destination)
-            unlink(paths.state)
-            unlink(paths.state + ".tmp")
-            unlink(paths.live)
+            try DirectorySync.shared.sync((paths.destination as NSString).deletingLastPathComponent)
+            // Unlinking a name that is not there still takes the directory's lock: skip what a small download
+            // never created.
+            if stateOnDisk.load(ordering: .relaxed) {
+                unlink(paths.state)
+                unlink(paths.state + ".tmp")
+            }
+            if live.isFileBacked { unlink(paths.live) }
         }
     }
 

@@ -1,0 +1,303 @@
+import Foundation
+import Stitch
+import Synchronization
+
+/// `stitch get URL1 URL2 …` and `stitch get -i FILE`: many downloads through one ``DownloadManager``, `-j` at
+/// once, one progress view, a summary at the end.
+///
+/// The manager's catalog is temporary: what makes a rerun resume only what is unfinished is each download's
+/// own state file (and the completion mark on finished files), exactly as for a single `stitch get`.
+enum Batch {
+    /// One line of the list, ready to add (or already failed to parse into one).
+    struct Item {
+        var url: String
+        var options: DownloadManager.AddOptions
+    }
+
+    static func run(_ options: GetOptions, output: Output) async -> ExitStatus {
+        let items: [Item]
+        do {
+            items = try makeItems(options, output: output)
+        } catch let error as UsageError {
+            output.error(error.message)
+            return .usage
+        } catch {
+            output.error("\(error)")
+            return .usage
+        }
+        if let caCert = options.caCert, access(caCert, R_OK) != 0 {
+            output.error("--ca-cert: cannot read \(caCert)")
+            return .usage
+        }
+        // Bad URLs fail on their own, like any other failed download, without stopping the rest.
+        var invalid: [(url: String, message: String)] = []
+        var valid: [Item] = []
+        for item in items {
+            do {
+                try Downloader.validate(url: item.url)
+                valid.append(item)
+            } catch {
+                invalid.append((item.url, error.message))
+                output.error("\(item.url.debugDescription): \(error.message)")
+                output.json("error", ["url": item.url, "code": "\(error.code)", "message": error.message])
+            }
+        }
+
+        let catalogDirectory = makeTemporaryDirectory()
+        defer { if let catalogDirectory { try? FileManager.default.removeItem(atPath: catalogDirectory) } }
+        guard let catalogDirectory else {
+            output.error("cannot create a temporary directory for the download list: \(Errno(rawValue: errno))")
+            return .io
+        }
+        var configuration = DownloadManager.Configuration(downloadDirectory: normalizedPath(options.directory ?? "."))
+        configuration.maxConcurrentDownloads = options.jobs ?? 5
+        configuration.maxConnectionsPerHost = max(16, configuration.maxConcurrentDownloads)
+        configuration.rateLimit = options.limitRate
+        configuration.retry.maxRetries = options.retries
+        if let base = ProcessInfo.processInfo.environment["STITCH_RETRY_BASE_DELAY"], let value = Double(base) {
+            configuration.retry.baseDelay = value  // for tests of the binary; not a user-facing option
+        }
+        configuration.connections = options.connections
+        configuration.transport.stallTimeout = options.timeout
+        configuration.transport.connectTimeout = options.connectTimeout
+        configuration.transport.caCertificatePath = options.caCert
+        configuration.transport.tlsVerification = options.insecure ? .insecure : .verify
+
+        let manager: DownloadManager
+        do {
+            manager = try DownloadManager(directory: catalogDirectory, configuration: configuration)
+        } catch {
+            output.error("\(error)")
+            return .io
+        }
+        let view = BatchView(output: output, count: items.count)
+        let events = await manager.events(buffering: .unbounded)
+        let consumer = Task {
+            for await event in events { view.handle(event) }
+        }
+        let ticker = view.startTicker()
+
+        let signals = SignalCatcher()
+        signals.onSignal { Task { await manager.close() } }
+        do {
+            _ = try await manager.add(valid.map { ($0.url, $0.options) })
+        } catch {
+            output.error("\(error)")
+            await manager.close()
+            return .usage
+        }
+        await manager.waitUntilIdle()
+        let finals = await manager.downloads()
+        await manager.close()
+        await consumer.value
+        ticker.cancel()
+        output.endProgressLine()
+
+        if signals.received != 0 {
+            let unfinished = finals.count { $0.status != .completed }
+            output.message("stitch: interrupted; \(unfinished) unfinished download(s) saved — rerun to resume", always: true)
+            return signals.received == SIGTERM ? .terminated : .interrupted
+        }
+        return summarize(finals, invalid: invalid, output: output)
+    }
+
+    /// The downloads the command line and the list ask for, in order.
+    static func makeItems(_ options: GetOptions, output: Output) throws -> [Item] {
+        func base() -> DownloadManager.AddOptions {
+            var add = DownloadManager.AddOptions()
+            add.headers = options.headers
+            add.connections = options.connections
+            add.overwrite = options.overwrite
+            return add
+        }
+        var items = options.urls.map { Item(url: $0, options: base()) }
+        guard let inputFile = options.inputFile else { return items }
+        let bytes: [UInt8]
+        if inputFile == "-" {
+            bytes = Array(FileHandle.standardInput.readDataToEndOfFile())
+        } else {
+            guard let data = FileManager.default.contents(atPath: inputFile) else {
+                throw UsageError("-i: cannot read \(inputFile)")
+            }
+            bytes = Array(data)
+        }
+        let list: InputList
+        do {
+            list = try InputList.parse(bytes: bytes)
+        } catch {
+            throw UsageError("\(inputFile): \(error)")
+        }
+        for warning in list.warnings { output.message("stitch: \(inputFile): \(warning)") }
+        for entry in list.entries {
+            guard let url = entry.uris.first else { continue }
+            if entry.uris.count > 1 {
+                output.message("stitch: \(inputFile): line \(entry.line): mirrors are not supported yet; using \(url)")
+            }
+            if entry.rateLimit != nil {
+                output.message(
+                    "stitch: \(inputFile): line \(entry.line): max-download-limit per download is not supported; "
+                        + "--limit-rate caps the whole list")
+            }
+            var add = base()
+            add.out = entry.out
+            add.directory = entry.dir.map(normalizedPath)
+            add.checksum = entry.checksum
+            if let connections = entry.connections { add.connections = connections }
+            // A header in the list replaces a -H header of the same name.
+            let given = Set(entry.headers.compactMap { Downloader.parseHeaderLine($0)?.0.lowercased() })
+            var headers = HTTPHeaders()
+            for field in options.headers where !given.contains(field.name.lowercased()) {
+                headers.add(name: field.name, value: field.value)
+            }
+            for line in entry.headers {
+                if let (name, value) = Downloader.parseHeaderLine(line) { headers.add(name: name, value: value) }
+            }
+            add.headers = headers
+            items.append(Item(url: url, options: add))
+        }
+        return items
+    }
+
+    /// Prints the summary and chooses the exit status: 0 when every download completed.
+    static func summarize(
+        _ finals: [DownloadSnapshot], invalid: [(url: String, message: String)], output: Output
+    ) -> ExitStatus {
+        var completed = 0
+        var failures: [(url: String, failure: DownloadFailure)] = []
+        var unfinished = 0
+        for snapshot in finals {
+            switch snapshot.status {
+            case .completed: completed += 1
+            case .failed(let failure): failures.append((snapshot.url, failure))
+            default: unfinished += 1
+            }
+        }
+        let failedCount = failures.count + invalid.count
+        var line = "\(completed) completed, \(failedCount) failed"
+        if unfinished > 0 { line += ", \(unfinished) unfinished" }
+        output.message(line, always: failedCount > 0)
+        for (url, message) in invalid { output.message("  failed \(url): \(message)", always: true) }
+        for (url, failure) in failures { output.message("  failed \(url): \(failure.message)", always: true) }
+        output.json("summary", ["completed": completed, "failed": failedCount, "unfinished": unfinished])
+        if failedCount == 0 && unfinished == 0 { return .success }
+        if failures.contains(where: { $0.failure.code == .io }) { return .io }
+        if invalid.isEmpty, !failures.isEmpty, failures.allSatisfy({ $0.failure.code == .retriesExhausted }) {
+            return .temporaryFailure
+        }
+        return .failure
+    }
+
+    private static func makeTemporaryDirectory() -> String? {
+        let base = ProcessInfo.processInfo.environment["TMPDIR"].map { $0.hasSuffix("/") ? $0 : $0 + "/" } ?? "/tmp/"
+        var template = Array((base + "stitch-list.XXXXXX").utf8CString)
+        return template.withUnsafeMutableBufferPointer { buffer in
+            guard let start = buffer.baseAddress, let result = mkdtemp(start) else { return nil }
+            return String(cString: result)
+        }
+    }
+}
+
+/// The progress of a whole list: one line (a bar on a terminal, a plain line every 5 s otherwise), a line per
+/// finished download, and the finished paths on stdout.
+final class BatchView: Sendable {
+    private let output: Output
+    private let count: Int
+    private let state = Mutex(State())
+
+    private struct State {
+        var urls: [DownloadID: String] = [:]
+        var paths: [DownloadID: String] = [:]
+        var bytes: [DownloadID: Int64] = [:]
+        var running: Set<DownloadID> = []
+        var completed = 0
+        var failed = 0
+        var totalBytes: Int64 = 0
+        var meter = (bytes: Int64(0), time: 0.0, speed: 0.0)
+        var lastPlainLine = 0.0
+    }
+
+    init(output: Output, count: Int) {
+        self.output = output
+        self.count = count
+    }
+
+    func handle(_ event: DownloadManagerEvent) {
+        let id = event.id
+        var line: String?
+        var json: (String, [String: Any])?
+        var stdoutPath: String?
+        state.withLock { state in
+            switch event {
+            case .added(let snapshot):
+                state.urls[id] = snapshot.url
+                if let path = snapshot.path { state.paths[id] = path }
+            case .pathResolved(_, let path):
+                state.paths[id] = path
+            case .progress(_, let progress):
+                state.totalBytes += progress.bytes - state.bytes[id, default: 0]
+                state.bytes[id] = progress.bytes
+            case .notice(_, let text):
+                let url = state.urls[id] ?? "\(id)"
+                if text == "already complete" {
+                    line = "\(state.paths[id] ?? url) is already complete"
+                } else {
+                    line = "stitch: \(url): \(text)"
+                }
+                json = ("notice", ["id": "\(id)", "url": url, "message": text])
+            case .statusChanged(_, let status):
+                let url = state.urls[id] ?? "\(id)"
+                switch status {
+                case .running:
+                    state.running.insert(id)
+                case .completed:
+                    state.running.remove(id)
+                    state.completed += 1
+                    let path = state.paths[id] ?? url
+                    stdoutPath = path
+                    json = ("done", ["id": "\(id)", "url": url, "path": path, "bytes": state.bytes[id, default: 0]])
+                case .failed(let failure):
+                    state.running.remove(id)
+                    state.failed += 1
+                    line = "stitch: failed \(url): \(failure.message)"
+                    json = ("error", ["id": "\(id)", "url": url, "code": "\(failure.code)", "message": failure.message])
+                default:
+                    state.running.remove(id)
+                }
+            }
+        }
+        if let line { output.message(line, always: line.hasPrefix("stitch: failed")) }
+        if let (name, fields) = json { output.json(name, fields) }
+        if let stdoutPath, output.mode != .json { Output.stdout(stdoutPath + "\n") }
+    }
+
+    func startTicker() -> Task<Void, Never> {
+        Task { [self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(250))
+                tick()
+            }
+        }
+    }
+
+    private func tick() {
+        guard output.mode == .human else { return }
+        let now = monotonicSeconds()
+        let line: String? = state.withLock { state in
+            if state.meter.time > 0, now > state.meter.time {
+                let instant = Double(state.totalBytes - state.meter.bytes) / (now - state.meter.time)
+                state.meter.speed = state.meter.speed == 0 ? instant : state.meter.speed * 0.7 + instant * 0.3
+            }
+            state.meter.bytes = state.totalBytes
+            state.meter.time = now
+            if !output.isTTY {
+                guard now - state.lastPlainLine >= 5 else { return nil }
+                state.lastPlainLine = now
+            }
+            return "[\(state.completed + state.failed)/\(count) done, \(state.running.count) running"
+                + (state.failed > 0 ? ", \(state.failed) failed" : "") + "]  "
+                + "\(Output.bytes(state.totalBytes))  \(Output.bytes(Int64(max(0, state.meter.speed))))/s"
+        }
+        guard let line else { return }
+        output.bar(line)
+    }
+}
