@@ -807,17 +807,8 @@ func statusText(_ status: Int) -> String {
     }
 }
 
-/// Runs blocking file-system work (syncs) on Dispatch's pool, which grows threads for it, instead of on a
-/// cooperative thread. Not cancellable: once started, the work completes.
+/// Runs blocking file-system work (syncs, renames) on ``BlockingPool``'s threads instead of a cooperative one.
+/// Not cancellable: once started, the work completes.
 func offloaded<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
-    let result: Result<T, DownloadError> = await withCheckedContinuation { continuation in
-        DispatchQueue.global(qos: .utility).async {
-            do throws(DownloadError) {
-                continuation.resume(returning: .success(try work()))
-            } catch {
-                continuation.resume(returning: .failure(error))
-            }
-        }
-    }
-    return try result.get()
+    try await BlockingPool.shared.run(work)
 }

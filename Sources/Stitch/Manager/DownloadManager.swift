@@ -154,6 +154,7 @@ public actor DownloadManager {
             throw DownloadManagerError(.catalog(error.description))
         }
         var restored: [DownloadID: Managed] = [:]
+        var active = 0
         for entry in entries {
             var entry = entry
             var status = Self.status(of: entry)
@@ -164,9 +165,11 @@ public actor DownloadManager {
             }
             let progress = Self.restoredProgress(entry, status: status)
             restored[entry.id] = Managed(entry: entry, status: status, progress: progress)
+            if Self.isActive(status) { active += 1 }
             if let path = Self.claimedPath(entry) { claims.claim(path, for: entry.id) }
         }
         self.table = restored
+        self.activeCount = active
         self.restoreReport = RestoreReport(
             restored: entries.count, migratedFrom: catalog.openReport.migratedFrom,
             rebuiltBecause: catalog.openReport.rebuiltBecause, recoveredFromStateFiles: recovered)
@@ -226,11 +229,12 @@ public actor DownloadManager {
         do { try catalog.insert(entries) } catch { throw DownloadManagerError(.catalog(error.description)) }
         for entry in entries {
             let status: DownloadStatus = entry.status == CatalogEntry.Status.paused ? .paused : .queued
+            if status == .queued { activeCount += 1 }
             table[entry.id] = Managed(entry: entry, status: status, progress: TransferProgress())
             if entry.destinationKind == .file { claims.claim(entry.destinationPath, for: entry.id) }
             publish(.added(snapshot(of: entry.id)!))
         }
-        orderCache = nil
+        invalidateOrder()
         schedule()
         return entries.map(\.id)
     }
@@ -264,13 +268,14 @@ public actor DownloadManager {
             throw DownloadManagerError(.illegalTransition(from: managed.status, action: .remove))
         }
         let wasCompleted = managed.status == .completed
+        if Self.isActive(managed.status) { activeCount -= 1 }
         managed.status = next
         table[id] = managed
         let task = managed.run?.task.withLock { $0 }
         stopRun(id)
         await task?.value
         guard let managed = table.removeValue(forKey: id) else { return }
-        orderCache = nil
+        invalidateOrder()
         do { try catalog.delete(id) } catch { throw DownloadManagerError(.catalog(error.description)) }
         if let path = Self.claimedPath(managed.entry) {
             claims.release(path, for: id)
@@ -311,7 +316,7 @@ public actor DownloadManager {
             try catalog.setPosition(id, priority: managed.entry.priority, position: managed.entry.position)
         } catch { throw DownloadManagerError(.catalog(error.description)) }
         table[id] = managed
-        orderCache = nil
+        invalidateOrder()
         schedule()
     }
 
@@ -324,7 +329,7 @@ public actor DownloadManager {
             try catalog.setPosition(id, priority: priority, position: managed.entry.position)
         } catch { throw DownloadManagerError(.catalog(error.description)) }
         table[id] = managed
-        orderCache = nil
+        invalidateOrder()
         schedule()
     }
 
@@ -456,8 +461,20 @@ public actor DownloadManager {
 
     // MARK: Internals
 
-    private var isIdle: Bool {
-        liveRuns == 0 && !table.values.contains { $0.status == .queued || $0.status == .running }
+    private var isIdle: Bool { liveRuns == 0 && activeCount == 0 }
+
+    /// Downloads queued or running (kept as a count: checking the table at every status change made a long list
+    /// quadratic).
+    private var activeCount = 0
+    /// Queued downloads in start order, from `queueHead` on; entries that have since left `queued` are skipped.
+    private var queueCache: [DownloadID]?
+    private var queueHead = 0
+
+    private static func isActive(_ status: DownloadStatus) -> Bool { status == .queued || status == .running }
+
+    private func invalidateOrder() {
+        orderCache = nil
+        queueCache = nil
     }
 
     private func checkOpen() throws {
@@ -485,6 +502,8 @@ public actor DownloadManager {
 
     private func setStatus(_ id: DownloadID, _ status: DownloadStatus) {
         guard var managed = table[id], managed.status != status else { return }
+        activeCount += (Self.isActive(status) ? 1 : 0) - (Self.isActive(managed.status) ? 1 : 0)
+        if status == .queued { queueCache = nil }
         managed.status = status
         managed.entry.status = status == .removed ? managed.entry.status : status.name
         var code: String?
@@ -515,13 +534,34 @@ public actor DownloadManager {
     private func schedule() {
         guard !isClosed else { return }
         var free = configuration.maxConcurrentDownloads - liveRuns
-        guard free > 0 else { return }
-        for id in order where free > 0 {
-            guard let managed = table[id], managed.status == .queued, managed.run == nil else { continue }
-            let host = Self.hostKey(managed.entry.url)
-            guard hosts.acquire(host, upTo: 1) == 1 else { continue }
-            start(id, host: host)
-            free -= 1
+        if free > 0 {
+            let queue: [DownloadID]
+            if let queueCache {
+                queue = queueCache
+            } else {
+                queue = order.filter { table[$0]?.status == .queued }
+                queueCache = queue
+                queueHead = 0
+            }
+            // Entries before the first one still waiting (for its host) are done with: the head moves past them.
+            var index = queueHead
+            var waiting = false
+            while index < queue.count && free > 0 {
+                let id = queue[index]
+                index += 1
+                guard let managed = table[id], managed.status == .queued, managed.run == nil else {
+                    if !waiting { queueHead = index }
+                    continue
+                }
+                let host = Self.hostKey(managed.entry.url)
+                guard hosts.acquire(host, upTo: 1) == 1 else {
+                    waiting = true
+                    continue
+                }
+                start(id, host: host)
+                free -= 1
+                if !waiting { queueHead = index }
+            }
         }
         if isIdle { resumeIdleWaiters() }
     }

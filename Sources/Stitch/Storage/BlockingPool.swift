@@ -1,0 +1,66 @@
+import Foundation
+import Synchronization
+
+/// A few threads for blocking file-system calls (syncs, renames), as swift-nio's `NIOThreadPool`.
+///
+/// Neither the cooperative pool (one thread per core) nor Dispatch's global queues (on Linux, no more threads than
+/// cores for work that blocks in the kernel) let 16 downloads finishing at once sync at once; then the disk sees
+/// two requests at a time and directory syncs cannot be shared. Threads start on demand, up to `maximumThreads`,
+/// and stay for the life of the process.
+final class BlockingPool: Sendable {
+    static let shared = BlockingPool(maximumThreads: 16)
+
+    private let maximumThreads: Int
+    private let condition = NSCondition()
+    /// Guarded by `condition`.
+    private nonisolated(unsafe) var jobs: [@Sendable () -> Void] = []
+    private nonisolated(unsafe) var threads = 0
+    private nonisolated(unsafe) var idle = 0
+
+    init(maximumThreads: Int) {
+        self.maximumThreads = maximumThreads
+    }
+
+    /// Runs `work` on one of the pool's threads and returns its result.
+    func run<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
+        let result: Result<T, DownloadError> = await withCheckedContinuation { continuation in
+            submit {
+                do throws(DownloadError) {
+                    continuation.resume(returning: .success(try work()))
+                } catch {
+                    continuation.resume(returning: .failure(error))
+                }
+            }
+        }
+        return try result.get()
+    }
+
+    private func submit(_ job: @escaping @Sendable () -> Void) {
+        condition.lock()
+        jobs.append(job)
+        let startThread = idle == 0 && threads < maximumThreads
+        if startThread { threads += 1 }
+        condition.signal()
+        condition.unlock()
+        if startThread {
+            let thread = Thread { [self] in work() }
+            thread.name = "stitch.blocking"
+            thread.start()
+        }
+    }
+
+    private func work() {
+        condition.lock()
+        while true {
+            while jobs.isEmpty {
+                idle += 1
+                condition.wait()
+                idle -= 1
+            }
+            let job = jobs.removeFirst()
+            condition.unlock()
+            job()
+            condition.lock()
+        }
+    }
+}
