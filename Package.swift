@@ -48,6 +48,13 @@ let package = Package(
             path: "Examples/SimpleDownload",
             swiftSettings: swiftSettings
         ),
+        // A small program around DownloadManager that the manager's crash tests kill and restart.
+        .executableTarget(
+            name: "stitch-manager-harness",
+            dependencies: ["Stitch"],
+            path: "Tests/Harness/ManagerHarness",
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "StitchTestSupport",
             dependencies: [],

@@ -100,8 +100,10 @@ final class ConnectionHandler {
             }
             let (request, route) = core.record(head, connectionID: id, indexOnConnection: handled)
             handled += 1
+            core.beginResponse(connectionID: id, fd: fd, path: request.path)
             core.progress.update { $0.activeResponses += 1 }
             let closeMode = respond(to: request, keepAlive: head.wantsKeepAlive, route: route)
+            core.endResponse(connectionID: id)
             if let closeMode { finish(closeMode) }
             core.progress.update { $0.activeResponses -= 1 }
             if closeMode != nil { return }
@@ -211,6 +213,7 @@ final class ConnectionHandler {
         if !keepAlive, !names.contains("connection") { lines.append("Connection: close") }
         var bytes = Array((lines.joined(separator: "\r\n") + "\r\n\r\n").utf8)
         if !isHead { bytes += body }
+        core.endResponse(connectionID: id)  // the client may see the whole response from now on
         guard sendAll(fd, bytes) else { return .abrupt }
         return close ? .graceful : nil
     }
@@ -287,6 +290,9 @@ final class ConnectionHandler {
         if let contentRange { lines.append("Content-Range: \(contentRange)") }
         for (name, value) in file.extraHeaders { lines.append("\(name): \(value)") }
         if !keepAlive { lines.append("Connection: close") }
+        if isHead || (slice.isEmpty && !plan.chunked && plan.cut == nil && plan.claimedLength == nil) {
+            core.endResponse(connectionID: id)  // the headers are the whole response
+        }
         guard sendAll(fd, Array((lines.joined(separator: "\r\n") + "\r\n\r\n").utf8)) else { return .abrupt }
 
         let outcome = sendBody(
@@ -338,6 +344,9 @@ final class ConnectionHandler {
                 if let point = cut, point.after > sent { count = min(count, point.after - sent) }
                 let start = slice.lowerBound + sent
                 let piece = UnsafeRawBufferPointer(rebasing: raw[start..<(start + count)])
+                if !chunked, sent + count == length {
+                    core.endResponse(connectionID: id)  // the client may see the whole body from now on
+                }
                 if chunked {
                     guard sendAll(fd, Array("\(String(count, radix: 16))\r\n".utf8), more: true) else { return .failed }
                 }
@@ -353,6 +362,7 @@ final class ConnectionHandler {
                 }
             }
             if chunked {
+                core.endResponse(connectionID: id)
                 guard sendAll(fd, Array("0\r\n\r\n".utf8)) else { return .failed }
             }
             return .complete
@@ -379,13 +389,17 @@ final class ConnectionHandler {
             })
     }
 
-    /// Sleeps for `duration` unless the server stops first (then returns false).
+    /// Sleeps for `duration` unless the server stops or the client closes the connection first (then
+    /// returns false).
     private func pause(_ duration: Duration) -> Bool {
         let (seconds, attoseconds) = duration.components
         let milliseconds = Int32(clamping: seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000)
-        var fds = [pollfd(fd: core.stopSignal.read, events: Int16(POLLIN), revents: 0)]
+        var fds = [
+            pollfd(fd: core.stopSignal.read, events: Int16(POLLIN), revents: 0),
+            pollfd(fd: fd, events: pollReadHangUp, revents: 0),
+        ]
         while true {
-            let result = poll(&fds, 1, milliseconds)
+            let result = poll(&fds, 2, milliseconds)
             if result < 0, errno == EINTR { continue }
             return result == 0
         }

@@ -137,6 +137,69 @@ public final class TestHTTPServer: Sendable {
         core.state.withLock { $0.nextConnectionID }
     }
 
+    // MARK: Concurrency
+
+    /// TCP connections open right now (accepted and not yet closed by the server), busy or idle.
+    /// A client's idle keep-alive connections count here; see ``activeRequests`` for those in use.
+    public var openConnections: Int {
+        core.state.withLock { $0.connections.count }
+    }
+
+    /// The most TCP connections that were open at once (see ``openConnections``).
+    public var maxOpenConnections: Int {
+        core.state.withLock { $0.maxOpenConnections }
+    }
+
+    /// Requests in flight right now: received, their response not yet wholly sent (a stalled or
+    /// throttled response is in flight), and their client still connected. Idle keep-alive
+    /// connections do not count.
+    public var activeRequests: Int {
+        core.state.withLock { state in state.inFlight.values.filter { !$0.gone && !peerHasHungUp($0.fd) }.count }
+    }
+
+    /// The most requests that were in flight at once (see ``activeRequests``), sampled whenever a
+    /// request arrives. A response counts as over once its last byte is handed to the kernel, so a
+    /// client's next request never overlaps its previous one; one whose client has already closed
+    /// its connection (an aborted transfer the server has not noticed yet) never counts.
+    public var maxActiveRequests: Int {
+        core.state.withLock { $0.maxInFlight }
+    }
+
+    /// The most distinct paths that had requests in flight at once (sampled like ``maxActiveRequests``):
+    /// with one path per download, the most downloads transferring at once, whatever their connections.
+    public var maxActivePaths: Int {
+        core.state.withLock { $0.maxInFlightPaths }
+    }
+
+    /// The most requests for `path` that were in flight at once (see ``maxActiveRequests``).
+    public func maxActiveRequests(for path: String) -> Int {
+        core.state.withLock { $0.maxInFlightPerPath[path] ?? 0 }
+    }
+
+    /// Restarts the maxima (``maxOpenConnections``, ``maxActiveRequests``, ``maxActivePaths`` and the
+    /// per-path maxima) from the current values.
+    public func resetConcurrencyMaxima() {
+        core.state.withLock { state in
+            state.maxOpenConnections = state.connections.count
+            let live = state.inFlight.values.filter { !$0.gone && !peerHasHungUp($0.fd) }
+            state.maxInFlight = live.count
+            state.maxInFlightPaths = Set(live.map(\.path)).count
+            state.maxInFlightPerPath = [:]
+            for entry in live { state.maxInFlightPerPath[entry.path, default: 0] += 1 }
+        }
+    }
+
+    /// Waits until ``openConnections`` is at most `count`. Returns false on timeout.
+    public func waitForOpenConnections(atMost count: Int, timeout: Duration = .seconds(10)) -> Bool {
+        let clock = ContinuousClock()
+        let deadline = clock.now + timeout
+        while openConnections > count {
+            if clock.now >= deadline { return false }
+            usleep(1000)
+        }
+        return true
+    }
+
     // MARK: Synchronisation
 
     /// Releases every response currently stalled by ``Fault/stallAfter(_:then:)`` or
@@ -203,12 +266,35 @@ struct ServerState: Sendable {
     var bodyBytesPerPath: [String: Int] = [:]
     /// Live connection descriptors by connection id (shut down by `stop`).
     var connections: [Int: Int32] = [:]
+    var maxOpenConnections = 0
+    /// Connections with a response in progress, by connection id.
+    var inFlight: [Int: InFlight] = [:]
+    var maxInFlight = 0
+    var maxInFlightPaths = 0
+    var maxInFlightPerPath: [String: Int] = [:]
     var nextConnectionID = 0
     /// Write ends of the wake-up pipes of responses currently stalled, by stall id.
     var stalls: [Int: Int32] = [:]
     var nextStallID = 0
     var throttle: Int?
     var stopped = false
+}
+
+/// A response in progress on a connection.
+struct InFlight: Sendable {
+    var fd: Int32
+    var path: String
+    /// Set once the server saw the client close the connection.
+    var gone = false
+}
+
+/// Whether the peer of a connected socket has closed it (or it failed), without blocking.
+/// Only for descriptors in ``ServerState/inFlight``, checked under the state lock (so never a
+/// recycled descriptor: a connection leaves `inFlight` before its descriptor is closed).
+func peerHasHungUp(_ fd: Int32) -> Bool {
+    var entry = pollfd(fd: fd, events: pollReadHangUp, revents: 0)
+    guard poll(&entry, 1, 0) > 0 else { return false }
+    return entry.revents & (pollReadHangUp | Int16(POLLHUP) | Int16(POLLERR) | Int16(POLLNVAL)) != 0
 }
 
 /// Counters that threads wait on, guarded by a `Condition`.
@@ -282,6 +368,7 @@ final class ServerCore: Sendable {
                 let id = state.nextConnectionID
                 state.nextConnectionID += 1
                 state.connections[id] = fd
+                state.maxOpenConnections = max(state.maxOpenConnections, state.connections.count)
                 return id
             }
             guard let id else {
@@ -316,6 +403,29 @@ final class ServerCore: Sendable {
         }
         progress.update { $0.requestCount += 1 }
         return result
+    }
+
+    /// Marks the response to a request just recorded on connection `id` as in flight, and samples the
+    /// maxima. Other in-flight responses whose client has hung up do not count (their threads may not
+    /// have noticed yet): a client closes an aborted connection before it opens the next one.
+    func beginResponse(connectionID id: Int, fd: Int32, path: String) {
+        state.withLock { state in
+            state.inFlight[id] = InFlight(fd: fd, path: path)
+            for (other, entry) in state.inFlight where other != id && !entry.gone && peerHasHungUp(entry.fd) {
+                state.inFlight[other]?.gone = true
+            }
+            let live = state.inFlight.values.filter { !$0.gone }
+            state.maxInFlight = max(state.maxInFlight, live.count)
+            state.maxInFlightPaths = max(state.maxInFlightPaths, Set(live.map(\.path)).count)
+            let onPath = live.filter { $0.path == path }.count
+            state.maxInFlightPerPath[path] = max(state.maxInFlightPerPath[path] ?? 0, onPath)
+        }
+    }
+
+    /// Ends the in-flight response of connection `id` (idempotent). Called just before the client can
+    /// see the response end (its last byte, or the connection closing).
+    func endResponse(connectionID id: Int) {
+        state.withLock { _ = $0.inFlight.removeValue(forKey: id) }
     }
 
     func stop() {

@@ -50,6 +50,14 @@ struct CrashTests {
         for (run, threshold) in thresholds.enumerated() {
             let requestsBefore = server.requests(for: path).count
             let sentBefore = server.bodyBytesSent(for: path)
+            // The server stops sending at the kill point (a byte count, not a race against a busy machine): the
+            // process is killed there, mid-response, with everything sent so far in flight or written.
+            server.setFaults(
+                path,
+                FaultPolicy { request, _ in
+                    let start = rangeStart(request.header("Range")) ?? 0
+                    return .stallAfter(max(1, threshold - start), then: .close)
+                })
             let process = try sandbox.start(arguments)
             let asked = await waitUntil(timeout: .seconds(20)) {
                 server.requests(for: path).count > requestsBefore || !process.isRunning
@@ -64,18 +72,18 @@ struct CrashTests {
             checkResume(start, run: run)
             if start > 0 { #expect(request.header("If-Range") == file.etag) }
 
-            // Kill once this run's transfer has passed the threshold (and moved at least one byte).
+            // Kill once the server has stopped at the threshold (after at least one byte of this run).
             let target = max(threshold, start + 1)
-            let reached = await waitForBytes(target, while: process, onReach: { _ in process.kill() }) {
-                start + server.bodyBytesSent(for: path) - sentBefore
-            }
+            let stalled = (try? await offload { server.waitForStall(timeout: .seconds(30)) }) ?? false
             process.kill()
             let result = await process.wait()
-            guard reached != nil, result.signal == SIGKILL else {
+            guard stalled, result.signal == SIGKILL else {
                 Issue.record("run \(run) was to be killed at \(target) bytes but ended first: \(result)")
                 return
             }
+            server.releaseStalls()
             #expect(await server.settled())
+            #expect(start + server.bodyBytesSent(for: path) - sentBefore == target, "killed at the stall")
             let position = start + server.bodyBytesSent(for: path) - sentBefore
             lastKillPosition = position
             #expect(!fileExists(destination), "DEST appeared after the kill at \(position) bytes (run \(run))")
@@ -83,6 +91,7 @@ struct CrashTests {
         }
 
         // The last run goes to the end.
+        server.setFaults(path, .none)
         let requestsBefore = server.requests(for: path).count
         let final = try await sandbox.run(arguments, timeout: .seconds(60))
         #expect(final.status == 0, "\(final)")

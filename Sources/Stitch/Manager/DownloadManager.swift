@@ -549,12 +549,14 @@ public actor DownloadManager {
             while index < queue.count && free > 0 {
                 let id = queue[index]
                 index += 1
-                guard let managed = table[id], managed.status == .queued, managed.run == nil else {
+                guard let managed = table[id], managed.status == .queued else {
                     if !waiting { queueHead = index }
                     continue
                 }
+                // Queued again while its last run is still ending (paused and resumed at once): it starts when
+                // that run ends, so it keeps its place.
                 let host = Self.hostKey(managed.entry.url)
-                guard hosts.acquire(host, upTo: 1) == 1 else {
+                guard managed.run == nil, hosts.acquire(host, upTo: 1) == 1 else {
                     waiting = true
                     continue
                 }

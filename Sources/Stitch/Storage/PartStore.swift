@@ -153,7 +153,11 @@ final class PartStore: @unchecked Sendable {
             close(fd)
             throw error
         }
-        guard current == state else {
+        // The caller may have given the state a new URL (the same download from a refreshed link); everything
+        // else must be what is on disk.
+        var expected = current
+        expected?.url = state.url
+        guard expected == state else {
             close(fd)
             throw DownloadError(
                 .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",

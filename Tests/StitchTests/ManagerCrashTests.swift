@@ -1,0 +1,239 @@
+import Foundation
+import Glibc
+import StitchTestSupport
+import Synchronization
+import Testing
+
+@testable import Stitch
+
+/// The manager killed with SIGKILL at seeded random moments — each when the server has sent a chosen number of
+/// bytes more — and started again on the same directory, then left to finish: every download that was not added
+/// paused is complete and byte-exact, the paused ones are still paused and were never fetched, and no download is
+/// there twice. The manager runs in `stitch-manager-harness` (Tests/Harness/ManagerHarness), built with the tests.
+@Suite struct ManagerCrashTests {
+    struct Spec: Sendable {
+        var name: String
+        var size: Int
+        var connections: Int?
+        var paused: Bool
+    }
+
+    static let specs: [Spec] = [
+        Spec(name: "big1.bin", size: 8 << 20, connections: 4, paused: false),
+        Spec(name: "big2.bin", size: 10 << 20, connections: 4, paused: false),
+        Spec(name: "one.bin", size: 2 << 20, connections: 1, paused: false),
+        Spec(name: "two.bin", size: 3 << 20, connections: 1, paused: false),
+        Spec(name: "three.bin", size: 3 << 19, connections: nil, paused: false),
+        Spec(name: "held1.bin", size: 3 << 20, connections: 4, paused: true),
+        Spec(name: "held2.bin", size: 1 << 20, connections: nil, paused: true),
+    ]
+
+    @Test func killedAndRestartedManagerFinishesEverything() async throws {
+        let seed = ProcessInfo.processInfo.environment["STITCH_CRASH_SEED"].flatMap { UInt64($0) } ?? 0xC0FF_EE42
+        print("manager crash test seed: \(seed) (set STITCH_CRASH_SEED to repeat another)")
+        var random = SplitMix64(seed: seed)
+        let harness = try #require(HarnessBinary.path, "stitch-manager-harness was not found next to the tests")
+
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let directory = try TemporaryDirectory()
+        let managerDirectory = directory.path + "/manager"
+        let downloads = directory.path + "/downloads"
+        var files: [String: ServedFile] = [:]
+        var spec: [[String: Any]] = []
+        for (index, item) in Self.specs.enumerated() {
+            let file = ServedFile.random(size: item.size, seed: seed &+ UInt64(index), etag: "\"\(item.name)-\(seed)\"")
+            files[item.name] = file
+            server.serve("/" + item.name, file: file)
+            var entry: [String: Any] = ["url": server.url("/" + item.name), "out": item.name, "paused": item.paused]
+            if let connections = item.connections { entry["connections"] = connections }
+            spec.append(entry)
+        }
+        // Slow enough per response that a kill lands mid-transfer, fast enough for the whole test to take seconds.
+        server.throttle = 3_000_000
+        let specPath = directory.path + "/spec.json"
+        try JSONSerialization.data(withJSONObject: spec).write(to: URL(fileURLWithPath: specPath))
+        let arguments = [
+            "--directory", managerDirectory, "--downloads", downloads, "--spec", specPath, "--max-concurrent", "2",
+        ]
+        let total = Self.specs.filter { !$0.paused }.reduce(0) { $0 + $1.size }
+
+        var kills = 0
+        var outputs: [String] = []
+        for round in 0..<8 {
+            // Up to 2.5 MiB more, sometimes almost nothing (a kill while the first requests go out).
+            let more = random.next() % 4 == 0 ? Int(random.next() % 4096) : Int(random.next() % (5 << 19))
+            let target = server.bodyBytesSent + more
+            let process = try HarnessProcess(harness, arguments)
+            // Watched and killed on a thread of its own: the kill must not wait for a busy cooperative pool.
+            let killedAt = await blocking { () -> Int? in
+                let reached = waitUntil(timeout: 60) { server.bodyBytesSent >= target || !process.isRunning }
+                guard reached, process.isRunning else { return nil }
+                process.kill()
+                return server.bodyBytesSent
+            }
+            let result = await process.finish()
+            outputs.append(result.stdout)
+            guard let killedAt else {
+                print("round \(round): the harness finished before its kill: \(result)")
+                #expect(result.status == 0 && result.signal == nil, "round \(round): \(result)")
+                break
+            }
+            #expect(result.signal == SIGKILL, "round \(round): \(result)")
+            kills += 1
+            print("round \(round): killed at \(killedAt) of \(total) bytes (target \(target), +\(more))")
+        }
+        #expect(kills >= 5, "only \(kills) kills landed before the downloads finished")
+
+        let last = try HarnessProcess(harness, arguments)
+        let result = await last.finish(timeout: 120)
+        #expect(result.status == 0 && result.signal == nil, "the final run: \(result)")
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.first?.hasPrefix("restored 7 rebuilt no") == true, "\(lines.first ?? "")")
+        #expect(!lines.contains { $0.hasPrefix("added") }, "a restarted harness added a download again")
+        #expect(outputs.joined().split(separator: "\n").filter { $0.hasPrefix("added") }.count <= Self.specs.count)
+        print("the final run:\n\(result.stdout)")
+
+        // What a manager opened afterwards sees.
+        var configuration = DownloadManager.Configuration(downloadDirectory: downloads)
+        configuration.autoResume = false
+        let manager = try DownloadManager(directory: managerDirectory, configuration: configuration)
+        #expect(manager.restoreReport.rebuiltBecause == nil)
+        let all = await manager.downloads()
+        #expect(all.count == Self.specs.count, "\(all.map(\.destination))")
+        #expect(Set(all.map(\.id)).count == all.count)
+        let byPath = Dictionary(grouping: all) { snapshot -> String in
+            if case .file(let path) = snapshot.destination { path } else { "?" }
+        }
+        for item in Self.specs {
+            let path = downloads + "/" + item.name
+            let found = byPath[path] ?? []
+            #expect(found.count == 1, "\(item.name): \(found.count) downloads")
+            guard let snapshot = found.first else { continue }
+            if item.paused {
+                #expect(snapshot.status == .paused, "\(item.name): \(snapshot.status)")
+                #expect(server.requests(for: "/" + item.name).isEmpty, "\(item.name) was fetched while paused")
+                #expect(!fileExists(path) && !fileExists(path + ".part"))
+            } else {
+                #expect(snapshot.status == .completed, "\(item.name): \(snapshot.status)")
+                expectFile(path, files[item.name]!.data)
+            }
+        }
+        let requests = server.requests
+        print(
+            "\(kills) kills; \(requests.count) requests, \(requests.filter { $0.range != nil }.count) ranged; "
+                + "\(server.bodyBytesSent) body bytes sent for \(total)")
+        await manager.close()
+    }
+}
+
+// MARK: - Running the harness
+
+/// Locates `stitch-manager-harness` built alongside the test bundle, as the CLI tests find `stitch`.
+enum HarnessBinary {
+    static let name = "stitch-manager-harness"
+
+    static let path: String? = {
+        if let override = ProcessInfo.processInfo.environment["STITCH_MANAGER_HARNESS"], !override.isEmpty {
+            return override
+        }
+        var starts: [URL] = []
+        if let first = CommandLine.arguments.first {
+            let cwd = URL(fileURLWithPath: FileManager.default.currentDirectoryPath)
+            starts.append(URL(fileURLWithPath: first, relativeTo: cwd))
+        }
+        if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
+            starts.append(URL(fileURLWithPath: exe))
+        }
+        starts.append(Bundle.main.bundleURL.appendingPathComponent("x"))
+        if let executable = Bundle.main.executableURL { starts.append(executable) }
+        for start in starts {
+            var directory = start.standardizedFileURL.deletingLastPathComponent()
+            for _ in 0..<6 {
+                let candidate = directory.appendingPathComponent(name).path
+                var info = stat()
+                if stat(candidate, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, access(candidate, X_OK) == 0 {
+                    return candidate
+                }
+                if directory.path == "/" { break }
+                directory = directory.deletingLastPathComponent()
+            }
+        }
+        return nil
+    }()
+}
+
+/// A running harness whose stdout and stderr are read on their own threads. Killed if still running when released.
+final class HarnessProcess: Sendable {
+    struct Result: Sendable, CustomStringConvertible {
+        var status: Int32
+        var signal: Int32?
+        var stdout: String
+        var stderr: String
+        var description: String {
+            "status \(status)\(signal.map { " (signal \($0))" } ?? "")\n--- stdout ---\n\(stdout)--- stderr ---\n\(stderr)"
+        }
+    }
+
+    private let process: Process
+    private let output: Mutex<(stdout: Data, stderr: Data)>
+    private let readers = DispatchGroup()
+    let pid: Int32
+
+    init(_ path: String, _ arguments: [String]) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = arguments
+        let out = Pipe()
+        let err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        process.standardInput = FileHandle.nullDevice
+        var environment = ProcessInfo.processInfo.environment
+        for key in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"] {
+            environment[key] = nil
+        }
+        process.environment = environment
+        try process.run()
+        self.process = process
+        self.pid = process.processIdentifier
+        self.output = Mutex((Data(), Data()))
+        try? out.fileHandleForWriting.close()
+        try? err.fileHandleForWriting.close()
+        for (handle, isOut) in [(out.fileHandleForReading, true), (err.fileHandleForReading, false)] {
+            readers.enter()
+            let group = readers
+            Thread { [self] in
+                let data = handle.readDataToEndOfFile()
+                self.output.withLock { if isOut { $0.stdout = data } else { $0.stderr = data } }
+                group.leave()
+            }.start()
+        }
+    }
+
+    deinit {
+        if process.isRunning { Glibc.kill(pid, SIGKILL) }
+    }
+
+    var isRunning: Bool { process.isRunning }
+
+    func kill() { Glibc.kill(pid, SIGKILL) }
+
+    /// Waits for the process to exit (killing it after `timeout` seconds) and for its output.
+    func finish(timeout: Double = 60) async -> Result {
+        let process = self.process
+        let pid = self.pid
+        let readers = self.readers
+        await blocking {
+            if !waitUntil(timeout: timeout, { !process.isRunning }) { Glibc.kill(pid, SIGKILL) }
+            process.waitUntilExit()
+            readers.wait()
+        }
+        let (stdout, stderr) = output.withLock { ($0.stdout, $0.stderr) }
+        let signalled = process.terminationReason == .uncaughtSignal
+        return Result(
+            status: signalled ? 128 + process.terminationStatus : process.terminationStatus,
+            signal: signalled ? process.terminationStatus : nil,
+            stdout: String(decoding: stdout, as: UTF8.self), stderr: String(decoding: stderr, as: UTF8.self))
+    }
+}
