@@ -16,6 +16,12 @@
 //     ready
 //     status <id> <status>
 //     final <id> <status> <path>
+//
+// For bench/manager.sh:
+//     stitch-manager-harness --directory DIR --fill N   adds N paused downloads in one batch, closes; prints
+//                                                      "filled N in S s"
+//     stitch-manager-harness --directory DIR --open     opens (restoring everything) and closes; prints
+//                                                      "restored N in S s" (open, restore and list all)
 
 import Foundation
 import Stitch
@@ -42,6 +48,8 @@ var downloads: String?
 var specPath: String?
 var maxConcurrent: Int?
 var autoResume = true
+var fill: Int?
+var openOnly = false
 var arguments = CommandLine.arguments.dropFirst()
 while let argument = arguments.popFirst() {
     switch argument {
@@ -50,6 +58,8 @@ while let argument = arguments.popFirst() {
     case "--spec": specPath = arguments.popFirst()
     case "--max-concurrent": maxConcurrent = arguments.popFirst().flatMap { Int($0) }
     case "--no-auto-resume": autoResume = false
+    case "--fill": fill = arguments.popFirst().flatMap { Int($0) }
+    case "--open": openOnly = true
     default: fail("unknown argument \(argument)")
     }
 }
@@ -70,9 +80,33 @@ configuration.retry.maxDelay = 0.1
 configuration.transport.connectTimeout = 10
 configuration.transport.stallTimeout = 30
 
+func seconds(since start: ContinuousClock.Instant) -> String {
+    let elapsed = ContinuousClock.now - start
+    return String(format: "%.3f", Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+}
+
+let opening = ContinuousClock.now
 let manager: DownloadManager
 do { manager = try DownloadManager(directory: directory, configuration: configuration) } catch {
     fail("cannot open the manager: \(error)")
+}
+if openOnly {
+    let count = await manager.downloads().count
+    say("restored \(count) in \(seconds(since: opening)) s")
+    await manager.close()
+    exit(0)
+}
+if let fill {
+    let started = ContinuousClock.now
+    let batch = (0..<fill).map { index -> (url: String, options: DownloadManager.AddOptions) in
+        var options = DownloadManager.AddOptions(out: "file-\(index).bin")
+        options.paused = true
+        return ("http://127.0.0.1:9/file-\(index).bin", options)
+    }
+    do { _ = try await manager.add(batch) } catch { fail("cannot add: \(error)") }
+    await manager.close()
+    say("filled \(fill) in \(seconds(since: started)) s")
+    exit(0)
 }
 let report = manager.restoreReport
 say("restored \(report.restored) rebuilt \(report.rebuiltBecause == nil ? "no" : "yes")")
