@@ -63,6 +63,10 @@ enum Batch {
         configuration.transport.caCertificatePath = options.caCert
         configuration.transport.tlsVerification = options.insecure ? .insecure : .verify
 
+        // Like aria2, a list may name folders that do not exist yet (`dir=`, `out=sub/name`): create them, or
+        // the download would fail to open its part file. One that cannot be created fails that download alone.
+        createFolders(for: valid, defaultFolder: configuration.downloadDirectory)
+
         let manager: DownloadManager
         do {
             manager = try DownloadManager(directory: catalogDirectory, configuration: configuration)
@@ -70,7 +74,7 @@ enum Batch {
             output.error("\(error)")
             return .io
         }
-        let view = BatchView(output: output, count: items.count)
+        let view = BatchView(output: output, count: items.count, failed: invalid.count)
         let events = await manager.events(buffering: .unbounded)
         let consumer = Task {
             for await event in events { view.handle(event) }
@@ -82,6 +86,9 @@ enum Batch {
         do {
             _ = try await manager.add(valid.map { ($0.url, $0.options) })
         } catch {
+            ticker.cancel()
+            await ticker.value
+            output.endProgressLine()
             output.error("\(error)")
             await manager.close()
             return .usage
@@ -90,7 +97,10 @@ enum Batch {
         let finals = await manager.downloads()
         await manager.close()
         await consumer.value
+        // Wait for the ticker to stop, or its last line could come after the summary; then show the final count.
         ticker.cancel()
+        await ticker.value
+        view.tick()
         output.endProgressLine()
 
         if signals.received != 0 {
@@ -181,10 +191,34 @@ enum Batch {
         output.json("summary", ["completed": completed, "failed": failedCount, "unfinished": unfinished])
         if failedCount == 0 && unfinished == 0 { return .success }
         if failures.contains(where: { $0.failure.code == .io }) { return .io }
-        if invalid.isEmpty, !failures.isEmpty, failures.allSatisfy({ $0.failure.code == .retriesExhausted }) {
+        if invalid.isEmpty, !failures.isEmpty, failures.allSatisfy({ isTemporary($0.failure) }) {
             return .temporaryFailure
         }
         return .failure
+    }
+
+    /// A failure a rerun may get past, as ``ExitStatus/init(for:)`` judges one download: network failures and
+    /// temporary HTTP statuses (408, 429, 5xx; the engine retries those, so one here outlasted --retries).
+    static func isTemporary(_ failure: DownloadFailure) -> Bool {
+        if failure.code == .retriesExhausted { return true }
+        guard failure.code == .httpStatus, let status = failure.httpStatus else { return false }
+        return ExitStatus.isTemporary(status)
+    }
+
+    /// Creates the folder each download saves in (its `dir=`, or `defaultFolder`, plus the folders of its `out=`).
+    private static func createFolders(for items: [Item], defaultFolder: String) {
+        var folders: Set<String> = []
+        for item in items {
+            var folder = item.options.directory ?? defaultFolder
+            if let out = item.options.out, let slash = out.lastIndex(of: "/") {
+                let sub = String(out[..<slash])
+                folder = out.hasPrefix("/") ? sub : folder + "/" + sub
+            }
+            folders.insert(folder)
+        }
+        for folder in folders where !folder.isEmpty {
+            try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        }
     }
 
     private static func makeTemporaryDirectory() -> String? {
@@ -216,9 +250,11 @@ final class BatchView: Sendable {
         var lastPlainLine = 0.0
     }
 
-    init(output: Output, count: Int) {
+    /// `failed`: downloads that failed before reaching the manager (invalid URLs), counted from the start.
+    init(output: Output, count: Int, failed: Int = 0) {
         self.output = output
         self.count = count
+        state.withLock { $0.failed = failed }
     }
 
     func handle(_ event: DownloadManagerEvent) {
@@ -272,14 +308,16 @@ final class BatchView: Sendable {
 
     func startTicker() -> Task<Void, Never> {
         Task { [self] in
-            while !Task.isCancelled {
+            while true {
                 try? await Task.sleep(for: .milliseconds(250))
+                if Task.isCancelled { return }
                 tick()
             }
         }
     }
 
-    private func tick() {
+    /// Redraws the progress line (on a terminal; otherwise prints it at most every 5 s).
+    func tick() {
         guard output.mode == .human else { return }
         let now = monotonicSeconds()
         let line: String? = state.withLock { state in

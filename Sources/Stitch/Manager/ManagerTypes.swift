@@ -96,15 +96,19 @@ public struct DownloadFailure: Error, Sendable, Hashable, CustomStringConvertibl
     public var message: String
     /// Whether ``DownloadManager/resume(_:)`` continues from the saved partial data.
     public var isResumable: Bool
+    /// The HTTP status involved, if any.
+    public var httpStatus: Int?
 
-    public init(code: DownloadError.Code, message: String, isResumable: Bool = true) {
+    public init(code: DownloadError.Code, message: String, isResumable: Bool = true, httpStatus: Int? = nil) {
         self.code = code
         self.message = message
         self.isResumable = isResumable
+        self.httpStatus = httpStatus
     }
 
     init(_ error: DownloadError) {
-        self.init(code: error.code, message: error.message, isResumable: error.isResumable)
+        self.init(
+            code: error.code, message: error.message, isResumable: error.isResumable, httpStatus: error.httpStatus)
     }
 
     /// Stopped by ``DownloadManager/cancel(_:)``.
