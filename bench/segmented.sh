@@ -12,7 +12,7 @@
 #   1  throttled server, nginx `limit_rate THROTTLE_RATE` per connection,
 #      THROTTLE_SIZE_MIB file: stitch --connections N, aria2c -xN -sN -k1M,
 #      axel -n N, curl (1 connection), stitch --connections 1
-#   2  unthrottled server, SIZE_MIB file: stitch --connections 1 vs N
+#   2  unthrottled server, SIZE_MIB file: stitch --connections 1 vs N, and the default (automatic)
 #   3  unthrottled server: stitch --limit-rate R for each R in RATES, on a
 #      file of R x RATE_SECONDS bytes (R = 1M -> 10 MiB with the default)
 # stitch rows are skipped with a note when `stitch get --help` does not
@@ -112,7 +112,7 @@ fi
 need_commands timeout awk cmp sha256sum
 
 # ---------------------------------------------------------------- clients
-# Rows are keyed: stitch_n stitch_1 aria2c_n axel_n curl (sections 1 and 2),
+# Rows are keyed: stitch_n stitch_1 aria2c_n axel_n curl (sections 1 and 2), stitch_auto (section 2),
 # stitch_rate curl_rate (section 3). Each row belongs to one tool.
 declare -A tool_skip=() row_skip=()
 stitch_init
@@ -131,6 +131,7 @@ row_label() {
     case $1 in
     stitch_n) printf 'stitch --connections %s\n' "$CONNECTIONS" ;;
     stitch_1) printf 'stitch --connections 1\n' ;;
+    stitch_auto) printf 'stitch (default: automatic)\n' ;;
     aria2c_n) printf 'aria2c -x%s -s%s -k1M\n' "$CONNECTIONS" "$CONNECTIONS" ;;
     axel_n) printf 'axel -n %s\n' "$CONNECTIONS" ;;
     curl) printf 'curl\n' ;;
@@ -145,6 +146,7 @@ row_cmd() {
     case $key in
     stitch_n) printf '%s\n' "$STITCH" get "$url" -o "$out" --quiet --connections "$CONNECTIONS" ;;
     stitch_1) printf '%s\n' "$STITCH" get "$url" -o "$out" --quiet --connections 1 ;;
+    stitch_auto) printf '%s\n' "$STITCH" get "$url" -o "$out" --quiet ;;
     stitch_rate) printf '%s\n' "$STITCH" get "$url" -o "$out" --quiet --limit-rate "$rate" ;;
     curl) printf '%s\n' curl -q -s -o "$out" "$url" ;;
     curl_rate) printf '%s\n' curl -q -s --limit-rate "$rate" -o "$out" "$url" ;;
@@ -164,7 +166,7 @@ if want_sec 1; then
     done
     ((${#sec1_rows[@]} > 0)) || die "TOOLS selects no client for section 1"
 fi
-want_sec 2 && sec2_rows=(stitch_1 stitch_n)
+want_sec 2 && sec2_rows=(stitch_1 stitch_n stitch_auto)
 if want_sec 3; then
     for t in $RATE_TOOLS; do
         case $t in
@@ -486,6 +488,11 @@ report_sec2() {
             "$(verdict "${mbps[$n]} >= ${mbps[$b]}")"
         printf -- '- CPU within 10%% (CPU-s per GiB ratio ≤ 1.10): %s → **%s**\n' "$(ratio "${cpug[$n]}" "${cpug[$b]}")" \
             "$(verdict "${cpug[$n]} <= 1.10 * ${cpug[$b]}")"
+        if [[ -n ${mbps[stitch_auto]:-} ]]; then
+            printf -- '- the default (automatic: it would use 4 connections for this size, but first checks whether one is enough): MB/s %s × one connection → **%s**, CPU %s × → **%s**\n' \
+                "$(ratio "${mbps[stitch_auto]}" "${mbps[$b]}")" "$(verdict "${mbps[stitch_auto]} >= 0.97 * ${mbps[$b]}")" \
+                "$(ratio "${cpug[stitch_auto]}" "${cpug[$b]}")" "$(verdict "${cpug[stitch_auto]} <= 1.10 * ${cpug[$b]}")"
+        fi
     else
         printf -- '- not measured (a row is missing)\n'
     fi

@@ -363,6 +363,42 @@ import Testing
         print("SegmentedTests: the aborted first response cost \(f.server.bodyBytesSent - file.data.count) bytes")
     }
 
+    /// The automatic choice probes first. A first connection at least `singleConnectionRate` fast keeps the whole
+    /// download (one request, a notice saying why); a slower one is split from where it got to: the lanes' ranges
+    /// tile exactly [probe offset, end), so the probe's bytes are kept, not fetched again.
+    @Test(arguments: [true, false])
+    func automaticChoiceProbesTheFirstConnection(_ fastEnough: Bool) async throws {
+        let f = try Fixture()
+        let size: Int64 = 48 << 20  // the automatic choice: 3 connections
+        let file = ServedFile.random(size: Int(size), seed: 0x5E80, etag: Self.etag)
+        f.serve(file)
+        var options = DownloadOptions.testing
+        options.connections = nil
+        options.singleConnectionRate = fastEnough ? 1 : Int64.max
+        let result = try await f.download(f.request(), options: options)
+
+        try f.expectComplete(result, file.data)
+        #expect(await Self.settle(f.server))
+        let requests = f.server.requests
+        #expect(requests.first?.range == nil, "the first request asks for the whole file")
+        if fastEnough {
+            #expect(requests.count == 1, "\(requests.map(\.range))")
+            #expect(f.watch.notices.contains { $0.contains("not splitting") }, "\(f.watch.notices)")
+            #expect(f.server.bodyBytesSent == Int(size))
+        } else {
+            let asked = requests.dropFirst().compactMap(AskedRange.init).sorted { $0.start < $1.start }
+            #expect(asked.count == requests.count - 1 && asked.count == Connections.automatic(forLength: size))
+            let probed = try #require(asked.first?.start)
+            #expect(probed > 0 && probed <= DownloadRun.probeBytes + (1 << 20), "split from \(probed)")
+            #expect(asked.last?.last.map { $0 + 1 } == size)
+            #expect(zip(asked, asked.dropFirst()).allSatisfy { $0.last.map { $0 + 1 } == $1.start }, "\(asked)")
+            #expect(f.watch.notices.isEmpty, "\(f.watch.notices)")
+            print(
+                "SegmentedTests.probe: split at \(probed) bytes; the first response sent "
+                    + "\(f.server.bodyBytesSent - Int(size - probed)) bytes, \(probed) of them kept")
+        }
+    }
+
     /// Files too small to split (under 2 × minimumSplitSize) or of unknown length (chunked) use one connection.
     /// The engine says nothing about it (the `.notice` is only for a server without ranges or validators); the
     /// notices are printed for the report.

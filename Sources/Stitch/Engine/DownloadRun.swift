@@ -470,9 +470,41 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     // MARK: Several connections
 
-    /// Set at the first response's head when the download is split over several connections: the transfer
-    /// stops and the lanes take over.
+    /// Set once the first response has been probed and the download split over several connections: the
+    /// transfer stops and the lanes take over from where it got to.
     private var segmentNow = false
+
+    /// The first response of a download that may be split, while its speed is measured.
+    private struct Probe {
+        var started: Double
+        var total: Int64
+    }
+    private var probe: Probe?
+
+    /// How long the first response is received before deciding to split (or until ``probeBytes``).
+    static let probeSeconds = 0.01
+    static let probeBytes: Int64 = 8 << 20
+
+    /// Ends the probe once it has run long enough. Returns true when the download splits now (the transfer
+    /// stops; the lanes continue from its offset), false to go on with this connection.
+    private func endProbe(_ probe: Probe, store: PartStore) -> Bool {
+        let elapsed = monotonicNow() - probe.started
+        guard elapsed >= Self.probeSeconds || offset >= Self.probeBytes else { return false }
+        self.probe = nil
+        let rate = Double(offset) / max(elapsed, 1e-6)
+        if let enough = options.singleConnectionRate, rate >= Double(enough), offset < probe.total {
+            emit(.notice(
+                "one connection already brings \(Int(rate / 1e6)) MB/s; not splitting (more connections help only "
+                    + "where a server caps each one)"))
+            return false
+        }
+        guard offset < probe.total, lanes(for: known ?? .none) > 1 else { return false }
+        split(store, total: probe.total, lanes: lanes(for: known ?? .none))
+        guard store.snapshot.segments.count > 1 else { return false }
+        totalLength.store(probe.total, ordering: .relaxed)
+        segmentNow = true
+        return true
+    }
     /// The running digest did not see the bytes in order (several connections): hash the file at the end.
     private var hashFromDisk = false
     /// Body bytes the lanes received (they do not pass through this object's sink).
@@ -632,13 +664,19 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             }
             known = validators
             if start == 0, plan.resumeOffset == 0, let store, let total = validators.totalLength,
-                shouldSegment(validators, status: head.status), lanes(for: validators) > 1
+                shouldSegment(validators, status: head.status)
             {
-                // Split now and let the lanes request exact ranges; this response's bytes are not needed.
-                split(store, total: total, lanes: lanes(for: validators))
-                totalLength.store(total, ordering: .relaxed)
-                segmentNow = true
-                return .abort
+                if options.connections == nil, options.singleConnectionRate != nil {
+                    // Receive a moment first: the split happens (from where this response got to) unless one
+                    // connection turns out to be fast enough on its own.
+                    probe = Probe(started: monotonicNow(), total: total)
+                } else if lanes(for: validators) > 1 {
+                    // Split now and let the lanes request exact ranges; this response's bytes are not needed.
+                    split(store, total: total, lanes: lanes(for: validators))
+                    totalLength.store(total, ordering: .relaxed)
+                    segmentNow = true
+                    return .abort
+                }
             }
             begin(at: start, verifyUpTo: plan.resumeOffset, validators: validators, status: head.status)
             return .receive
@@ -764,6 +802,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         offset += Int64(data.count)
         store.noteWritten(0, offset)
         position.store(offset, ordering: .relaxed)
+        if let probe, endProbe(probe, store: store) { return false }
         if offset >= nextPoke {
             nextPoke = offset + options.checkpointBytes
             checkpointer?.poke()

@@ -113,6 +113,13 @@ public struct DownloadOptions: Sendable {
     public var http2Streams = false
     /// Never split a range into parts smaller than this.
     public var minimumSplitSize: Int64 = 1 << 20
+    /// With the automatic choice of connections (``connections`` nil): the speed at which one connection is
+    /// enough. A download that could split first receives for 10 ms (or 8 MiB) on its first connection, and
+    /// stays on it when that arrives at least this fast; otherwise it splits from where the first response got
+    /// to. More connections beat a server's per-connection cap; on a link that one connection fills they only add
+    /// work for both ends. nil splits at the first response whatever the speed, as an explicit ``connections``
+    /// always does.
+    public var singleConnectionRate: Int64? = 128 << 20
 
     public init() {}
 }
