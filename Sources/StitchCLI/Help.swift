@@ -7,6 +7,7 @@ enum Help {
         USAGE:
           stitch get URL [options]       download URL (rerun the same command to resume)
           stitch get --resume DEST       continue the partial download saved at DEST
+          stitch get URL URL… | -i FILE  several downloads at once (-j N), resumable the same way
           stitch verify DEST             check a partial download's pieces; damaged ones are fetched again
           stitch --version
           stitch help [get]
@@ -17,6 +18,7 @@ enum Help {
     static let get = """
         USAGE: stitch get URL [-o PATH | -d DIR] [options]
                stitch get --resume DEST [options]
+               stitch get URL URL… | -i FILE [-j N] [-d DIR] [options]
 
         Downloads URL. Data goes to DEST.part with its state in DEST.stitch; DEST appears only when the
         file is complete and verified. After any interruption (network, Ctrl-C, kill -9, power cut) the
@@ -28,8 +30,9 @@ enum Help {
               --resume DEST         continue the download saved at DEST (URL, headers and checksum come from
                                     DEST.stitch; give TLS options again; a header given replaces the saved one)
               --checksum ALGO=HEX   verify the file (sha-256, sha-512, sha-1, md5)
-          -c, --connections N       TCP connections for one file, 1-16 (default: 1 per 16 MiB, at most 4;
-                                    one when the server gives no ranges or no strong validator)
+          -c, --connections N       TCP connections for one file, 1-16 (default: 1 per 16 MiB, at most 4, and
+                                    one when a first connection already brings 128 MiB/s; always one when the
+                                    server gives no ranges or no strong validator)
               --streams             over HTTPS, carry the connections as HTTP/2 streams of one TCP connection
               --limit-rate RATE     at most RATE bytes per second over all connections (500K, 2M, 1.5M; K = 1024)
               --retries N           give up after N failed attempts in a row that made no progress (default 5)
@@ -39,12 +42,15 @@ enum Help {
               --ca-cert FILE        trust the certificates in FILE (PEM) instead of the system store
           -k, --insecure            do not verify TLS certificates
               --overwrite           replace an existing DEST, or a partial download that cannot be resumed
+          -i, --input-file FILE     download the URLs listed in FILE (aria2c's format: indented out=, dir=,
+                                    checksum=, header=, split= lines; '-' reads stdin)
+          -j, --jobs N              with several URLs or -i: downloads at once, 1-256 (default 5)
           -q, --quiet               no progress output
               --json                one JSON object per line on stdout (see docs/cli.md)
           -h, --help                this help
 
         EXIT STATUS:
-          0 done (or already complete)   1 failed   64 usage error   74 local I/O error
+          0 done (or already complete; with several, all of them)   1 failed   64 usage error   74 local I/O error
           75 network failures or temporary HTTP errors (408, 429, 5xx) outlasted --retries (rerun to resume)
           130 interrupted by SIGINT (state saved; rerun to resume)
           143 terminated by SIGTERM (state saved; rerun to resume)
