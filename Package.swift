@@ -57,7 +57,7 @@ let package = Package(
         ),
         .target(
             name: "StitchTestSupport",
-            dependencies: [],
+            dependencies: ["CStitchSystem"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

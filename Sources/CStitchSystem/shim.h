@@ -19,4 +19,17 @@ static inline void stitch_store_release_i64(int64_t *pointer, int64_t value) {
 static inline int64_t stitch_load_acquire_i64(const int64_t *pointer) {
     return __atomic_load_n(pointer, __ATOMIC_ACQUIRE);
 }
+/* posix_spawn extensions (glibc >= 2.34) that <spawn.h> declares only under _GNU_SOURCE; the test support's
+   child processes use them to start in a folder and to inherit no descriptor but 0, 1 and 2. */
+#include <spawn.h>
+extern int posix_spawn_file_actions_addchdir_np(posix_spawn_file_actions_t *__restrict actions,
+                                                const char *__restrict path);
+extern int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *actions, int from);
+static inline int stitch_spawn_add_chdir(posix_spawn_file_actions_t *actions, const char *path) {
+    return posix_spawn_file_actions_addchdir_np(actions, path);
+}
+static inline int stitch_spawn_add_closefrom(posix_spawn_file_actions_t *actions, int from) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, from);
+}
+
 #endif

@@ -44,25 +44,26 @@ public final class Nginx: Sendable {
             return try Nginx(directory: dir)
         }
         let dir = NSTemporaryDirectory() + "stitch-nginx-\(getpid())"
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/bash")
-        process.arguments = [
-            "-c", closeInheritedDescriptors, "nginx.sh", repositoryRoot + "/scripts/nginx.sh", "start", dir,
-        ]
-        process.standardOutput = FileHandle.nullDevice
-        do { try process.run() } catch { throw NginxError("cannot run scripts/nginx.sh: \(error)") }
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw NginxError("scripts/nginx.sh start failed (\(process.terminationStatus)); is nginx installed?")
+        // posix_spawn, not Foundation.Process: see ChildProcess.
+        let termination: ChildProcess.Termination
+        do {
+            termination = try ChildProcess(
+                executable: "/bin/bash",
+                arguments: ["-c", closeInheritedDescriptors, "nginx.sh", repositoryRoot + "/scripts/nginx.sh", "start", dir],
+                environment: ProcessInfo.processInfo.environment, standardOutput: .null, standardError: .file(dir + ".log")
+            ).waitUntilExit()
+        } catch { throw NginxError("cannot run scripts/nginx.sh: \(error)") }
+        guard termination.status == 0 else {
+            let log = (try? String(contentsOfFile: dir + ".log", encoding: .utf8)) ?? ""
+            throw NginxError("scripts/nginx.sh start failed (\(termination.status)); is nginx installed? \(log)")
         }
         startedDirectory.withLock { $0 = dir }
         atexit {
             guard let dir = startedDirectory.withLock({ $0 }) else { return }
-            let stop = Process()
-            stop.executableURL = URL(fileURLWithPath: "/bin/bash")
-            stop.arguments = [Nginx.repositoryRoot + "/scripts/nginx.sh", "stop", dir]
-            try? stop.run()
-            stop.waitUntilExit()
+            _ = try? ChildProcess(
+                executable: "/bin/bash", arguments: [Nginx.repositoryRoot + "/scripts/nginx.sh", "stop", dir],
+                environment: ProcessInfo.processInfo.environment, standardOutput: .null, standardError: .null
+            ).waitUntilExit()
             try? FileManager.default.removeItem(atPath: dir)
         }
         return try Nginx(directory: dir)

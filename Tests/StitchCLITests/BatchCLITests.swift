@@ -565,38 +565,23 @@ struct BatchCLITests {
         let outPath = capture.path("stdout")
         let errPath = capture.path("stderr")
         let directory = sandbox.directory
+        var environment = ProcessInfo.processInfo.environment
+        for key in StitchProcess.strippedEnvironment { environment[key] = nil }
+        let env = environment
         let (status, signalled, timedOut) = try await offload { () throws -> (Int32, Bool, Bool) in
-            _ = FileManager.default.createFile(atPath: outPath, contents: nil)
-            _ = FileManager.default.createFile(atPath: errPath, contents: nil)
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: StitchBinary.path)
-            process.arguments = arguments
-            var environment = ProcessInfo.processInfo.environment
-            for key in StitchProcess.strippedEnvironment { environment[key] = nil }
-            process.environment = environment
-            process.currentDirectoryURL = URL(fileURLWithPath: directory, isDirectory: true)
-            // The list goes into the pipe (it fits its buffer) and the pipe is closed before stitch starts: no
-            // SIGPIPE for us whatever stitch does, and stitch reads the list and then end of file, as from `cat`.
-            let input = Pipe()
-            try input.fileHandleForWriting.write(contentsOf: stdin)
-            try input.fileHandleForWriting.close()
-            process.standardInput = input
-            process.standardOutput = FileHandle(forWritingAtPath: outPath)
-            process.standardError = FileHandle(forWritingAtPath: errPath)
-            try process.run()
-            let pid = process.processIdentifier
+            // The list is written into the pipe and the pipe closed, as from `cat`.
+            let process = try ChildProcess(
+                executable: StitchBinary.path, arguments: arguments, environment: env, directory: directory,
+                input: [UInt8](stdin), standardOutput: .file(outPath), standardError: .file(errPath))
             let expired = Atomic<Bool>(false)
             let watchdog = DispatchWorkItem {
                 expired.store(true, ordering: .relaxed)
-                kill(pid, SIGKILL)
+                process.send(SIGKILL)
             }
             DispatchQueue.global().asyncAfter(deadline: .now() + Double(timeout.components.seconds), execute: watchdog)
-            process.waitUntilExit()
+            let termination = process.waitUntilExit()
             watchdog.cancel()
-            return (
-                process.terminationStatus, process.terminationReason == .uncaughtSignal,
-                expired.load(ordering: .relaxed)
-            )
+            return (termination.signal ?? termination.status, termination.signal != nil, expired.load(ordering: .relaxed))
         }
         #expect(!timedOut, "stitch \(arguments) timed out")
         return CommandResult(

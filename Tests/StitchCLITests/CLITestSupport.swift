@@ -72,7 +72,7 @@ struct CommandResult: Sendable, CustomStringConvertible {
 final class StitchProcess: Sendable {
     let arguments: [String]
     let pid: Int32
-    private let process: Process
+    private let process: ChildProcess
     private let box: Box
 
     /// Shared with the termination handler and the pipe readers.
@@ -113,51 +113,34 @@ final class StitchProcess: Sendable {
     /// Starts `stitch arguments…` in `directory`, with `environment` added to (a cleaned copy of) ours.
     init(_ arguments: [String], environment: [String: String] = [:], directory: String) throws {
         self.arguments = arguments
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: StitchBinary.path)
-        process.arguments = arguments
         var env = ProcessInfo.processInfo.environment
         for key in Self.strippedEnvironment { env[key] = nil }
         env.merge(environment) { $1 }
-        process.environment = env
-        process.currentDirectoryURL = URL(fileURLWithPath: directory, isDirectory: true)
-        let out = Pipe()
-        let err = Pipe()
-        process.standardInput = FileHandle.nullDevice
-        process.standardOutput = out
-        process.standardError = err
         let box = Box()
-        process.terminationHandler = { finished in
-            let status = finished.terminationStatus
-            let signalled = finished.terminationReason == .uncaughtSignal
-            box.update { state in
-                state.exited = true
-                state.status = status
-                state.signalled = signalled
-            }
-        }
-        try process.run()
+        // posix_spawn, not Foundation.Process: see ChildProcess.
+        let process = try ChildProcess(
+            executable: StitchBinary.path, arguments: arguments, environment: env, directory: directory,
+            onOutput: { chunk, isStandardOutput in
+                box.update { state in
+                    if isStandardOutput { state.stdout.append(contentsOf: chunk) } else { state.stderr.append(contentsOf: chunk) }
+                }
+            },
+            onExit: { termination in
+                box.update { state in
+                    state.exited = true
+                    state.status = termination.signal ?? termination.status
+                    state.signalled = termination.signal != nil
+                }
+            })
         self.process = process
         self.box = box
-        self.pid = process.processIdentifier
-        // Readers start only once the child exists (Foundation has closed our copies of the write ends),
-        // so they always reach EOF.
-        let outReader = Thread {
-            let handle = out.fileHandleForReading
-            while case let chunk = handle.availableData, !chunk.isEmpty {
-                box.update { $0.stdout.append(chunk) }
+        self.pid = process.pid
+        process.whenComplete {
+            box.update { state in
+                state.stdoutDone = true
+                state.stderrDone = true
             }
-            box.update { $0.stdoutDone = true }
         }
-        let errReader = Thread {
-            let handle = err.fileHandleForReading
-            while case let chunk = handle.availableData, !chunk.isEmpty {
-                box.update { $0.stderr.append(chunk) }
-            }
-            box.update { $0.stderrDone = true }
-        }
-        outReader.start()
-        errReader.start()
     }
 
     deinit {

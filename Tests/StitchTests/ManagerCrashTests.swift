@@ -175,65 +175,48 @@ final class HarnessProcess: Sendable {
         }
     }
 
-    private let process: Process
-    private let output: Mutex<(stdout: Data, stderr: Data)>
-    private let readers = DispatchGroup()
+    private let process: ChildProcess
+    private let output = CapturedOutput()
     let pid: Int32
 
     init(_ path: String, _ arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: path)
-        process.arguments = arguments
-        let out = Pipe()
-        let err = Pipe()
-        process.standardOutput = out
-        process.standardError = err
-        process.standardInput = FileHandle.nullDevice
         var environment = ProcessInfo.processInfo.environment
         for key in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"] {
             environment[key] = nil
         }
-        process.environment = environment
-        try process.run()
-        self.process = process
-        self.pid = process.processIdentifier
-        self.output = Mutex((Data(), Data()))
-        try? out.fileHandleForWriting.close()
-        try? err.fileHandleForWriting.close()
-        for (handle, isOut) in [(out.fileHandleForReading, true), (err.fileHandleForReading, false)] {
-            readers.enter()
-            let group = readers
-            Thread { [self] in
-                let data = handle.readDataToEndOfFile()
-                self.output.withLock { if isOut { $0.stdout = data } else { $0.stderr = data } }
-                group.leave()
-            }.start()
-        }
+        let output = self.output
+        // posix_spawn, not Foundation.Process: see ChildProcess.
+        self.process = try ChildProcess(
+            executable: path, arguments: arguments, environment: environment,
+            onOutput: { chunk, isStandardOutput in
+                output.bytes.withLock { if isStandardOutput { $0.stdout += chunk } else { $0.stderr += chunk } }
+            })
+        self.pid = process.pid
     }
 
     deinit {
-        if process.isRunning { Glibc.kill(pid, SIGKILL) }
+        process.send(SIGKILL)
     }
 
     var isRunning: Bool { process.isRunning }
 
-    func kill() { Glibc.kill(pid, SIGKILL) }
+    func kill() { process.send(SIGKILL) }
 
     /// Waits for the process to exit (killing it after `timeout` seconds) and for its output.
     func finish(timeout: Double = 60) async -> Result {
         let process = self.process
-        let pid = self.pid
-        let readers = self.readers
-        await blocking {
-            if !waitUntil(timeout: timeout, { !process.isRunning }) { Glibc.kill(pid, SIGKILL) }
-            process.waitUntilExit()
-            readers.wait()
+        let termination = await blocking { () -> ChildProcess.Termination in
+            if !waitUntil(timeout: timeout, { !process.isRunning }) { process.send(SIGKILL) }
+            return process.waitUntilExit()
         }
-        let (stdout, stderr) = output.withLock { ($0.stdout, $0.stderr) }
-        let signalled = process.terminationReason == .uncaughtSignal
+        let (stdout, stderr) = output.bytes.withLock { ($0.stdout, $0.stderr) }
         return Result(
-            status: signalled ? 128 + process.terminationStatus : process.terminationStatus,
-            signal: signalled ? process.terminationStatus : nil,
+            status: termination.status, signal: termination.signal,
             stdout: String(decoding: stdout, as: UTF8.self), stderr: String(decoding: stderr, as: UTF8.self))
     }
+}
+
+/// Output read from a child process, shared with its reader threads.
+final class CapturedOutput: Sendable {
+    let bytes = Mutex<(stdout: [UInt8], stderr: [UInt8])>(([], []))
 }

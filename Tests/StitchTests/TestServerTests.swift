@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import StitchTestSupport
+import Synchronization
 import Testing
 
 /// Tests of the fault-injecting loopback server itself, using real clients: a raw socket
@@ -521,16 +522,14 @@ struct TestServerTests {
 
 /// Runs /usr/bin/curl with a 30 s limit and returns its exit code and standard output.
 private func curl(_ arguments: [String]) throws -> (exitCode: Int32, stdout: [UInt8]) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-    process.arguments = ["--max-time", "30"] + arguments
-    let output = Pipe()
-    process.standardOutput = output
-    process.standardError = FileHandle.nullDevice
-    try process.run()
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return (process.terminationStatus, [UInt8](data))
+    let output = CapturedOutput()
+    // posix_spawn, not Foundation.Process: see ChildProcess.
+    let process = try ChildProcess(
+        executable: "/usr/bin/curl", arguments: ["--max-time", "30"] + arguments,
+        environment: ProcessInfo.processInfo.environment, standardError: .null,
+        onOutput: { chunk, _ in output.bytes.withLock { $0.stdout += chunk } })
+    let termination = process.waitUntilExit()
+    return (termination.status, output.bytes.withLock { $0.stdout })
 }
 
 /// A parsed HTTP response as seen on the wire.
