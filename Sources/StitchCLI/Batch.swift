@@ -32,9 +32,23 @@ enum Batch {
         // Bad URLs fail on their own, like any other failed download, without stopping the rest.
         var invalid: [(url: String, message: String)] = []
         var valid: [Item] = []
+        // Two entries that name one file fail alone too (the later one), instead of refusing the whole list.
+        var destinations: Set<String> = []
+        let defaultFolder = normalizedPath(options.directory ?? ".")
         for item in items {
             do {
                 try Downloader.validate(url: item.url)
+                if let out = item.options.out {
+                    let folder = item.options.directory ?? defaultFolder
+                    let path = normalizedPath(out.hasPrefix("/") ? out : folder + "/" + out)
+                    guard destinations.insert(path).inserted else {
+                        let message = "\(path) is already the destination of an earlier download in the list"
+                        invalid.append((item.url, message))
+                        output.error("\(item.url.debugDescription): \(message)")
+                        output.json("error", ["url": item.url, "code": "invalidOption", "message": message])
+                        continue
+                    }
+                }
                 valid.append(item)
             } catch {
                 invalid.append((item.url, error.message))
@@ -89,8 +103,12 @@ enum Batch {
             ticker.cancel()
             await ticker.value
             output.endProgressLine()
-            output.error("\(error)")
             await manager.close()
+            if signals.received != 0 {
+                output.message("stitch: interrupted before the downloads started", always: true)
+                return signals.received == SIGTERM ? .terminated : .interrupted
+            }
+            output.error("\(error)")
             return .usage
         }
         await manager.waitUntilIdle()

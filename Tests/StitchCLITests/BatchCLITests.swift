@@ -158,6 +158,36 @@ struct BatchCLITests {
 
     // MARK: 3. Failures do not stop the rest
 
+    /// Two entries with the same `out=` (one written `./same.bin`): the first is downloaded, the second fails on its
+    /// own with a line naming the clash, and the rest of the list still runs; exit 1.
+    @Test func sameOutTwiceFailsOnlyTheSecond() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let first = ServedFile.random(size: 30_000, seed: 311)
+        let second = ServedFile.random(size: 30_000, seed: 312)
+        let other = ServedFile.random(size: 30_000, seed: 313)
+        server.serve("/first.bin", file: first)
+        server.serve("/second.bin", file: second)
+        server.serve("/other.bin", file: other)
+        let sandbox = try Sandbox("batch")
+        defer { sandbox.cleanup() }
+        let list = [
+            server.url("/first.bin"), "  out=same.bin",
+            server.url("/second.bin"), "  out=./same.bin",
+            server.url("/other.bin"),
+        ].joined(separator: "\n") + "\n"
+        try Data(list.utf8).write(to: URL(fileURLWithPath: sandbox.path("list.txt")))
+        let result = try await sandbox.run(["get", "-i", "list.txt", "-d", "dl"])
+        #expect(result.status == 1, "\(result)")
+        Self.expectFile(sandbox.path("dl/same.bin"), first.data)
+        Self.expectFile(sandbox.path("dl/other.bin"), other.data)
+        #expect(server.requests(for: "/second.bin").isEmpty, "the clashing download is not fetched")
+        #expect(result.stderr.contains("2 completed, 1 failed"), "\(result)")
+        #expect(
+            result.stderrLines.contains { $0.hasPrefix("  failed \(server.url("/second.bin")): ") && $0.contains("same.bin") },
+            "\(result)")
+    }
+
     /// A 404, a checksum mismatch and two invalid URLs among two good downloads: the good ones complete; exit 1;
     /// a `failed URL: reason` line per failure; the counts in the summary line and in the `--json` summary.
     @Test(arguments: [false, true])

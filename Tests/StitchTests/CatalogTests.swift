@@ -268,6 +268,9 @@ import Testing
         let second = try Catalog(directory: dir.path)
         #expect(second.openReport.created == false && second.openReport.rebuiltBecause == nil)
         #expect(try second.all().map(\.id.rawValue) == [1, 2])
+        // Reopened at the current schema (nothing written at open) it is just as exclusive.
+        #expect(code(.busy) { _ = try Catalog(directory: dir.path) })
+        second.close()
     }
 
     @Test func migratesFromVersion1() throws {

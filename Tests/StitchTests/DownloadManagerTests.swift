@@ -1124,3 +1124,95 @@ struct FileDescriptors {
         return inodes
     }
 }
+
+// MARK: - Review regressions
+
+@Suite struct DownloadManagerReviewTests {
+    /// A stalled download and a queued one, then close: waiting for idle returns (it used to hang), the catalog
+    /// never says `running`, calls are refused, and onCompletion answers at once.
+    @Test func closeEndsWaitsAndNeverWritesRunning() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 2 << 20, seed: 91, etag: "\"c\"")
+        f.server.serve("/stall.bin", file: file, faults: .always(.stallAfter(100_000)))
+        f.server.serve("/queued.bin", file: file)
+        let manager = try f.open { $0.maxConcurrentDownloads = 1 }
+        let server = f.server
+        let stalled = try await manager.add(server.url("/stall.bin"), options: .init(out: "stall.bin"))
+        let queued = try await manager.add(server.url("/queued.bin"), options: .init(out: "queued.bin"))
+        try #require(await blocking { server.waitForStall() })
+        #expect(await manager.download(stalled)?.status == .running)
+        await manager.close()
+        server.releaseStalls()
+        await manager.waitUntilIdle()  // returns: nothing will ever run in a closed manager
+        let answered = Flag()
+        await manager.onCompletion(queued) { _ in answered.value.store(true, ordering: .relaxed) }
+        let wasAnswered = answered.value.load(ordering: .relaxed)
+        #expect(wasAnswered)
+        await #expect(throws: DownloadManagerError.self) { try await manager.pause(stalled) }
+
+        let catalog = try Catalog(directory: f.managerDirectory)
+        defer { catalog.close() }
+        #expect(try catalog.entry(stalled)?.status == CatalogEntry.Status.queued)
+        #expect(try catalog.entry(queued)?.status == CatalogEntry.Status.queued)
+    }
+
+    /// A second manager on a directory a first one holds is refused, also when the first reopened an existing
+    /// catalog (nothing written at open).
+    @Test func secondManagerOnAHeldDirectoryIsRefused() async throws {
+        let f = try ManagerFixture()
+        let first = try f.open()
+        await first.close()
+        let reopened = try f.open()
+        #expect(throws: DownloadManagerError.self) { _ = try f.open() }
+        await reopened.close()
+        let again = try f.open()
+        await again.close()
+    }
+
+    /// `out: "x.bin"` and `out: "./x.bin"` are one file: the second add is refused, and the refused batch leaves
+    /// no claim behind.
+    @Test func samePathWrittenTwoWaysIsOneClaim() async throws {
+        let f = try ManagerFixture()
+        let manager = try f.open()
+        let url = f.server.url("/never.bin")
+        var paused = DownloadManager.AddOptions(out: "x.bin")
+        paused.paused = true
+        let first = try await manager.add(url, options: paused)
+        var other = DownloadManager.AddOptions(out: "./x.bin")
+        other.paused = true
+        await #expect(throws: DownloadManagerError.self) { _ = try await manager.add(url, options: other) }
+        var fresh = DownloadManager.AddOptions(out: "y.bin")
+        fresh.paused = true
+        // A batch refused for its second item gives back the first item's claim.
+        await #expect(throws: DownloadManagerError.self) {
+            _ = try await manager.add([(url, fresh), (url, DownloadManager.AddOptions(out: "x.bin"))])
+        }
+        _ = try await manager.add(url, options: fresh)
+        #expect(await manager.downloads().count == 2)
+        #expect(await manager.download(first)?.path == f.path("x.bin"))
+        await manager.close()
+    }
+
+    /// A remove still stopping its run when the manager closes is not undone: the next manager does not have it.
+    @Test func removeOverlappingCloseStaysRemoved() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 2 << 20, seed: 92, etag: "\"d\"")
+        f.server.serve("/r.bin", file: file, faults: .always(.stallAfter(100_000)))
+        let manager = try f.open()
+        let server = f.server
+        let id = try await manager.add(server.url("/r.bin"), options: .init(out: "r.bin"))
+        try #require(await blocking { server.waitForStall() })
+        let removal = Task { try await manager.remove(id) }
+        #expect(await eventually { await manager.download(id)?.status == .removed })
+        await manager.close()
+        server.releaseStalls()
+        _ = try? await removal.value
+        let next = try f.open()
+        #expect(await next.download(id) == nil)
+        await next.close()
+    }
+}
+
+final class Flag: Sendable {
+    let value = Atomic<Bool>(false)
+}

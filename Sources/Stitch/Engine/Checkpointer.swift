@@ -6,9 +6,9 @@ import Synchronization
 /// (the sink pokes it every `checkpointBytes`). A failure (disk full while writing the state) is kept for
 /// the sink, which then aborts the transfer.
 ///
-/// Each download has a serial queue of its own on the shared utility pool rather than a thread: starting a
-/// thread per download was a measurable part of fetching thousands of small files, and the queues still let
-/// several downloads sync at once.
+/// Each download has a serial Dispatch queue rather than a thread of its own: starting a thread per download
+/// was a measurable part of fetching thousands of small files; Dispatch reuses its threads, and the queues
+/// still let several downloads sync at once.
 final class Checkpointer: Sendable {
     private let store: PartStore
     private let queue: DispatchQueue
@@ -21,7 +21,10 @@ final class Checkpointer: Sendable {
 
     init(store: PartStore, interval: Double) {
         self.store = store
-        let queue = DispatchQueue(label: "stitch.checkpoint", target: .global(qos: .utility))
+        // A serial queue of its own (Dispatch's overcommitting root queue): a checkpoint blocks in fdatasync,
+        // and the global queues run no more threads than cores on Linux, so many downloads would queue their
+        // checkpoints behind each other.
+        let queue = DispatchQueue(label: "stitch.checkpoint")
         self.queue = queue
         let timer = DispatchSource.makeTimerSource(queue: queue)
         self.timer = timer

@@ -107,6 +107,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             plan = ResumePolicy.plan(offset: store?.written(0) ?? 0, known: known,
                 overlapWindow: options.overlapWindow)
             verdict = nil
+            probe = nil
             setupError = nil
             sinkFailure = nil
             switchToResume = false
@@ -375,6 +376,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         emit(.restarting(reason))
         try store?.restart(validators: .none)
         hasher?.reset()
+        probe = nil
         known = nil
         position.store(0, ordering: .relaxed)
         nextPoke = options.checkpointBytes
@@ -399,7 +401,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     }
 
     private func finish() async throws -> DownloadResult {
-        checkpointer?.stop()
+        // Stopping waits for a checkpoint in progress (syncs): not on a cooperative thread.
+        if let checkpointer { try await offloaded { () throws(DownloadError) in checkpointer.stop() } }
         // No event after this point: once the file is renamed into place the download is over, and a late
         // progress tick must not reach the caller after (or while) the result is returned.
         closeEvents()
@@ -443,6 +446,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         }
     }
 
+    private var eventsOpen: Bool { eventGate.withLock { $0 } }
+
     private func closeEvents() {
         eventGate.withLock { $0 = false }
     }
@@ -453,7 +458,9 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(Int64(interval * 1000)))
                 guard let self, !Task.isCancelled else { return }
-                if self.hasStore.load(ordering: .acquiring) { self.emit(.progress(self.progress)) }
+                // Not once the run is finishing: computing progress takes the store's lock, which the final
+                // syncs hold, and this is a cooperative thread.
+                if self.hasStore.load(ordering: .acquiring), self.eventsOpen { self.emit(.progress(self.progress)) }
             }
         }
     }
@@ -491,6 +498,10 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         let elapsed = monotonicNow() - probe.started
         guard elapsed >= Self.probeSeconds || offset >= Self.probeBytes else { return false }
         self.probe = nil
+        // Only for the response it was set up for: same length, and splitting still allowed.
+        guard let known, known.totalLength == probe.total, known.acceptRanges, known.ifRange != nil,
+            splittingFailed == nil
+        else { return false }
         let rate = Double(offset) / max(elapsed, 1e-6)
         if let enough = options.singleConnectionRate, rate >= Double(enough), offset < probe.total {
             emit(.notice(
@@ -498,8 +509,9 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                     + "where a server caps each one)"))
             return false
         }
-        guard offset < probe.total, lanes(for: known ?? .none) > 1 else { return false }
-        split(store, total: probe.total, lanes: lanes(for: known ?? .none))
+        // Not worth it for what is left (and no connections taken from the host's cap for nothing).
+        guard probe.total - offset >= 2 * options.minimumSplitSize, lanes(for: known) > 1 else { return false }
+        split(store, total: probe.total, lanes: lanes(for: known))
         guard store.snapshot.segments.count > 1 else { return false }
         totalLength.store(probe.total, ordering: .relaxed)
         segmentNow = true

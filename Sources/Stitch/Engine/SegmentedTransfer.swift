@@ -151,10 +151,11 @@ final class SegmentedTransfer: Sendable {
             // and only one that would take its connection a while yet (a steal costs a new request and closes
             // the victim's connection; lanes about to finish anyway gain nothing).
             let now = monotonicNow()
-            guard let (victim, written, end) = victims.max(by: { $0.2 - $0.1 < $1.2 - $1.1 }),
-                end - written >= 2 * minimum + Self.stealSlack,
-                secondsLeft(state.sinks[victim], written: written, end: end, now: now) >= Self.stealMinimumSeconds
-            else { return nil }
+            let worthIt = victims.filter { slot, written, end in
+                end - written >= 2 * minimum + Self.stealSlack
+                    && secondsLeft(state.sinks[slot], written: written, end: end, now: now) >= Self.stealMinimumSeconds
+            }
+            guard let (victim, written, end) = worthIt.max(by: { $0.2 - $0.1 < $1.2 - $1.1 }) else { return nil }
             // Split in the middle, on a piece boundary when the piece fits (so each piece has one writer).
             var at = written + (end - written) / 2
             let alignment = pieceSize <= (end - written) / 2 ? pieceSize : minimum

@@ -348,7 +348,10 @@ final class Catalog {
             // process is refused (SQLITE_BUSY) instead of running the same downloads, and no transaction pays
             // for taking and dropping file locks (30 fcntl calls per download in the many-small-files bench).
             try execute(handle, "PRAGMA locking_mode = EXCLUSIVE", or: "cannot lock the catalog \(path)")
-            _ = try texts(handle, "SELECT count(*) FROM sqlite_master", or: "cannot lock the catalog \(path)")
+            // A read takes only a shared lock; an (empty) write transaction takes the exclusive one, which
+            // exclusive mode then keeps until close — also when the schema needs no change.
+            try execute(handle, "BEGIN EXCLUSIVE", or: "cannot lock the catalog \(path)")
+            try execute(handle, "COMMIT", or: "cannot lock the catalog \(path)")
             return (handle, version)
         } catch {
             sqlite3_close_v2(handle)

@@ -195,24 +195,36 @@ public actor DownloadManager {
         entries.reserveCapacity(items.count)
         var position = (try? catalog.maxPosition()) ?? 0
         let now = Date().timeIntervalSince1970
-        var taken: [String: DownloadID] = [:]
+        var batchIDs: Set<DownloadID> = []
+        var claimed: [(String, DownloadID)] = []
+        // Claims made for this batch are given back if any item (or the catalog) refuses it.
+        func rollBack() { for (path, id) in claimed { claims.release(path, for: id) } }
         for (url, options) in items {
-            do { _ = try validateURL(url) } catch { throw DownloadManagerError(.invalidRequest(error.message)) }
+            do { _ = try validateURL(url) } catch {
+                rollBack()
+                throw DownloadManagerError(.invalidRequest(error.message))
+            }
             if let connections = options.connections, !(1...16).contains(connections) {
+                rollBack()
                 throw DownloadManagerError(.invalidRequest("connections must be 1…16, not \(connections)"))
             }
             var id = DownloadID.random()
-            while table[id] != nil || taken.values.contains(id) { id = DownloadID.random() }
+            while table[id] != nil || batchIDs.contains(id) { id = DownloadID.random() }
+            batchIDs.insert(id)
             let folder = absolutePath(options.directory ?? configuration.downloadDirectory)
             let kind: CatalogEntry.DestinationKind
             let path: String
             if let out = options.out {
                 kind = .file
-                path = out.hasPrefix("/") ? out : (folder.hasSuffix("/") ? folder + out : folder + "/" + out)
-                if let owner = claims.owner(of: path) ?? taken[path] {
+                // Without `.` components and repeated slashes, so `x.bin` and `./x.bin` are one claim (`..` stays:
+                // resolving it by the text would be wrong after a symbolic link; the part file's lock still keeps
+                // two downloads apart there).
+                path = withoutDotComponents(out.hasPrefix("/") ? out : folder + "/" + out)
+                if let owner = claims.claimIfFree(path, for: id) {
+                    rollBack()
                     throw DownloadManagerError(.pathInUse(path, by: owner))
                 }
-                taken[path] = id
+                claimed.append((path, id))
             } else {
                 kind = .directory
                 path = folder
@@ -226,12 +238,14 @@ public actor DownloadManager {
                     status: options.paused ? CatalogEntry.Status.paused : CatalogEntry.Status.queued,
                     priority: options.priority, position: position, createdAt: now, updatedAt: now))
         }
-        do { try catalog.insert(entries) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        do { try catalog.insert(entries) } catch {
+            rollBack()
+            throw DownloadManagerError(.catalog(error.description))
+        }
         for entry in entries {
             let status: DownloadStatus = entry.status == CatalogEntry.Status.paused ? .paused : .queued
             if status == .queued { activeCount += 1 }
             table[entry.id] = Managed(entry: entry, status: status, progress: TransferProgress())
-            if entry.destinationKind == .file { claims.claim(entry.destinationPath, for: entry.id) }
             publish(.added(snapshot(of: entry.id)!))
         }
         invalidateOrder()
@@ -267,6 +281,9 @@ public actor DownloadManager {
         guard let next = managed.status.after(.remove) else {
             throw DownloadManagerError(.illegalTransition(from: managed.status, action: .remove))
         }
+        // The row goes first: whatever happens while the run stops (even a close), the next manager does not bring
+        // the download back.
+        do { try catalog.delete(id) } catch { throw DownloadManagerError(.catalog(error.description)) }
         let wasCompleted = managed.status == .completed
         if Self.isActive(managed.status) { activeCount -= 1 }
         managed.status = next
@@ -276,7 +293,6 @@ public actor DownloadManager {
         await task?.value
         guard let managed = table.removeValue(forKey: id) else { return }
         invalidateOrder()
-        do { try catalog.delete(id) } catch { throw DownloadManagerError(.catalog(error.description)) }
         if let path = Self.claimedPath(managed.entry) {
             claims.release(path, for: id)
             if deletingFiles {
@@ -386,8 +402,8 @@ public actor DownloadManager {
     /// Events about one download, from now on. The stream ends once it is removed or the manager closes.
     public func events(for id: DownloadID) -> AsyncStream<DownloadManagerEvent> { subscribe(id) }
 
-    /// Calls `handler` with each progress report of download `id` until it stops being active.
-    /// Cancel the returned task to stop early.
+    /// Calls `handler` with each progress report of download `id` until it is paused, completes, fails or is
+    /// removed. Cancel the returned task to stop early.
     @discardableResult
     public func onProgress(_ id: DownloadID, _ handler: @escaping @Sendable (TransferProgress) -> Void)
         -> Task<Void, Never>
@@ -395,7 +411,15 @@ public actor DownloadManager {
         let stream = subscribe(id)
         return Task {
             for await event in stream {
-                if case .progress(_, let progress) = event { handler(progress) }
+                switch event {
+                case .progress(_, let progress):
+                    handler(progress)
+                case .statusChanged(_, .completed), .statusChanged(_, .failed), .statusChanged(_, .removed),
+                    .statusChanged(_, .paused):
+                    return  // ending the stream unsubscribes it
+                default:
+                    continue
+                }
             }
         }
     }
@@ -408,6 +432,10 @@ public actor DownloadManager {
     ) -> Task<Void, Never> {
         if let done = outcome(of: id) {
             handler(done)
+            return Task {}
+        }
+        if isClosed {
+            handler(.failure(DownloadFailure(code: .cancelled, message: "the download manager is closed")))
             return Task {}
         }
         let stream = subscribe(id)
@@ -434,14 +462,19 @@ public actor DownloadManager {
     /// Waits until no download is queued or running (paused, completed and failed ones are at rest).
     public func waitUntilIdle() async {
         schedule()
-        if isIdle { return }
+        if isIdle || isClosed { return }
         await withCheckedContinuation { idleWaiters.append($0) }
     }
 
     /// Stops every running download (their state is saved; a manager opened later on this directory continues
     /// them), ends the event streams and closes the catalog. The manager refuses calls afterwards.
     public func close() async {
-        guard !isClosed else { return }
+        if let closing {
+            await closing.value
+            return
+        }
+        let done = Task {}
+        closing = done
         isClosed = true
         var tasks: [Task<Void, Never>] = []
         for (_, managed) in table {
@@ -458,6 +491,14 @@ public actor DownloadManager {
         catalog.close()
         resumeIdleWaiters()
     }
+
+    deinit {
+        // Dropped without close(): its runs must not go on without an owner (they save their state as they stop).
+        for managed in table.values { managed.run?.task.withLock { $0 }?.cancel() }
+    }
+
+    /// Set by the first ``close()``; a second one waits for the same end.
+    private var closing: Task<Void, Never>?
 
     // MARK: Internals
 
@@ -505,7 +546,8 @@ public actor DownloadManager {
         activeCount += (Self.isActive(status) ? 1 : 0) - (Self.isActive(managed.status) ? 1 : 0)
         if status == .queued { queueCache = nil }
         managed.status = status
-        managed.entry.status = status == .removed ? managed.entry.status : status.name
+        // The catalog never says running (restoring treats queued the same), so neither does the entry.
+        managed.entry.status = status == .removed || status == .running ? managed.entry.status : status.name
         var code: String?
         var message: String?
         if case .failed(let failure) = status {
@@ -533,7 +575,7 @@ public actor DownloadManager {
     /// Starts queued downloads while slots are free, in queue order, skipping those whose host is at its cap.
     private func schedule() {
         guard !isClosed else { return }
-        var free = configuration.maxConcurrentDownloads - liveRuns
+        var free = max(1, configuration.maxConcurrentDownloads) - liveRuns
         if free > 0 {
             let queue: [DownloadID]
             if let queueCache {
@@ -579,7 +621,7 @@ public actor DownloadManager {
         setStatus(id, .running)
 
         let (request, options) = makeRequest(managed.entry, run: run)
-        let (events, sink) = AsyncStream.makeStream(of: DownloadEvent.self, bufferingPolicy: .bufferingNewest(1024))
+        let (events, sink) = AsyncStream.makeStream(of: DownloadEvent.self, bufferingPolicy: .unbounded)
         let downloader = self.downloader
         let task = Task { [weak self] in
             let pump = Task { [weak self] in
@@ -615,7 +657,8 @@ public actor DownloadManager {
         request.formerURLs = entry.options.formerURLs
         let claims = self.claims
         let id = entry.id
-        request.choosePath = { proposed in claims.choose(proposed, for: id, url: entry.url) }
+        let urls = Set([entry.url] + entry.options.formerURLs)
+        request.choosePath = { proposed in claims.choose(proposed, for: id, urls: urls) }
 
         var options = DownloadOptions()
         options.retry = configuration.retry
@@ -650,6 +693,8 @@ public actor DownloadManager {
             managed.progress.total = total
             managed.entry.totalBytes = total
             table[id] = managed
+        case .progress where managed.status != .running, .notice where managed.status != .running:
+            break  // the user paused, cancelled or removed it: the run's last words are not news
         case .progress(let progress):
             managed.meter.add(bytes: progress.bytes, at: monotonicNow())
             managed.progress = TransferProgress(
@@ -805,7 +850,8 @@ public actor DownloadManager {
             return TransferProgress(bytes: bytes, total: bytes, durableBytes: bytes)
         }
         guard let path = claimedPath(entry),
-            let state = try? StateFile.read(DownloadPaths(destination: path).state), state.url == entry.url
+            let state = try? StateFile.read(DownloadPaths(destination: path).state),
+            state.url == entry.url || entry.options.formerURLs.contains(state.url)
         else { return TransferProgress(total: entry.totalBytes) }
         let durable = state.durableBytes
         return TransferProgress(bytes: durable, total: state.validators.totalLength, durableBytes: durable)
@@ -874,8 +920,17 @@ final class PathClaims: Sendable {
 
     func owner(of path: String) -> DownloadID? { owners.withLock { $0[path] } }
 
+    /// Claims `path` for `id` unless another download has it; returns that download then.
+    func claimIfFree(_ path: String, for id: DownloadID) -> DownloadID? {
+        owners.withLock { owners in
+            if let owner = owners[path], owner != id { return owner }
+            owners[path] = id
+            return nil
+        }
+    }
+
     func claim(_ path: String, for id: DownloadID) {
-        owners.withLock { $0[path] = id }
+        _ = claimIfFree(path, for: id)
     }
 
     func release(_ path: String, for id: DownloadID) {
@@ -887,11 +942,11 @@ final class PathClaims: Sendable {
     /// The path for download `id` (of `url`) named `proposed` by its response: `proposed` unless another
     /// download claims it or a file there belongs to another URL, else `NAME.1.EXT`, `NAME.2.EXT`, … (as aria2
     /// renames). Claims the path for `id`.
-    func choose(_ proposed: String, for id: DownloadID, url: String) -> String {
+    func choose(_ proposed: String, for id: DownloadID, urls: Set<String>) -> String {
         owners.withLock { owners in
             for candidate in Self.candidates(proposed) {
                 if let owner = owners[candidate], owner != id { continue }
-                guard Self.isFree(candidate, for: url) else { continue }
+                guard Self.isFree(candidate, for: urls) else { continue }
                 for (path, owner) in owners where owner == id { owners[path] = nil }
                 owners[candidate] = id
                 return candidate
@@ -915,15 +970,25 @@ final class PathClaims: Sendable {
     /// Nothing at `path`, or only what a download of `url` left there (its partial, or its finished file). A
     /// part file without a state file is free: it holds nothing resumable (a small download interrupted before
     /// its first checkpoint), and the engine starts it over.
-    private static func isFree(_ path: String, for url: String) -> Bool {
+    private static func isFree(_ path: String, for urls: Set<String>) -> Bool {
         let paths = DownloadPaths(destination: path)
         if access(paths.state, F_OK) == 0 {
-            guard let state = try? StateFile.read(paths.state), state.url == url else { return false }
+            guard let state = try? StateFile.read(paths.state), urls.contains(state.url) else { return false }
             return true
         }
         if access(paths.destination, F_OK) == 0 {
-            return CompletionMark.read(at: paths.destination)?.url == url
+            return CompletionMark.read(at: paths.destination).map { urls.contains($0.url) } ?? false
         }
-        return true
+        // A part file another run holds (a small download has no state file yet) is taken.
+        let fd = retryingOnInterrupt { open(paths.part, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+        guard fd >= 0 else { return true }
+        defer { close(fd) }
+        return flock(fd, LOCK_EX | LOCK_NB) == 0
     }
+}
+
+/// `path` without `.` components or repeated slashes (`..` is kept).
+func withoutDotComponents(_ path: String) -> String {
+    let components = path.split(separator: "/").filter { $0 != "." }
+    return (path.hasPrefix("/") ? "/" : "") + components.joined(separator: "/")
 }

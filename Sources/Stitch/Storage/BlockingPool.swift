@@ -38,7 +38,9 @@ final class BlockingPool: Sendable {
     private func submit(_ job: @escaping @Sendable () -> Void) {
         condition.lock()
         jobs.append(job)
-        let startThread = idle == 0 && threads < maximumThreads
+        // A woken thread counts as idle until it takes the lock again: compare with the jobs waiting, so a burst
+        // gets as many threads as it has jobs (up to the maximum).
+        let startThread = jobs.count > idle && threads < maximumThreads
         if startThread { threads += 1 }
         condition.signal()
         condition.unlock()

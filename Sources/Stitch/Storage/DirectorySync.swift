@@ -15,8 +15,9 @@ final class DirectorySync: Sendable {
         var started: UInt64 = 0
         var finished: UInt64 = 0
         var running = false
-        /// The last failed sync and its error: every caller it was to cover gets the error.
-        var failure: (sync: UInt64, error: DownloadError)?
+        /// Failed syncs by number, kept while callers wait: each caller gets the error of the sync that covered
+        /// it (the first to start after its rename), not that of a later one.
+        var failures: [UInt64: DownloadError] = [:]
         var waiters = 0
     }
 
@@ -53,7 +54,7 @@ final class DirectorySync: Sendable {
                 folder = folders[directory]!
                 folder.running = false
                 folder.finished = number
-                if let failure { folder.failure = (number, failure) }
+                if let failure { folder.failures[number] = failure }
                 folders[directory] = folder
                 condition.broadcast()
                 continue
@@ -62,7 +63,7 @@ final class DirectorySync: Sendable {
         }
         folder = folders[directory]!
         folder.waiters -= 1
-        let failed = folder.failure.flatMap { $0.sync >= target ? $0.error : nil }
+        let failed = folder.failures[target]
         if folder.waiters == 0 && !folder.running {
             folders[directory] = nil
         } else {

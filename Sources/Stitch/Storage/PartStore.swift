@@ -106,10 +106,10 @@ final class PartStore: @unchecked Sendable {
     ///
     /// A file of known length up to ``smallFileLimit`` starts with neither a state file nor a live record on disk:
     /// its state file is written at its first checkpoint (after a second), and its written record stays in
-    /// memory. Three fewer files per download is most of the cost of fetching many small files; what an
-    /// interruption before the first checkpoint loses is at most ``smallFileLimit`` bytes, which the next run
-    /// fetches again (a part file without a state file is started over). Nothing is ever claimed that is not
-    /// on disk.
+    /// memory for the whole run. Three fewer files per download is most of the cost of fetching many small
+    /// files. An interruption loses at most ``smallFileLimit`` bytes: before the first checkpoint the next run
+    /// starts over (a part file without a state file), after it the next run resumes from the last checkpoint.
+    /// Nothing is ever claimed that is not on disk.
     static func create(
         paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators
     ) throws(DownloadError) -> PartStore {
@@ -118,17 +118,22 @@ final class PartStore: @unchecked Sendable {
             url: url, headers: headers, checksum: checksum, validators: validators,
             segments: wholeFile(validators), pieceSize: PieceLayout.pieceSize(forTotal: validators.totalLength),
             bootID: BootID.current, liveNonce: newNonce(), updatedAt: now())
-        // Locked before anything changes; emptied; the state durable before any data exists, so a crash at any
-        // later point finds it.
+        // Locked before anything changes; emptied; the state (or, for a small file, the removal of an old one)
+        // durable before any data exists, so a crash at any later point never pairs old state with new bytes.
         let fd = try openLocked(paths)
         let live: LiveRecord
         do throws(DownloadError) {
             guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
             if small {
                 // A state file or live record an earlier run left would describe other bytes: remove them.
-                // (Looked up first: unlinking a missing name still takes the directory's lock.)
-                if access(paths.state, F_OK) == 0 { unlink(paths.state) }
-                if access(paths.live, F_OK) == 0 { unlink(paths.live) }
+                // (Looked up first: unlinking a missing name still takes the directory's lock.) The removal is
+                // made durable before any data, so a power cut cannot bring an old state back beside new bytes.
+                var removed = false
+                for stale in [paths.state, paths.state + ".tmp", paths.live] where access(stale, F_OK) == 0 {
+                    unlink(stale)
+                    removed = true
+                }
+                if removed { try syncDirectory(containing: paths.state) }
                 live = try LiveRecord(anonymousWithNonce: state.nonce, written: [0])
             } else {
                 try StateFile.write(state, to: paths.state)
