@@ -17,6 +17,7 @@ struct ResponsePlan {
         case close
         case status(Int, headers: [(String, String)], body: [UInt8])
         case redirect(Int, location: String)
+        case raw([UInt8], then: AfterStall)
     }
 
     enum CutAction {
@@ -56,6 +57,8 @@ struct ResponsePlan {
         case .throttle(let rate): throttle = rate
         case .closeWithoutResponse:
             if replacement == nil { replacement = .close }
+        case .raw(let bytes, let then):
+            if replacement == nil { replacement = .raw(bytes, then: then) }
         case .all(let faults):
             for fault in faults { apply(fault) }
         }
@@ -180,6 +183,8 @@ final class ConnectionHandler {
             return sendSimple(code, headers: headers, body: body, isHead: isHead, keepAlive: keepAlive)
         case .redirect(let code, let location)?:
             return sendSimple(code, headers: [("Location", location)], isHead: isHead, keepAlive: keepAlive)
+        case .raw(let bytes, let then)?:
+            return sendRaw(bytes, then: then, plan: plan, keepAlive: keepAlive, path: request.path)
         case nil:
             break
         }
@@ -216,6 +221,38 @@ final class ConnectionHandler {
         core.endResponse(connectionID: id)  // the client may see the whole response from now on
         guard sendAll(fd, bytes) else { return .abrupt }
         return close ? .graceful : nil
+    }
+
+    /// Sends `bytes` verbatim as the whole response, applying the plan's cut and pacing to the bytes after the
+    /// head (see ``Fault/raw(_:then:)``).
+    private func sendRaw(_ bytes: [UInt8], then: AfterStall, plan: ResponsePlan, keepAlive: Bool, path: String)
+        -> CloseMode?
+    {
+        let bodyStart = Self.headEnd(of: bytes) ?? 0
+        if plan.cut == nil, bodyStart == bytes.count {
+            core.endResponse(connectionID: id)  // the head is the whole response
+        }
+        guard sendAll(fd, Array(bytes[0..<bodyStart])) else { return .abrupt }
+        let outcome = sendBody(
+            bytes, slice: bodyStart..<bytes.count, chunked: false, cut: plan.cut, throttle: plan.throttle, path: path)
+        switch outcome {
+        case .complete: return then == .resume && keepAlive ? nil : .graceful
+        case .cut(let mode): return mode
+        case .failed: return .abrupt
+        }
+    }
+
+    /// The offset just past the first `CRLF CRLF` (or `LF LF`) in `bytes`, if any.
+    static func headEnd(of bytes: [UInt8]) -> Int? {
+        var index = 0
+        while index < bytes.count {
+            if bytes[index] == 10 {
+                if index + 1 < bytes.count, bytes[index + 1] == 10 { return index + 2 }
+                if index + 2 < bytes.count, bytes[index + 1] == 13, bytes[index + 2] == 10 { return index + 3 }
+            }
+            index += 1
+        }
+        return nil
     }
 
     private func sendFile(_ file: ServedFile, request: RecordedRequest, plan: ResponsePlan, keepAlive: Bool)

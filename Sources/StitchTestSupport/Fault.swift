@@ -56,9 +56,15 @@ public enum Fault: Sendable {
     case throttle(bytesPerSecond: Int)
     /// Close the connection right after reading the request, without sending any byte.
     case closeWithoutResponse
+    /// Send exactly these bytes as the whole response (status line, headers and body as given, nothing added),
+    /// then close the connection gracefully (`.close`) or keep it open for the next request (`.resume`; only
+    /// sensible when the bytes frame a complete response). Combined with a cut (`dropAfter`, `resetAfter`,
+    /// `stallAfter`, `shortBody`) or `throttle` in ``all(_:)``, body bytes are the ones after the first blank
+    /// line (`CRLF CRLF`, else `LF LF`); without one, every byte counts as body.
+    case raw([UInt8], then: AfterStall = .close)
     /// Apply several faults at once, e.g. `.all([.chunked, .dropAfter(1000)])`. For conflicting
     /// settings the later fault wins; a response-replacing fault (`status`, `redirect`,
-    /// `closeWithoutResponse`) replaces the whole response.
+    /// `closeWithoutResponse`, `raw`) replaces the whole response (the first one given wins).
     case all([Fault])
 }
 

@@ -926,6 +926,9 @@ import Testing
         let first = Task { try await f.download(f.request()) }
         let server = f.server
         #expect(await blocking { server.waitForStall() })
+        // The server has sent its bytes; the first run holds the download once its state file exists.
+        let paths = f.paths
+        #expect(await eventually { fileExists(paths.state) })
 
         let error = await #expect(throws: DownloadError.self) {
             try await f.download(f.request(overwrite: overwrite))
@@ -933,7 +936,7 @@ import Testing
         #expect(error?.code == .io)
         #expect(error?.message.contains("another") == true)
         #expect(fileExists(f.paths.part) && fileExists(f.paths.state))
-        #expect(f.server.requests.count == 1)
+        #expect(f.server.requests.count == 1, "\(f.server.requests.map { $0.range ?? "whole file" })")
 
         server.releaseStalls()
         let result = try await first.value

@@ -375,6 +375,9 @@ import Testing
         var options = DownloadOptions.testing
         options.connections = nil
         options.singleConnectionRate = fastEnough ? 1 : Int64.max
+        // Segments of 16 MiB with 8 MiB as the smallest part: no lane can steal (it needs 2 × 8 + 2 MiB), so the
+        // requests are exactly the split.
+        options.minimumSplitSize = 8 << 20
         let result = try await f.download(f.request(), options: options)
 
         try f.expectComplete(result, file.data)

@@ -11,7 +11,8 @@ struct RedirectChain {
     /// The URL to request next, after `url` answered with a redirect to `location`.
     mutating func follow(_ location: String, from url: URL) throws(DownloadError) -> URL {
         guard let next = URL(string: location, relativeTo: url)?.absoluteURL,
-            let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
+            let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https",
+            let host = next.host, !host.isEmpty
         else { throw DownloadError(.redirects, "redirect to an unusable location: \(location.debugDescription)") }
         visited.append(url.absoluteString)
         if visited.contains(next.absoluteString) {

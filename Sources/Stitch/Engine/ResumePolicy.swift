@@ -113,17 +113,31 @@ enum ResumePolicy {
         if head.status == 206 {
             total = headers["Content-Range"].flatMap(ContentRange.init(parsing:))?.completeLength
         } else if head.status == 200, headers["Transfer-Encoding"] == nil {
-            total = headers["Content-Length"].flatMap { Int64($0) }.flatMap { $0 >= 0 ? $0 : nil }
+            // Digits only, as for Content-Range: no sign, and no length so large that offsets could overflow.
+            total = headers["Content-Length"].flatMap { ContentRange.number(Substring($0)) }
         }
         let acceptRanges = headers["Accept-Ranges"]?.lowercased().contains("bytes") ?? (head.status == 206)
         return Validators(
-            etag: headers["ETag"], lastModified: headers["Last-Modified"], date: headers["Date"],
+            etag: echoable(headers["ETag"]), lastModified: echoable(headers["Last-Modified"]), date: headers["Date"],
             totalLength: total, acceptRanges: acceptRanges)
+    }
+
+    /// A validator that may be sent back in `If-Range`, or nil: one with control characters (a bare CR would split
+    /// the request's header lines) is treated as absent.
+    static func echoable(_ value: String?) -> String? {
+        guard let value, !value.isEmpty,
+            !value.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
+        else { return nil }
+        return value
     }
 
     /// Judges a final response head against the plan and the known validators.
     static func evaluate(_ head: ResponseHead, plan: RequestPlan, known: Validators?) -> HeadVerdict {
         let status = head.status
+        // Checked first: an encoded or ambiguously framed body is never taken as the file's bytes.
+        if status == 200 || status == 206, let problem = bodyFramingProblem(head.headers) {
+            return .malformed(problem)
+        }
         switch status {
         case 301, 302, 303, 307, 308:
             guard let location = head.headers["Location"], !location.isEmpty else { return .fail(status: status) }
@@ -170,6 +184,30 @@ enum ResumePolicy {
         }
     }
 
+    /// Why a 200/206 body cannot be the file's bytes as sent: an encoding despite `Accept-Encoding: identity`
+    /// (libcurl does not decode, so the encoded bytes would be saved as the file), a transfer coding other than
+    /// chunked, or conflicting `Content-Length` fields (RFC 9112 §6.3: the framing cannot be trusted).
+    static func bodyFramingProblem(_ headers: HTTPHeaders) -> String? {
+        func codings(_ name: String) -> [String] {
+            headers.filter { $0.name.lowercased() == name }
+                .flatMap { $0.value.lowercased().split(separator: ",") }
+                .map { String($0).trimming(" \t") }.filter { !$0.isEmpty && $0 != "identity" }
+        }
+        let content = codings("content-encoding")
+        if !content.isEmpty {
+            let coding = content.joined(separator: ", ").debugDescription
+            return "the server sent an encoded body (Content-Encoding: \(coding)) despite Accept-Encoding: identity"
+        }
+        let transfer = codings("transfer-encoding").filter { $0 != "chunked" }
+        if !transfer.isEmpty {
+            let coding = transfer.joined(separator: ", ").debugDescription
+            return "the server sent an encoded body (Transfer-Encoding: \(coding))"
+        }
+        let lengths = Set(headers.filter { $0.name.lowercased() == "content-length" }.map { $0.value })
+        if lengths.count > 1 { return "the server sent conflicting Content-Length headers" }
+        return nil
+    }
+
     /// The first difference between what we knew and what the server says now, if any.
     static func change(from known: Validators?, to fresh: Validators) -> RestartReason? {
         guard let known else { return nil }
@@ -214,7 +252,8 @@ struct ContentRange: Sendable, Hashable {
         }
     }
 
-    private static func number(_ text: Substring) -> Int64? {
+    /// A non-negative decimal of at most 18 digits (below 10^18, so sums of offsets cannot overflow), else nil.
+    static func number(_ text: Substring) -> Int64? {
         guard !text.isEmpty, text.count <= 18, text.allSatisfy({ $0.isASCII && $0.isNumber }) else { return nil }
         return Int64(text)
     }

@@ -125,7 +125,8 @@ enum PieceLayout {
     static func pieceSize(forTotal total: Int64?) -> Int64 {
         var size = minimumPieceSize
         guard let total else { return size }
-        while (total + size - 1) / size > maximumPieces { size *= 2 }
+        // `total / size` rounded up without `total + size - 1`, which overflows for a hostile length near Int64.max.
+        while total / size + (total % size == 0 ? 0 : 1) > maximumPieces { size *= 2 }
         return size
     }
 }

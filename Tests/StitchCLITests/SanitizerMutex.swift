@@ -1,0 +1,1 @@
+../../Sources/Stitch/Support/SanitizerMutex.swift
