@@ -230,7 +230,13 @@ extension HTTPDate {
     /// Validates the calendar fields and combines them into seconds since the epoch.
     static func timestamp(year: Int64, month: Int64, day: Int64, secondOfDay: Int64) -> Int64? {
         guard (1...12).contains(month), day >= 1, day <= daysInMonth(year: year, month: month) else { return nil }
-        return days(fromCivilYear: year, month: month, day: day) * 86_400 + secondOfDay
+        // Overflow-checked: an RFC 850 two-digit year placed around an extreme `now` can be hundreds of billions of
+        // years away, whose seconds do not fit in an Int64 (found by Fuzz/Targets/HTTPDate.swift).
+        let (daySeconds, overflow) = days(fromCivilYear: year, month: month, day: day).multipliedReportingOverflow(
+            by: 86_400)
+        guard !overflow else { return nil }
+        let (seconds, carry) = daySeconds.addingReportingOverflow(secondOfDay)
+        return carry ? nil : seconds
     }
 
     /// `DD Mon YYYY HH:MM:SS GMT` (the tokens after the weekday).

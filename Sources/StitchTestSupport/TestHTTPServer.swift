@@ -190,7 +190,7 @@ public final class TestHTTPServer: Sendable {
     }
 
     /// Waits until ``openConnections`` is at most `count`. Returns false on timeout.
-    public func waitForOpenConnections(atMost count: Int, timeout: Duration = .seconds(10)) -> Bool {
+    public func waitForOpenConnections(atMost count: Int, timeout: Duration = .seconds(60)) -> Bool {
         let clock = ContinuousClock()
         let deadline = clock.now + timeout
         while openConnections > count {
@@ -217,7 +217,7 @@ public final class TestHTTPServer: Sendable {
 
     /// Waits until a response reaches a stall point, consuming one stall event (so the n-th call
     /// returns for the n-th stall, even if it was reached before the call). Returns false on timeout.
-    public func waitForStall(timeout: Duration = .seconds(10)) -> Bool {
+    public func waitForStall(timeout: Duration = .seconds(60)) -> Bool {
         core.progress.wait(timeout: timeout) { progress in
             guard progress.stallsReached > progress.stallsAwaited else { return false }
             progress.stallsAwaited += 1
@@ -226,13 +226,13 @@ public final class TestHTTPServer: Sendable {
     }
 
     /// Waits until at least `count` requests in total have been received. Returns false on timeout.
-    public func waitForRequests(_ count: Int, timeout: Duration = .seconds(10)) -> Bool {
+    public func waitForRequests(_ count: Int, timeout: Duration = .seconds(60)) -> Bool {
         core.progress.wait(timeout: timeout) { $0.requestCount >= count }
     }
 
     /// Waits until no response is being written (a stalled response counts as being written), so
     /// that counters such as ``bodyBytesSent`` are settled. Returns false on timeout.
-    public func waitUntilIdle(timeout: Duration = .seconds(10)) -> Bool {
+    public func waitUntilIdle(timeout: Duration = .seconds(60)) -> Bool {
         core.progress.wait(timeout: timeout) { $0.activeResponses == 0 }
     }
 

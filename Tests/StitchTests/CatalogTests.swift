@@ -354,11 +354,17 @@ import Testing
         #expect(try query(dir.path + "/catalog.sqlite3", "SELECT count(*) FROM other") == "0")
     }
 
-    @Test func emptyFileBecomesACatalog() throws {
+    /// An empty file (a catalog truncated to nothing) becomes a new catalog, reported as rebuilt so the manager
+    /// looks for state files.
+    @Test func emptyFileBecomesACatalogReportedAsRebuilt() throws {
         let dir = try CatalogDirectory()
         try writeFile(dir.path + "/catalog.sqlite3", [])
         let catalog = try Catalog(directory: dir.path)
-        #expect(catalog.openReport == Catalog.OpenReport(created: true, migratedFrom: nil, rebuiltBecause: nil))
+        #expect(catalog.openReport.created)
+        #expect(catalog.openReport.rebuiltBecause?.contains("empty file") == true)
+        try catalog.insert([makeEntry(1, position: 1)])
+        catalog.close()
+        #expect(try Catalog(directory: dir.path).openReport.rebuiltBecause == nil)
     }
 
     // MARK: Damage

@@ -205,7 +205,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             let delay = options.retry.delay(
                 attempt: failures, retryAfter: retryAfter, now: clock.now(), jitter: Double.random(in: 0...1))
             emit(.retrying(attempt: failures, maxRetries: options.retry.maxRetries, delay: delay, reason: reason))
-            try? store?.checkpoint()
+            await checkpointOffPool()
             do { try await clock.sleep(seconds: delay) } catch { throw try interrupted() }
             currentURL = startURL
             redirects.reset()
@@ -389,6 +389,13 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             "the file kept changing on the server (\(restarts - 1) restarts); try again later", resumable: false)
     }
 
+    /// A durable checkpoint now (a retry's pause is a good moment), on the blocking pool: it syncs, and many
+    /// downloads retrying at once must not hold the few cooperative threads.
+    private func checkpointOffPool() async {
+        guard let store, !storeClosed else { return }
+        _ = try? await offloaded { () throws(DownloadError) in try store.checkpoint() }
+    }
+
     /// Saves the state durably and describes the interruption.
     private func interrupted() throws -> DownloadError {
         checkpointer?.stop()
@@ -411,6 +418,29 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         if let total = known?.totalLength, bytes != total {
             throw DownloadError(
                 .protocolViolation, "have \(bytes) bytes but the server said the file has \(total); rerun to resume",
+                resumable: true)
+        }
+        // Every byte was written, so the file has no hole: one means another program cut the file under the run
+        // and the bytes it lost read as zeros. They are marked as not downloaded, never renamed into place.
+        let holes = store.holes(before: bytes)  // one lseek: metadata only, cheap enough for a cooperative thread
+        if !holes.isEmpty {
+            let lost = holes.reduce(Int64(0)) { $0 + Int64($1.count) }
+            if let total = store.snapshot.validators.totalLength, total == bytes {
+                let pieceSize = store.pieceSize
+                var damaged = Set<Int>()
+                for hole in holes {
+                    for piece in Int(hole.lowerBound / pieceSize)...Int((hole.upperBound - 1) / pieceSize) {
+                        damaged.insert(piece)
+                    }
+                }
+                try store.invalidate(pieces: damaged.sorted())
+            } else {
+                storeClosed = true
+                store.discard()
+            }
+            throw DownloadError(
+                .io,
+                "\(store.paths.part) lost \(lost) bytes while downloading (another program truncated it); nothing was saved at \(store.paths.destination) — rerun to fetch them again",
                 resumable: true)
         }
         var verified: ExpectedChecksum?
@@ -627,7 +657,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
         }
         // The split is durable before any lane writes, so a crash in the first second keeps every lane's bytes.
-        try store.checkpoint(force: true)
+        try await offloaded { () throws(DownloadError) in try store.checkpoint(force: true) }
         let outcome: SegmentedTransfer.Outcome
         do {
             outcome = try await transfer.run()

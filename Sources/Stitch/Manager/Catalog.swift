@@ -69,6 +69,13 @@ final class Catalog {
         self.path = path
 
         var rebuiltBecause: String?
+        // An empty file where a catalog was is a catalog that lost everything (truncated by a crash or a full
+        // disk): SQLite would take it as a new database; it is made anew, but reported, so that the manager looks
+        // for the downloads' state files.
+        var info = stat()
+        if stat(path, &info) == 0, info.st_size == 0 {
+            rebuiltBecause = "the catalog \(path) was an empty file; made a new one"
+        }
         let opened: (connection: OpaquePointer, created: Bool, migratedFrom: Int?)
         do throws(CatalogError) {
             opened = try Self.openAndPrepare(path)

@@ -99,7 +99,11 @@ struct DownloadState: Codable, Sendable, Hashable {
             guard expected == total else { return "segments do not cover the file" }
         }
         guard pieceSize >= PieceLayout.minimumPieceSize, pieceSize.nonzeroBitCount == 1 else { return "bad piece size" }
-        if let total, Int64(pieces.count) > (total + pieceSize - 1) / pieceSize { return "too many pieces" }
+        // Rounded up without `total + pieceSize - 1`, which overflows for a length near Int64.max (found by
+        // Fuzz/Targets/StateFile.swift).
+        if let total, Int64(pieces.count) > total / pieceSize + (total % pieceSize == 0 ? 0 : 1) {
+            return "too many pieces"
+        }
         if total == nil, !pieces.isEmpty { return "pieces without a length" }
         return nil
     }

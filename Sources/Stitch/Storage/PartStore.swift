@@ -593,6 +593,22 @@ final class PartStore: @unchecked Sendable {
         }
     }
 
+    /// The holes (never-written or freed ranges) within `0..<length` of the part file: where data the run wrote was
+    /// lost because another program truncated the file under it. Empty where the file system cannot say.
+    func holes(before length: Int64) -> [Range<Int64>] {
+        var found: [Range<Int64>] = []
+        var at: Int64 = 0
+        while at < length {
+            let hole = Int64(lseek(fd, off_t(at), 4 /* SEEK_HOLE */))
+            guard hole >= 0, hole < length else { break }
+            let data = Int64(lseek(fd, off_t(hole), 3 /* SEEK_DATA */))
+            let end = data > hole ? min(data, length) : length
+            found.append(hole..<end)
+            at = end
+        }
+        return found
+    }
+
     /// Completes the download: sync the data, mark it, rename it into place, sync the directory, then
     /// remove the state and live record.
     func finish(url: String, length: Int64) throws(DownloadError) {
@@ -612,6 +628,11 @@ final class PartStore: @unchecked Sendable {
             guard fsync(fd) == 0 else {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot sync", path: paths.part, .current)
+            }
+            var info = stat()
+            if fstat(fd, &info) == 0, info.st_nlink == 0 {
+                throw DownloadError(
+                    .io, "\(paths.part) was deleted while downloading; rerun to download it again", resumable: true)
             }
             guard rename(paths.part, paths.destination) == 0 else {
                 throw .io("cannot rename into place", path: paths.destination, .current)

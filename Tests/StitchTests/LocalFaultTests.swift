@@ -1,0 +1,464 @@
+import Foundation
+import Glibc
+import StitchTestSupport
+import Synchronization
+import Testing
+
+@testable import Stitch
+
+/// Local faults: a full disk, a read-only folder, files changed under a running download, damaged state files and
+/// a damaged catalog. Faults fire on byte counts (server stalls), never on sleeps. The mount-based cases need root;
+/// without it they print why they are skipped and pass.
+@Suite(.serialized) struct LocalFaultTests {
+    static let etag = "\"lf\""
+
+    // MARK: Helpers
+
+    /// A tmpfs of `size` bytes mounted on a fresh directory under /tmp, unmounted (and removed) on release.
+    final class Tmpfs: Sendable {
+        let path: String
+
+        /// nil (with a printed reason) when mounting is not possible here.
+        init?(size: Int, readOnly: Bool = false, label: String) {
+            var template = Array("/tmp/stitch-tmpfs-XXXXXX".utf8CString)
+            guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
+                print("SKIP \(label): cannot make a mount point: \(Errno(rawValue: errno))")
+                return nil
+            }
+            path = String(cString: made)
+            let options = "size=\(size)" + (readOnly ? ",ro" : "")
+            guard mount("tmpfs", path, "tmpfs", 0, options) == 0 else {
+                let error = Errno(rawValue: errno)
+                rmdir(path)
+                print("SKIP \(label): cannot mount a tmpfs (\(error); needs root / CAP_SYS_ADMIN)")
+                return nil
+            }
+        }
+
+        /// Changes the size (frees space without touching the files).
+        func resize(_ size: Int) throws {
+            guard mount("tmpfs", path, "tmpfs", UInt(MS_REMOUNT), "size=\(size)") == 0 else {
+                throw Errno(rawValue: errno)
+            }
+        }
+
+        /// Writes zeros to `name` until the file system is full; returns the bytes written.
+        @discardableResult
+        func fill(_ name: String, upTo limit: Int = Int.max) -> Int {
+            let fd = open(path + "/" + name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+            guard fd >= 0 else { return 0 }
+            defer { close(fd) }
+            let chunk = [UInt8](repeating: 0, count: 4096)
+            var total = 0
+            while total < limit {
+                let n = chunk.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, min($0.count, limit - total)) }
+                if n <= 0 { break }
+                total += n
+            }
+            return total
+        }
+
+        deinit {
+            umount2(path, Int32(MNT_DETACH))
+            rmdir(path)
+        }
+    }
+
+    static func options(connections: Int? = 1) -> DownloadOptions {
+        var options = DownloadOptions.testing
+        options.connections = connections
+        return options
+    }
+
+    static func download(
+        _ f: Fixture, _ url: String, to path: String, overwrite: Bool = false,
+        options: DownloadOptions = LocalFaultTests.options()
+    ) async throws -> DownloadResult {
+        let request = DownloadRequest(url: url, destination: .file(path), checksum: nil, overwrite: overwrite)
+        return try await Downloader(transport: CurlTransport.shared, clock: f.clock).download(
+            request, options: options) { _ in }
+    }
+
+    static func expectOneLine(_ error: DownloadError?, sourceLocation: SourceLocation = #_sourceLocation) {
+        guard let error else { return }
+        #expect(!error.message.contains("\n"), "multi-line: \(error.message)", sourceLocation: sourceLocation)
+        #expect(!error.message.isEmpty, sourceLocation: sourceLocation)
+    }
+
+    static func expectBytes(_ path: String, _ data: [UInt8], sourceLocation: SourceLocation = #_sourceLocation) {
+        let bytes = try? readFile(path)
+        #expect(bytes?.count == data.count, "\(path): \(bytes?.count ?? -1) bytes", sourceLocation: sourceLocation)
+        let same = bytes == data
+        #expect(same, "\(path) differs from the source", sourceLocation: sourceLocation)
+        let paths = DownloadPaths(destination: path)
+        for leftover in [paths.part, paths.state, paths.live, paths.state + ".tmp"] {
+            #expect(!fileExists(leftover), "\(leftover) left behind", sourceLocation: sourceLocation)
+        }
+    }
+
+    static func rangeStart(_ request: RecordedRequest?) -> Int? {
+        guard let range = request?.range, range.hasPrefix("bytes=") else { return nil }
+        return Int(range.dropFirst(6).prefix { $0 != "-" })
+    }
+
+    // MARK: 1. Full disk
+
+    /// A 6 MiB file into a 3 MiB tmpfs that already holds a 1 MiB filler: a one-line `.io` error naming the lack
+    /// of space, the partial kept, and after the space is freed the same download resumes and ends byte-exact.
+    @Test(arguments: [false, true])
+    func fullDiskKeepsThePartialAndResumes(chunked: Bool) async throws {
+        guard let disk = Tmpfs(size: 3 << 20, label: "fullDiskKeepsThePartialAndResumes") else { return }
+        let f = try Fixture()
+        let file = ServedFile.random(size: 6 << 20, seed: 71, etag: Self.etag)
+        f.serve(file, faults: chunked ? .always(.chunked) : .none)
+        #expect(disk.fill("filler", upTo: 1 << 20) == 1 << 20)
+        let dest = disk.path + "/file.bin"
+        let paths = DownloadPaths(destination: dest)
+
+        let error = await #expect(throws: DownloadError.self) { try await Self.download(f, f.url, to: dest) }
+        #expect(error?.code == .io)
+        #expect(error?.message.contains("No space left on device") == true, "\(error?.message ?? "")")
+        #expect(error?.isResumable == true)
+        Self.expectOneLine(error)
+        print("full disk (\(chunked ? "chunked" : "known length")): \(error?.message ?? "")")
+        #expect(!fileExists(dest))
+        #expect(fileExists(paths.part))
+        #expect(fileExists(paths.state))
+        let kept = fileSize(paths.part) ?? -1
+        if chunked {
+            #expect(kept > 1 << 20, "only \(kept) bytes were kept")
+            // What is kept is the source's bytes.
+            let prefix = try readFile(paths.part)
+            #expect(prefix == Array(file.data[0..<prefix.count]))
+        }
+
+        // Free space: remove the filler and make room for the whole file.
+        unlink(disk.path + "/filler")
+        try disk.resize(16 << 20)
+        let before = f.server.requests.count
+        let result = try await Self.download(f, f.url, to: dest)
+        #expect(result.destination == dest)
+        Self.expectBytes(dest, file.data)
+        let resumed = f.server.requests[before...]
+        if chunked {
+            let start = try #require(Self.rangeStart(resumed.first), "no range in \(resumed.map(\.range))")
+            #expect(start > 1 << 20 && Int64(start) <= kept, "resumed from \(start), kept \(kept)")
+            #expect(result.resumedFrom == Int64(start))
+        } else {
+            #expect(result.resumedFrom == 0)
+        }
+    }
+
+    /// The data fits (preallocated) but the state's temporary file does not: the checkpoint fails with a clear
+    /// error (or the download, already able to finish, completes); the previous state file is intact, no temporary
+    /// file is left, and once space is freed a rerun ends byte-exact.
+    @Test func fullDiskWhileWritingTheState() async throws {
+        guard let disk = Tmpfs(size: 8 << 20, label: "fullDiskWhileWritingTheState") else { return }
+        let f = try Fixture()
+        let size = 6 << 20
+        let file = ServedFile.random(size: size, seed: 72, etag: Self.etag)
+        let stallAt = 3 << 19  // 1.5 MiB
+        f.serve(file, faults: .onRequest(0, .stallAfter(stallAt)))
+        let dest = disk.path + "/file.bin"
+        let paths = DownloadPaths(destination: dest)
+        var options = Self.options()
+        options.checkpointBytes = 1 << 20
+        options.checkpointInterval = 3600
+
+        let task = Task { try await Self.download(f, f.url, to: dest, options: options) }
+        let server = f.server
+        #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        #expect(await blocking { waitUntil { fileSize(paths.part) == Int64(stallAt) } })
+        // The checkpoint poked at 1 MiB has written the state.
+        #expect(await blocking { waitUntil { ((try? StateFile.read(paths.state))??.durableBytes ?? 0) >= 1 << 20 } })
+        let previous = try readFile(paths.state)
+        let filled = disk.fill("filler")
+        #expect(filled > 0)
+        server.releaseStalls()
+
+        let outcome = await task.result
+        switch outcome {
+        case .success:
+            print("state write on a full disk: the download finished anyway (data was preallocated)")
+            Self.expectBytes(dest, file.data)
+        case .failure(let failure):
+            let error = try #require(failure as? DownloadError, "\(failure)")
+            print("state write on a full disk: \(error.message)")
+            #expect(error.code == .io)
+            #expect(error.message.contains("No space left on device"), "\(error.message)")
+            Self.expectOneLine(error)
+            #expect(!fileExists(dest))
+            #expect(fileExists(paths.part))
+            #expect(!fileExists(paths.state + ".tmp"))
+            #expect(try readFile(paths.state) == previous, "the previous state was changed")
+            unlink(disk.path + "/filler")
+            let result = try await Self.download(f, f.url, to: dest, options: options)
+            #expect(result.resumedFrom >= 1 << 20)
+            Self.expectBytes(dest, file.data)
+        }
+    }
+
+    /// The state writer itself on a full disk: one-line `.io` error, old file byte-identical, no temporary left.
+    @Test func stateFileWriteOnAFullDiskKeepsTheOldState() throws {
+        guard let disk = Tmpfs(size: 1 << 20, label: "stateFileWriteOnAFullDiskKeepsTheOldState") else { return }
+        let f = try Fixture()
+        let path = disk.path + "/file.bin.stitch"
+        let old = f.state(durable: 1000, total: 4096)
+        try StateFile.write(old, to: path)
+        let bytes = try readFile(path)
+        disk.fill("filler")
+        var next = old
+        next.segments[0].durable = 2000
+        let error = #expect(throws: DownloadError.self) { try StateFile.write(next, to: path) }
+        #expect(error?.code == .io)
+        #expect(error?.message.contains("No space left on device") == true, "\(error?.message ?? "")")
+        Self.expectOneLine(error)
+        #expect(try readFile(path) == bytes)
+        #expect(try StateFile.read(path) == old)
+        #expect(!fileExists(path + ".tmp"))
+    }
+
+    // MARK: 2. Read-only folder
+
+    /// Root ignores permission bits, so the folder is a tmpfs mounted read-only: a one-line `.io` error and
+    /// nothing created.
+    @Test func readOnlyFolder() async throws {
+        guard let disk = Tmpfs(size: 1 << 20, readOnly: true, label: "readOnlyFolder") else { return }
+        let f = try Fixture()
+        let file = ServedFile.random(size: 2 << 20, seed: 73, etag: Self.etag)
+        f.serve(file)
+        let dest = disk.path + "/file.bin"
+        let error = await #expect(throws: DownloadError.self) { try await Self.download(f, f.url, to: dest) }
+        #expect(error?.code == .io)
+        #expect(error?.message.contains("Read-only file system") == true, "\(error?.message ?? "")")
+        Self.expectOneLine(error)
+        print("read-only folder: \(error?.message ?? "")")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: disk.path).isEmpty)
+    }
+
+    // MARK: 3. DEST replaced by a directory
+
+    @Test func destinationBecomesADirectoryBeforeTheRename() async throws {
+        let f = try Fixture()
+        f.watch.disarm()
+        let size = 3 << 20
+        let file = ServedFile.random(size: size, seed: 74, etag: Self.etag)
+        f.serve(file, faults: .onRequest(0, .stallAfter(1 << 20)))
+        let task = Task { try await Self.download(f, f.url, to: f.dest) }
+        let server = f.server
+        #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        #expect(await blocking { waitUntil { fileSize(f.paths.part) == 1 << 20 } })
+        #expect(mkdir(f.dest, 0o755) == 0)
+        server.releaseStalls()
+        let error = await #expect(throws: DownloadError.self) { try await task.value }
+        #expect(error?.code == .io)
+        Self.expectOneLine(error)
+        print("destination became a directory: \(error?.message ?? "")")
+        #expect(fileExists(f.paths.part))
+        #expect(fileSize(f.paths.part) == Int64(size))
+        #expect(try readFile(f.paths.part) == file.data)
+
+        // While the directory is there a rerun refuses, keeping the data.
+        let refused = await #expect(throws: DownloadError.self) { try await Self.download(f, f.url, to: f.dest) }
+        Self.expectOneLine(refused)
+        #expect(fileSize(f.paths.part) == Int64(size))
+
+        #expect(rmdir(f.dest) == 0)
+        let before = f.server.bodyBytesSent
+        let result = try await Self.download(f, f.url, to: f.dest)
+        Self.expectBytes(f.dest, file.data)
+        #expect(f.server.bodyBytesSent == before, "the data was fetched again")
+        #expect(result.resumedFrom == Int64(size))
+    }
+
+    // MARK: 4. The part file changed under a running download
+
+    enum PartDamage: String, CaseIterable, Sendable {
+        case deleted, truncated
+    }
+
+    @Test(arguments: PartDamage.allCases)
+    func partFileChangedUnderARunningDownload(_ damage: PartDamage) async throws {
+        let f = try Fixture()
+        let size = 4 << 20
+        let file = ServedFile.random(size: size, seed: 75, etag: Self.etag)
+        let stallAt = 5 << 19  // 2.5 MiB
+        f.serve(file, faults: .onRequest(0, .stallAfter(stallAt)))
+        let task = Task { try await Self.download(f, f.url, to: f.dest) }
+        let server = f.server
+        #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        #expect(await blocking { waitUntil { fileSize(f.paths.part) == Int64(stallAt) } })
+        switch damage {
+        case .deleted:
+            #expect(unlink(f.paths.part) == 0)
+        case .truncated:
+            let fd = open(f.paths.part, O_RDWR | O_CLOEXEC)
+            #expect(fd >= 0)
+            #expect(ftruncate(fd, off_t(1 << 19)) == 0)
+            close(fd)
+        }
+        server.releaseStalls()
+        switch await task.result {
+        case .success(let result):
+            print("part \(damage) under a running download: finished")
+            #expect(result.destination == f.dest)
+            Self.expectBytes(f.dest, file.data)
+            return
+        case .failure(let failure):
+            let error = try #require(failure as? DownloadError, "\(failure)")
+            print("part \(damage) under a running download: \(error.code): \(error.message)")
+            Self.expectOneLine(error)
+            #expect(error.isResumable)
+            let landed = fileExists(f.dest) ? try readFile(f.dest) : nil
+            #expect(landed == nil || landed == file.data, "wrong bytes at the destination")
+        }
+        let result = try await Self.download(f, f.url, to: f.dest)
+        #expect(result.destination == f.dest)
+        Self.expectBytes(f.dest, file.data)
+    }
+
+    // MARK: 5. Damaged state file and live record
+
+    enum StateDamage: String, CaseIterable, Sendable {
+        case truncated, zeroFilled, emptied, garbage
+    }
+
+    /// A partial interrupted at 1.5 MiB of 4 MiB, then its state file damaged: one line, `.unusableState`, the part
+    /// file untouched; with `overwrite` the download starts over from byte 0 (its data was not trusted).
+    @Test(arguments: StateDamage.allCases)
+    func damagedStateFileIsReportedAndOverwriteStartsOver(_ damage: StateDamage) async throws {
+        let f = try Fixture()
+        let size = 4 << 20
+        let file = ServedFile.random(size: size, seed: 76, etag: Self.etag)
+        let stallAt = 3 << 19
+        f.serve(file, faults: .onRequest(0, .stallAfter(stallAt)))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: Int64(stallAt))
+        let state = try readFile(f.paths.state)
+        #expect(state.count > 100)
+        switch damage {
+        case .truncated: try writeFile(f.paths.state, Array(state[0..<(state.count / 2)]))
+        case .zeroFilled: try writeFile(f.paths.state, [UInt8](repeating: 0, count: state.count))
+        case .emptied: try writeFile(f.paths.state, [])
+        case .garbage:
+            var generator = SplitMix64(seed: 9)
+            try writeFile(f.paths.state, (0..<state.count).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        }
+        let part = try readFile(f.paths.part)
+
+        let error = await #expect(throws: DownloadError.self) {
+            try await Self.download(f, f.url, to: f.dest)
+        }
+        #expect(error?.code == .unusableState)
+        Self.expectOneLine(error)
+        #expect(error?.message.contains(f.paths.state) == true, "\(error?.message ?? "")")
+        print("state \(damage): \(error?.message ?? "")")
+        #expect(try readFile(f.paths.part) == part, "the partial data was changed")
+        #expect(!fileExists(f.dest))
+
+        let before = f.server.requests.count
+        let result = try await Self.download(f, f.url, to: f.dest, overwrite: true)
+        Self.expectBytes(f.dest, file.data)
+        #expect(result.resumedFrom == 0)
+        #expect(f.server.requests[before...].first?.range == nil)
+    }
+
+    /// A valid state beside a garbage live record: only the durable bytes are trusted (the live record's claim is
+    /// ignored), and the download ends byte-exact.
+    @Test func garbageLiveRecordTrustsOnlyTheDurableState() async throws {
+        let f = try Fixture()
+        let size = 4 << 20
+        let file = ServedFile.random(size: size, seed: 77, etag: Self.etag)
+        let stallAt = 3 << 19
+        f.serve(file, faults: .onRequest(0, .stallAfter(stallAt)))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: Int64(stallAt))
+        let state = try #require(try StateFile.read(f.paths.state))
+        let live = try readFile(f.paths.live)
+        var generator = SplitMix64(seed: 10)
+        try writeFile(f.paths.live, (0..<live.count).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        let before = f.server.requests.count
+        let result = try await Self.download(f, f.url, to: f.dest)
+        Self.expectBytes(f.dest, file.data)
+        #expect(result.resumedFrom == state.durableBytes)
+        let start = Self.rangeStart(f.server.requests[before...].first) ?? 0
+        #expect(Int64(start) == state.durablePrefix)
+    }
+
+    /// Not regressed: with piece checksums in a valid state, a corrupted part is found by `verify(at:)`.
+    @Test func verifyFindsACorruptedPieceInAValidState() async throws {
+        let f = try Fixture()
+        let size = 4 << 20
+        let file = ServedFile.random(size: size, seed: 78, etag: Self.etag)
+        let stallAt = 3 << 20
+        f.serve(file, faults: .onRequest(0, .stallAfter(stallAt)))
+        var options = Self.options()
+        options.checkpointBytes = 1 << 20
+        let task = Task { try await Self.download(f, f.url, to: f.dest, options: options) }
+        let server = f.server
+        #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        #expect(await blocking { waitUntil { fileSize(f.paths.part) == Int64(stallAt) } })
+        #expect(
+            await blocking {
+                waitUntil { ((try? StateFile.read(f.paths.state))??.pieces.compactMap { $0 }.count ?? 0) >= 2 }
+            })
+        task.cancel()
+        _ = await task.result
+        let state = try #require(try StateFile.read(f.paths.state))
+        let piece = try #require(state.pieces.firstIndex { $0 != nil })
+        let fd = open(f.paths.part, O_RDWR | O_CLOEXEC)
+        let junk = [UInt8](repeating: 0xA5, count: 100)
+        _ = junk.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, off_t(Int64(piece) * state.pieceSize + 10)) }
+        close(fd)
+        let report = try Downloader.verify(at: f.dest)
+        print("verify after corruption: \(report)")
+        let after = try #require(try StateFile.read(f.paths.state))
+        #expect(after.pieces.count <= piece || after.pieces[piece] == nil)
+        let result = try await Self.download(f, f.url, to: f.dest)
+        #expect(result.destination == f.dest)
+        Self.expectBytes(f.dest, file.data)
+    }
+
+    // MARK: 6. Damaged catalog
+
+    enum CatalogDamage: String, CaseIterable, Sendable {
+        case truncatedToHalf, truncatedToZero, truncatedInHeader, zeroFilled
+    }
+
+    @Test(arguments: CatalogDamage.allCases)
+    func damagedCatalogIsRebuiltAndPartialsFinish(_ damage: CatalogDamage) async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 2 << 20, seed: 79, etag: "\"k\"")
+        f.server.serve("/k.bin", file: file, faults: .onRequest(0, .stallAfter(700_000, then: .close)))
+        var manager = try f.open()
+        let server = f.server
+        let id = try await manager.add(server.url("/k.bin"), options: .init(out: "k.bin"))
+        try #require(await blocking { server.waitForStall() })
+        #expect(await eventually { await manager.download(id)?.progress.bytes == 700_000 })
+        try await manager.pause(id)
+        await manager.waitUntilIdle()
+        await manager.close()
+
+        let catalog = f.managerDirectory + "/catalog.sqlite3"
+        let bytes = try readFile(catalog)
+        #expect(bytes.count >= 4096)
+        switch damage {
+        case .truncatedToHalf: try writeFile(catalog, Array(bytes[0..<(bytes.count / 2)]))
+        case .truncatedToZero: try writeFile(catalog, [])
+        case .truncatedInHeader: try writeFile(catalog, Array(bytes[0..<50]))
+        case .zeroFilled: try writeFile(catalog, [UInt8](repeating: 0, count: bytes.count))
+        }
+        try writeFile(catalog + "-wal", Array(String(repeating: "garbage wal ", count: 100).utf8))
+        manager = try f.open()
+        let report = manager.restoreReport
+        print("catalog \(damage): \(report)")
+        #expect(report.rebuiltBecause != nil, "\(damage): not rebuilt")
+        #expect(report.rebuiltBecause?.contains("\n") != true)
+        #expect(report.recoveredFromStateFiles == 1)
+        let restored = try #require(await manager.downloads().first, "\(damage): the partial was not restored")
+        #expect(restored.url == server.url("/k.bin"))
+        await manager.waitUntilIdle()
+        #expect(await manager.download(restored.id)?.status == .completed)
+        expectFile(f.path("k.bin"), file.data)
+        #expect(server.requests(for: "/k.bin").last?.range == "bytes=700000-")
+        await manager.close()
+    }
+}
