@@ -55,6 +55,13 @@ let package = Package(
             path: "Tests/Harness/ManagerHarness",
             swiftSettings: swiftSettings
         ),
+        // A fault-injecting HTTP server for bench/chaos.sh (SIGKILL + random faults soak).
+        .executableTarget(
+            name: "stitch-chaos-server",
+            dependencies: ["StitchTestSupport"],
+            path: "bench/ChaosServer",
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "StitchTestSupport",
             dependencies: ["CStitchSystem"],

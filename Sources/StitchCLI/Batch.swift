@@ -241,10 +241,38 @@ enum Batch {
 
     private static func makeTemporaryDirectory() -> String? {
         let base = ProcessInfo.processInfo.environment["TMPDIR"].map { $0.hasSuffix("/") ? $0 : $0 + "/" } ?? "/tmp/"
+        removeAbandonedDirectories(in: base)
         var template = Array((base + "stitch-list.XXXXXX").utf8CString)
         return template.withUnsafeMutableBufferPointer { buffer in
             guard let start = buffer.baseAddress, let result = mkdtemp(start) else { return nil }
             return String(cString: result)
+        }
+    }
+}
+
+extension Batch {
+    /// Removes the temporary folders of earlier lists that were killed (`kill -9` leaves them): a folder over a
+    /// minute old whose catalog no process holds locked (a running list holds SQLite's lock on it all along).
+    static func removeAbandonedDirectories(in base: String) {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: base) else { return }
+        let now = time(nil)
+        for name in names where name.hasPrefix("stitch-list.") {
+            let folder = base + name
+            var info = stat()
+            guard lstat(folder, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR, now - info.st_mtim.tv_sec > 60
+            else { continue }
+            let catalog = folder + "/catalog.sqlite3"
+            let fd = open(catalog, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+            if fd >= 0 {
+                var probe = flock()
+                probe.l_type = Int16(F_WRLCK)
+                probe.l_whence = Int16(SEEK_SET)
+                let asked = fcntl(fd, F_GETLK, &probe)
+                close(fd)
+                // Held by another process (or unknowable): leave it.
+                guard asked == 0, probe.l_type == Int16(F_UNLCK) else { continue }
+            }
+            try? FileManager.default.removeItem(atPath: folder)
         }
     }
 }

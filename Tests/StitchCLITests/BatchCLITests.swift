@@ -158,6 +158,31 @@ struct BatchCLITests {
 
     // MARK: 3. Failures do not stop the rest
 
+    /// A list killed with SIGKILL leaves its temporary catalog folder; the next list removes such folders once they
+    /// are over a minute old and no process holds their catalog, and leaves a recent one alone.
+    @Test func abandonedListFoldersAreSweptAway() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        server.serve("/a.bin", file: ServedFile.random(size: 1000, seed: 321))
+        server.serve("/b.bin", file: ServedFile.random(size: 1000, seed: 322))
+        let sandbox = try Sandbox("batch")
+        defer { sandbox.cleanup() }
+        let tmp = sandbox.path("tmp")
+        for name in ["stitch-list.old", "stitch-list.new"] {
+            try FileManager.default.createDirectory(atPath: tmp + "/" + name, withIntermediateDirectories: true)
+            _ = FileManager.default.createFile(atPath: tmp + "/\(name)/catalog.sqlite3", contents: Data())
+        }
+        var old = [timeval(tv_sec: time(nil) - 600, tv_usec: 0), timeval(tv_sec: time(nil) - 600, tv_usec: 0)]
+        #expect(utimes(tmp + "/stitch-list.old", &old) == 0)
+        let result = try await sandbox.run(
+            ["get", server.url("/a.bin"), server.url("/b.bin"), "-d", "dl", "-q"], environment: ["TMPDIR": tmp])
+        #expect(result.status == 0, "\(result)")
+        #expect(!FileManager.default.fileExists(atPath: tmp + "/stitch-list.old"), "the abandoned folder stays")
+        #expect(FileManager.default.fileExists(atPath: tmp + "/stitch-list.new"), "a recent folder was removed")
+        let left = try FileManager.default.contentsOfDirectory(atPath: tmp)
+        #expect(left == ["stitch-list.new"], "the run's own folder is removed at its end: \(left)")
+    }
+
     /// Two entries with the same `out=` (one written `./same.bin`): the first is downloaded, the second fails on its
     /// own with a line naming the clash, and the rest of the list still runs; exit 1.
     @Test func sameOutTwiceFailsOnlyTheSecond() async throws {
