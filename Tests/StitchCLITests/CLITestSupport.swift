@@ -16,34 +16,8 @@ enum StitchBinary {
     static let path: String = locate()
 
     private static func locate() -> String {
-        let environment = ProcessInfo.processInfo.environment
-        if let override = environment["STITCH_BINARY"], !override.isEmpty { return override }
-        var starts: [URL] = []
-        if let first = CommandLine.arguments.first {
-            let cwd = URL(fileURLWithPath: FileManager.default.currentDirectoryPath)
-            starts.append(URL(fileURLWithPath: first, relativeTo: cwd))
-        }
-        if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
-            starts.append(URL(fileURLWithPath: exe))
-        }
-        starts.append(Bundle.main.bundleURL.appendingPathComponent("x"))
-        if let executable = Bundle.main.executableURL { starts.append(executable) }
-        for start in starts {
-            var directory = start.standardizedFileURL.deletingLastPathComponent()
-            for _ in 0..<6 {
-                let candidate = directory.appendingPathComponent("stitch").path
-                if isExecutableFile(candidate) { return candidate }
-                if directory.path == "/" { break }
-                directory = directory.deletingLastPathComponent()
-            }
-        }
-        return "/nonexistent/stitch (set STITCH_BINARY)"
-    }
-
-    private static func isExecutableFile(_ path: String) -> Bool {
-        var info = stat()
-        guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { return false }
-        return access(path, X_OK) == 0
+        builtExecutable(named: "stitch", environmentVariable: "STITCH_BINARY")
+            ?? "/nonexistent/stitch (set STITCH_BINARY)"
     }
 }
 

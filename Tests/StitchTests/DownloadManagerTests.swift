@@ -757,40 +757,7 @@ import Testing
         await manager.close()
     }
 
-    // MARK: 10. A damaged catalog
-
-    /// Garbage in place of the catalog: the new manager says it rebuilt it, finds the partial download from its
-    /// state file, and finishes it from where it was.
-    @Test func corruptCatalogIsRebuiltFromStateFiles() async throws {
-        let f = try ManagerFixture()
-        let file = ServedFile.random(size: 2 << 20, seed: 100, etag: "\"k\"")
-        f.server.serve("/k.bin", file: file, faults: .onRequest(0, .stallAfter(700_000, then: .close)))
-        var manager = try f.open()
-        let server = f.server
-        let id = try await manager.add(server.url("/k.bin"), options: .init(out: "k.bin"))
-        try #require(await blocking { server.waitForStall() })
-        #expect(await eventually { await manager.download(id)?.progress.bytes == 700_000 })
-        try await manager.pause(id)
-        await manager.waitUntilIdle()
-        await manager.close()
-
-        let catalog = f.managerDirectory + "/catalog.sqlite3"
-        #expect(fileExists(catalog))
-        try writeFile(catalog, Array(String(repeating: "not a database ", count: 500).utf8))
-        manager = try f.open()
-        let report = manager.restoreReport
-        #expect(report.rebuiltBecause != nil)
-        #expect(report.recoveredFromStateFiles == 1)
-        #expect(report.restored == 1)
-        let restored = try #require(await manager.downloads().first)
-        #expect(restored.url == server.url("/k.bin"))
-        #expect(restored.path == f.path("k.bin"))
-        await manager.waitUntilIdle()
-        #expect(await manager.download(restored.id)?.status == .completed)
-        expectFile(f.path("k.bin"), file.data)
-        #expect(server.requests(for: "/k.bin").last?.range == "bytes=700000-")
-        await manager.close()
-    }
+    // MARK: 10. A damaged catalog: LocalFaultTests.damagedCatalogIsRebuiltAndPartialsFinish
 
     // MARK: 11. A large catalog
 

@@ -420,7 +420,7 @@ import Testing
     // MARK: 6. Damaged catalog
 
     enum CatalogDamage: String, CaseIterable, Sendable {
-        case truncatedToHalf, truncatedToZero, truncatedInHeader, zeroFilled
+        case truncatedToHalf, truncatedToZero, truncatedInHeader, zeroFilled, garbage
     }
 
     @Test(arguments: CatalogDamage.allCases)
@@ -445,6 +445,7 @@ import Testing
         case .truncatedToZero: try writeFile(catalog, [])
         case .truncatedInHeader: try writeFile(catalog, Array(bytes[0..<50]))
         case .zeroFilled: try writeFile(catalog, [UInt8](repeating: 0, count: bytes.count))
+        case .garbage: try writeFile(catalog, Array(String(repeating: "not a database ", count: 500).utf8))
         }
         try writeFile(catalog + "-wal", Array(String(repeating: "garbage wal ", count: 100).utf8))
         manager = try f.open()
@@ -453,8 +454,10 @@ import Testing
         #expect(report.rebuiltBecause != nil, "\(damage): not rebuilt")
         #expect(report.rebuiltBecause?.contains("\n") != true)
         #expect(report.recoveredFromStateFiles == 1)
+        #expect(report.restored == 1)
         let restored = try #require(await manager.downloads().first, "\(damage): the partial was not restored")
         #expect(restored.url == server.url("/k.bin"))
+        #expect(restored.path == f.path("k.bin"))
         await manager.waitUntilIdle()
         #expect(await manager.download(restored.id)?.status == .completed)
         expectFile(f.path("k.bin"), file.data)

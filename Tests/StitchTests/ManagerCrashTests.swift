@@ -133,34 +133,7 @@ import Testing
 enum HarnessBinary {
     static let name = "stitch-manager-harness"
 
-    static let path: String? = {
-        if let override = ProcessInfo.processInfo.environment["STITCH_MANAGER_HARNESS"], !override.isEmpty {
-            return override
-        }
-        var starts: [URL] = []
-        if let first = CommandLine.arguments.first {
-            let cwd = URL(fileURLWithPath: FileManager.default.currentDirectoryPath)
-            starts.append(URL(fileURLWithPath: first, relativeTo: cwd))
-        }
-        if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
-            starts.append(URL(fileURLWithPath: exe))
-        }
-        starts.append(Bundle.main.bundleURL.appendingPathComponent("x"))
-        if let executable = Bundle.main.executableURL { starts.append(executable) }
-        for start in starts {
-            var directory = start.standardizedFileURL.deletingLastPathComponent()
-            for _ in 0..<6 {
-                let candidate = directory.appendingPathComponent(name).path
-                var info = stat()
-                if stat(candidate, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, access(candidate, X_OK) == 0 {
-                    return candidate
-                }
-                if directory.path == "/" { break }
-                directory = directory.deletingLastPathComponent()
-            }
-        }
-        return nil
-    }()
+    static let path: String? = builtExecutable(named: name, environmentVariable: "STITCH_MANAGER_HARNESS")
 }
 
 /// A running harness whose stdout and stderr are read on their own threads. Killed if still running when released.
