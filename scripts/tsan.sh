@@ -12,13 +12,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 filter='SegmentedTests|DownloaderTests|DownloadManagerTests|PartStoreTests|RateLimiterTests|CatalogTests'
+# Left to the normal run: these bound the bytes a server pushed past a steal point by the kernel's socket buffers
+# on a normally fast client; ThreadSanitizer's slowdown lets more pile up (they are about buffering, not threads).
+skip='splitsIntoSegmentsAndIsByteExact|idleLaneStealsHalfOfTheSlowestSegmentOnAPieceBoundary'
 if [[ ${1:-} == --filter ]]; then filter=$2; fi
 swift build --build-tests --sanitize=thread -Xswiftc -DSTITCH_TSAN --scratch-path .build-tsan
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=0} \
-    swift test --skip-build --sanitize=thread --scratch-path .build-tsan --no-parallel --filter "$filter" 2>&1 | tee "$log" || status=$?
+    swift test --skip-build --sanitize=thread --scratch-path .build-tsan --no-parallel --filter "$filter" --skip "$skip" 2>&1 | tee "$log" || status=$?
 races=$(grep -c 'WARNING: ThreadSanitizer' "$log" || true)
 echo "tsan.sh: $races ThreadSanitizer report(s); tests exited $status"
 ((races == 0)) || exit 1
