@@ -11,6 +11,8 @@
 #   NGINX_SLOW_PORT   plain HTTP with limit_rate (NGINX_SLOW_RATE per connection)
 #   NGINX_SLOW_RATE   e.g. 2m (nginx size syntax; 2m = 2 MiB/s)
 #   NGINX_CA_CERT     DIR/cert.pem, self-signed, its own CA (IP:127.0.0.1, DNS:localhost)
+#   NGINX_TLS_EXPIRED_PORT     HTTPS with a certificate from that CA that expired in 2020
+#   NGINX_TLS_WRONG_HOST_PORT  HTTPS with a valid certificate from that CA for DNS:wrong.example only
 #   NGINX_WWW         DIR/www (document root)
 #   NGINX_DIR, NGINX_PID_FILE, NGINX_ACCESS_LOG, NGINX_ERROR_LOG
 # and, only when NGINX_THROTTLE_RATE is set (after the lines above):
@@ -36,7 +38,7 @@
 #
 # Runs as root (workers then run as root too, so a mode-700 mktemp DIR is fine)
 # or as an ordinary user (no `user` directive; everything lives in DIR).
-# Needs: bash, coreutils, openssl, nginx with http_ssl + http_v2 (nginx-light).
+# Needs: bash, coreutils, openssl (1.1 or 3.x: `openssl ca` backdates), nginx with http_ssl + http_v2 (nginx-light).
 set -euo pipefail
 
 prog=${0##*/}
@@ -167,9 +169,64 @@ EOF
     mv -f "$dir/cert.pem.tmp" "$dir/cert.pem"
 }
 
-# write_conf DIR HTTP HTTPS SLOW RATE [THROTTLE_PORT THROTTLE_RATE [THROTTLE_CHUNK]]
+# Two server certificates signed by DIR/cert.pem for the TLS failure tests: expired.pem (valid only in
+# January 2020, for 127.0.0.1 and localhost) and wronghost.pem (valid now, for DNS:wrong.example only).
+# Both share leafkey.pem. `openssl ca` is the one OpenSSL 3.0 command that sets a notBefore in the past.
+make_leaf_certs() {
+    local dir=$1 ca=$1/ca
+    if [[ -s $dir/expired.pem && -s $dir/wronghost.pem && -s $dir/leafkey.pem && $dir/expired.pem -nt $dir/cert.pem ]] &&
+        openssl x509 -in "$dir/wronghost.pem" -noout -checkend 86400 >/dev/null 2>&1; then
+        return 0
+    fi
+    rm -rf "$ca" && mkdir -p "$ca" && : >"$ca/index.txt" && echo 1000 >"$ca/serial"
+    cat >"$ca/ca.cnf" <<EOF
+[ca]
+default_ca = test
+[test]
+database = $ca/index.txt
+serial = $ca/serial
+new_certs_dir = $ca
+certificate = $dir/cert.pem
+private_key = $dir/key.pem
+default_md = sha256
+policy = any
+unique_subject = no
+copy_extensions = none
+[any]
+commonName = supplied
+[expired]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+authorityKeyIdentifier = keyid
+subjectAltName = IP:127.0.0.1, DNS:localhost
+[wronghost]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+authorityKeyIdentifier = keyid
+subjectAltName = DNS:wrong.example
+EOF
+    {
+        openssl genrsa -out "$ca/leafkey.pem" 2048 &&
+            openssl req -new -key "$ca/leafkey.pem" -subj "/CN=stitch expired test" -out "$ca/expired.csr" &&
+            openssl ca -batch -config "$ca/ca.cnf" -extensions expired -startdate 20200101000000Z \
+                -enddate 20200201000000Z -in "$ca/expired.csr" -out "$ca/expired.pem" &&
+            openssl req -new -key "$ca/leafkey.pem" -subj "/CN=wrong.example" -out "$ca/wronghost.csr" &&
+            openssl ca -batch -config "$ca/ca.cnf" -extensions wronghost -days 30 \
+                -in "$ca/wronghost.csr" -out "$ca/wronghost.pem"
+    } >"$dir/logs/openssl-leaf.log" 2>&1 ||
+        { cat "$dir/logs/openssl-leaf.log" >&2; die "openssl failed to create the test server certificates"; }
+    chmod 600 "$ca/leafkey.pem"
+    mv -f "$ca/leafkey.pem" "$dir/leafkey.pem"
+    mv -f "$ca/wronghost.pem" "$dir/wronghost.pem"
+    mv -f "$ca/expired.pem" "$dir/expired.pem"
+}
+
+# write_conf DIR HTTP HTTPS SLOW RATE EXPIRED WRONG_HOST [THROTTLE_PORT THROTTLE_RATE [THROTTLE_CHUNK]]
 write_conf() {
-    local dir=$1 http=$2 https=$3 slow=$4 rate=$5 throttle=${6:-} trate=${7:-} tchunk=${8:-} user_line=""
+    local dir=$1 http=$2 https=$3 slow=$4 rate=$5 expired=$6 wronghost=$7 throttle=${8:-} trate=${9:-} tchunk=${10:-}
+    local user_line=""
     if [[ $(id -u) -eq 0 ]]; then
         # Default worker user (nobody) could not read a mode-700 temp dir.
         user_line="user root;"
@@ -234,6 +291,23 @@ http {
         root $dir/www;
         limit_rate $rate;
     }
+
+    # TLS failures: an expired certificate, and one for another host name.
+    server {
+        listen 127.0.0.1:$expired ssl;
+        server_name localhost 127.0.0.1;
+        root $dir/www;
+        ssl_certificate     $dir/expired.pem;
+        ssl_certificate_key $dir/leafkey.pem;
+    }
+
+    server {
+        listen 127.0.0.1:$wronghost ssl;
+        server_name localhost 127.0.0.1;
+        root $dir/www;
+        ssl_certificate     $dir/wronghost.pem;
+        ssl_certificate_key $dir/leafkey.pem;
+    }
 EOF
     if [[ -n $throttle ]]; then
         cat >>"$dir/nginx.conf" <<EOF
@@ -272,15 +346,15 @@ throttle_env() {
     [[ -z ${2:-} ]] || printf 'NGINX_THROTTLE_CHUNK=%s\n' "$2"
 }
 
-# True when the nginx for DIR answers on every port: DIR HTTP HTTPS SLOW [THROTTLE].
+# True when the nginx for DIR answers on every port: DIR HTTP HTTPS SLOW EXPIRED WRONG_HOST [THROTTLE].
 all_answer() {
-    [[ -n $(running_pid "$1") ]] && http_ok "$2" && http_ok "$4" && port_busy "$3" &&
-        { [[ -z ${5:-} ]] || http_ok "$5"; }
+    [[ -n $(running_pid "$1") ]] && http_ok "$2" && http_ok "$4" && port_busy "$3" && port_busy "$5" &&
+        port_busy "$6" && { [[ -z ${7:-} ]] || http_ok "$7"; }
 }
 
 do_start() {
     local dir=$1 nginx rate timeout pid attempt http https slow i ok
-    local trate tchunk throttle="" nports=3
+    local trate tchunk throttle="" expired wronghost nports=5
     nginx=$(find_nginx)
     rate=${NGINX_SLOW_RATE:-2m}
     [[ $rate =~ ^[0-9]+[kKmMgG]?$ ]] || die "bad NGINX_SLOW_RATE=$rate (want e.g. 2m, 500k)"
@@ -288,7 +362,7 @@ do_start() {
     tchunk=${NGINX_THROTTLE_CHUNK:-}
     if [[ -n $trate ]]; then
         [[ $trate =~ ^[0-9]+[kKmMgG]?$ ]] || die "bad NGINX_THROTTLE_RATE=$trate (want e.g. 20m, 500k)"
-        nports=4
+        nports=6
     fi
     if [[ -n $tchunk ]]; then
         [[ -n $trate ]] || die "NGINX_THROTTLE_CHUNK needs NGINX_THROTTLE_RATE"
@@ -300,7 +374,8 @@ do_start() {
     pid=$(running_pid "$dir")
     if [[ -n $pid && -f $dir/ports.env ]]; then
         http=$(sed -n 's/^NGINX_HTTP_PORT=//p' "$dir/ports.env")
-        if [[ -n $http ]] && http_ok "$http"; then
+        # An older ports.env (no TLS failure ports) means an nginx started by an older script.
+        if [[ -n $http ]] && http_ok "$http" && grep -q '^NGINX_TLS_WRONG_HOST_PORT=' "$dir/ports.env"; then
             # A throttled port with other settings (or none) needs a restart.
             if [[ -z $trate || $(grep -E '^NGINX_THROTTLE_(RATE|CHUNK)=' "$dir/ports.env") == "$(throttle_env "$trate" "$tchunk")" ]]; then
                 note "nginx already running for $dir (pid $pid)"
@@ -316,6 +391,7 @@ do_start() {
     mkdir -p "$dir/www" "$dir/logs" "$dir/tmp"
 
     make_cert "$dir"
+    make_leaf_certs "$dir"
     make_file "$dir/www/small.bin" $((1 << 20))
     make_file "$dir/www/medium.bin" $((16 << 20))
     : >"$dir/www/empty.bin.tmp" && mv -f "$dir/www/empty.bin.tmp" "$dir/www/empty.bin"
@@ -323,8 +399,8 @@ do_start() {
 
     ok=""
     for ((attempt = 1; attempt <= 8; attempt++)); do
-        read -r http https slow throttle < <(pick_ports "$nports")
-        write_conf "$dir" "$http" "$https" "$slow" "$rate" "$throttle" "$trate" "$tchunk"
+        read -r http https slow expired wronghost throttle < <(pick_ports "$nports")
+        write_conf "$dir" "$http" "$https" "$slow" "$rate" "$expired" "$wronghost" "$throttle" "$trate" "$tchunk"
         rm -f "$dir/nginx.pid"
         : >"$dir/logs/start.log"
         # nginx binds all listen sockets before daemonizing, so a zero exit
@@ -348,12 +424,12 @@ do_start() {
 
     # Wait until the master wrote its pid and every port answers.
     for ((i = 0; i < timeout * 10; i++)); do
-        if all_answer "$dir" "$http" "$https" "$slow" "$throttle"; then
+        if all_answer "$dir" "$http" "$https" "$slow" "$expired" "$wronghost" "$throttle"; then
             break
         fi
         sleep 0.1
     done
-    if ! all_answer "$dir" "$http" "$https" "$slow" "$throttle"; then
+    if ! all_answer "$dir" "$http" "$https" "$slow" "$expired" "$wronghost" "$throttle"; then
         tail -n 20 "$dir/logs/error.log" >&2 2>/dev/null || true
         do_stop "$dir"
         die "nginx did not answer on 127.0.0.1:$http/$https/$slow${throttle:+/$throttle} within ${timeout}s"
@@ -365,6 +441,8 @@ NGINX_HTTPS_PORT=$https
 NGINX_SLOW_PORT=$slow
 NGINX_SLOW_RATE=$rate
 NGINX_CA_CERT=$dir/cert.pem
+NGINX_TLS_EXPIRED_PORT=$expired
+NGINX_TLS_WRONG_HOST_PORT=$wronghost
 NGINX_WWW=$dir/www
 NGINX_DIR=$dir
 NGINX_PID_FILE=$dir/nginx.pid

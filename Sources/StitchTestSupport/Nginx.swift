@@ -14,6 +14,10 @@ public final class Nginx: Sendable {
     public let slowRate: String
     /// The self-signed certificate (its own CA) for 127.0.0.1 and localhost.
     public let caCertificate: String
+    /// HTTPS with a certificate from `caCertificate` that expired in 2020 (for 127.0.0.1 and localhost).
+    public let expiredCertificatePort: Int
+    /// HTTPS with a valid certificate from `caCertificate` for `wrong.example` only.
+    public let wrongHostCertificatePort: Int
     /// The document root: small.bin (1 MiB), medium.bin (16 MiB), empty.bin, SHA256SUMS.
     public let documentRoot: String
     /// Each line: method, URI, status, body bytes, Range, If-Range, protocol (see scripts/nginx.sh).
@@ -81,6 +85,8 @@ public final class Nginx: Sendable {
         guard let http = values["NGINX_HTTP_PORT"].flatMap(Int.init),
             let https = values["NGINX_HTTPS_PORT"].flatMap(Int.init),
             let slow = values["NGINX_SLOW_PORT"].flatMap(Int.init),
+            let expired = values["NGINX_TLS_EXPIRED_PORT"].flatMap(Int.init),
+            let wrongHost = values["NGINX_TLS_WRONG_HOST_PORT"].flatMap(Int.init),
             let ca = values["NGINX_CA_CERT"], let www = values["NGINX_WWW"]
         else { throw NginxError("incomplete \(directory)/ports.env") }
         self.directory = directory
@@ -89,6 +95,8 @@ public final class Nginx: Sendable {
         self.slowPort = slow
         self.slowRate = values["NGINX_SLOW_RATE"] ?? "?"
         self.caCertificate = ca
+        self.expiredCertificatePort = expired
+        self.wrongHostCertificatePort = wrongHost
         self.documentRoot = www
         self.accessLog = values["NGINX_ACCESS_LOG"] ?? directory + "/access.log"
     }

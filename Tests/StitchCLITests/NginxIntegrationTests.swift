@@ -163,6 +163,37 @@ struct NginxIntegrationTests {
         }
     }
 
+    /// A certificate from a trusted CA that is expired, or names another host: one line naming the reason and the
+    /// server, exit 1, nothing written; `--insecure` still downloads (the user's explicit choice).
+    @Test(arguments: [
+        ("expired", "certificate has expired"),
+        ("wrong host", "no alternative certificate subject name matches target host name 'localhost'"),
+    ])
+    func httpsCertificateProblemsNameTheReason(certificate: String, reason: String) async throws {
+        let nginx = try await sharedNginx()
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        let port = certificate == "expired" ? nginx.expiredCertificatePort : nginx.wrongHostCertificatePort
+        let server = "localhost:\(port)"
+        let url = "https://\(server)/small.bin"
+        let result = try await sandbox.run(["get", url, "-o", "small.bin", "--ca-cert", nginx.caCertificate])
+        #expect(result.status == 1, "\(result)")
+        #expect(result.stdout.isEmpty)
+        #expect(errorLines(result).count == 1, "\(result)")
+        #expect(result.stderr.contains("TLS error"), "\(result)")
+        #expect(result.stderr.contains(reason), "\(result)")
+        #expect(result.stderr.contains("(server \(server))"), "\(result)")
+        #expect(sandbox.entries().isEmpty, "\(sandbox.entries())")
+
+        // Not a retryable failure: one attempt, no retry notices.
+        #expect(!result.stderr.contains("retry"), "\(result)")
+
+        let insecure = try await sandbox.run(["get", url, "-o", "small.bin", "--insecure", "-q"])
+        #expect(insecure.status == 0, "\(insecure)")
+        let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+        #expect(readBytes(sandbox.path("small.bin")) == expected)
+    }
+
     @Test func directoryNamesTheFileFromTheURL() async throws {
         let nginx = try await sharedNginx()
         let name = "named-\(UUID().uuidString).bin"

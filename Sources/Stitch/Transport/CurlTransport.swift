@@ -227,7 +227,7 @@ final class CurlTransfer: @unchecked Sendable {
             return .failure(.stalled("no data for \(String(format: "%g", seconds)) s (stalled transfer)"))
         }
         let detail = String(cString: errorBuffer)
-        let message = detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail
+        var message = detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail
         let kind: TransportError.Code
         switch code {
         case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY: kind = .resolve
@@ -246,7 +246,18 @@ final class CurlTransfer: @unchecked Sendable {
         case CURLE_ABORTED_BY_CALLBACK: kind = .cancelled
         default: kind = .other
         }
+        if kind == .tls, let server = URLComponents(string: request.url).flatMap(Self.serverName) {
+            // After redirects the failing server is not the one the user named.
+            message += " (server \(server))"
+        }
         return .failure(TransportError(kind, message, underlyingCode: Int(code.rawValue)))
+    }
+
+    /// `host:port` (or the host alone) of a URL, for error messages.
+    static func serverName(_ components: URLComponents) -> String? {
+        guard let host = components.host, !host.isEmpty else { return nil }
+        let shown = host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host
+        return components.port.map { "\(shown):\($0)" } ?? shown
     }
 }
 
