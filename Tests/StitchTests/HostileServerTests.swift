@@ -31,8 +31,11 @@ import Testing
     }
 
     static let headerCases: [HostileCase] = [
-        HostileCase("1 MiB of headers", .fails(.retriesExhausted)) { file in
+        HostileCase("1 MiB of headers", .fails(.protocolViolation)) { file in
             .always(.raw(ok(file, extra: (0..<1024).map { line("X-Pad-\($0): " + String(repeating: "a", count: 1000)) })))
+        },
+        HostileCase("240 KB of headers (under the 256 KiB limit)", .complete) { file in
+            .always(.raw(ok(file, extra: (0..<240).map { line("X-Pad-\($0): " + String(repeating: "a", count: 1000)) })))
         },
         HostileCase("one 200 KB header line", .fails(.protocolViolation)) { file in
             .always(.raw(ok(file, extra: [line("X-Big: " + String(repeating: "b", count: 200_000))])))
@@ -178,6 +181,25 @@ import Testing
         let f = try await Self.check(c)
         #expect(f.server.requests.count == 2)
         #expect(try StateFile.read(f.paths.state)?.segments.first?.durable == 1)
+    }
+
+    /// A server that drops every connection after a few bytes: each attempt saves a little, but less than
+    /// `minimumProgress`, so the retries run out (the old rule — any new byte resets the count — retried for ever).
+    /// One that drops after more than `minimumProgress` bytes is progress, however many attempts it takes.
+    @Test(arguments: [(100, false), (12_000, true)])
+    func connectionsThatEachSaveTooLittleExhaustTheRetries(bytesPerConnection: Int, completes: Bool) async throws {
+        var options = DownloadOptions.testing
+        options.connections = 1
+        options.retry.maxRetries = 3
+        options.retry.minimumProgress = 10_000
+        let expect: HostileCase.Expect =
+            completes ? .complete : .fails(.retriesExhausted, part: .exactly(4 * bytesPerConnection))
+        let c = HostileCase("drop after \(bytesPerConnection) bytes", expect, options: options) { _ in
+            .always(.dropAfter(bytesPerConnection))
+        }
+        let f = try await Self.check(c)
+        let requests = completes ? (Self.size + bytesPerConnection - 1) / bytesPerConnection : 4
+        #expect(f.server.requests.count == requests)
     }
 
     // MARK: Pure checks behind the cases above

@@ -116,8 +116,9 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             let transportRequest = TransportRequest(
                 url: currentURL.absoluteString, headers: headers, options: options.transport)
             let result = await transport.perform(transportRequest, delegate: self)
-            // Progress means new bytes saved: re-fetching the overlap window again and again is not progress.
-            if let written = store?.written(0), written > before { failures = 0 }
+            // Progress means new bytes saved: re-fetching the overlap window again and again is not progress, nor
+            // is a trickle of bytes per connection.
+            if let written = store?.written(0), written - before >= options.retry.minimumProgress { failures = 0 }
 
             if let setupError { throw setupError }
             if let alreadyComplete { return alreadyComplete }

@@ -265,7 +265,7 @@ final class SegmentedTransfer: Sendable {
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return }
             try Task.checkCancellation()
-            if store.written(slot) > start { failures = 0 }
+            if store.written(slot) - start >= options.retry.minimumProgress { failures = 0 }
 
             var reason: String
             var retryAfter: String?

@@ -31,8 +31,20 @@ final class LiveRecord: @unchecked Sendable {
         guard fd >= 0 else { throw .io("cannot create", path: path, .current) }
         // Written, not just extended: the blocks are allocated now, so a full disk is an error here instead of a
         // SIGBUS at the first store into a sparse mapping.
+        // Retrying short writes and `EINTR`, as PartStore.write does.
         let zeros = [UInt8](repeating: 0, count: Self.size)
-        guard zeros.withUnsafeBytes({ pwrite(fd, $0.baseAddress, $0.count, 0) }) == Self.size,
+        var done = 0
+        while done < Self.size {
+            let n = zeros.withUnsafeBytes { buffer in
+                retryingOnInterrupt { pwrite(fd, buffer.baseAddress! + done, buffer.count - done, off_t(done)) }
+            }
+            if n <= 0 {
+                if n == 0 { errno = ENOSPC }
+                break
+            }
+            done += n
+        }
+        guard done == Self.size,
             ftruncate(fd, off_t(Self.size)) == 0,
             let mapped = mmap(nil, Self.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), mapped != MAP_FAILED
         else {

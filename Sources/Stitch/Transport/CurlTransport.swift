@@ -54,6 +54,11 @@ final class CurlTransfer: @unchecked Sendable {
     var headDelivered = false
     var disposition = BodyDisposition.receive
     var delegateAborted = false
+    /// Bytes of the current response head so far (status line included), and whether it outgrew the limit.
+    var headBytes = 0
+    var headTooLarge = false
+    /// The largest response head accepted: far beyond any real server's, below libcurl's own 300 KB.
+    static let maximumHeadBytes = 256 << 10
 
     // Stall detection: seconds (monotonic) of the last header or body byte, or of the moment the request was
     // sent. libcurl's low-speed limit averages over several seconds, so a stall after fast data was seen late.
@@ -159,6 +164,13 @@ final class CurlTransfer: @unchecked Sendable {
         lastActivity = monotonicNow()
         // Trailer fields after a body are not a new head: ignore them.
         if headDelivered { return true }
+        headBytes += raw.count
+        if headBytes > Self.maximumHeadBytes {
+            // Refused here, not left to libcurl (whose limit and error code vary by version: 300 KB and a
+            // retryable receive error in 7.88): a server sending this much head will send it again.
+            headTooLarge = true
+            return false
+        }
         var length = raw.count
         while length > 0, raw[length - 1] == 0x0A || raw[length - 1] == 0x0D { length -= 1 }
         let line = Substring(String(decoding: UnsafeRawBufferPointer(rebasing: raw[0..<length]), as: UTF8.self))
@@ -167,6 +179,7 @@ final class CurlTransfer: @unchecked Sendable {
             status = parts.count > 1 ? Int(parts[1]) ?? 0 : 0
             headers = HTTPHeaders()
             headDelivered = false
+            headBytes = raw.count
             return status != 0
         }
         if line.isEmpty {
@@ -222,6 +235,9 @@ final class CurlTransfer: @unchecked Sendable {
             return .success(())
         }
         if delegateAborted { return .failure(.abortedByDelegate) }
+        if headTooLarge {
+            return .failure(TransportError(.other, "the response headers exceed \(Self.maximumHeadBytes >> 10) KiB"))
+        }
         if stalled {
             let seconds = request.options.stallTimeout
             return .failure(.stalled("no data for \(String(format: "%g", seconds)) s (stalled transfer)"))
