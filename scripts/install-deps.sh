@@ -2,9 +2,11 @@
 # Installs the Debian packages Stitch builds and tests with (run as root). Safe to rerun.
 #   build:  libcurl4-openssl-dev (HTTP transport), libssl-dev (libcrypto: checksums), libsqlite3-dev (catalog),
 #           pkg-config
-#   tests:  nginx-light + openssl (loopback integration server, self-signed certificate), curl, time
+#   tests:  nginx-light + openssl (loopback integration server, self-signed certificate), curl, time,
+#           gcc + libc6-dev (build Tests/Shims/eintr_shim.c, the LD_PRELOAD shim of InterruptedWriteTests)
 set -euo pipefail
-packages=(libcurl4-openssl-dev libssl-dev libsqlite3-dev pkg-config ca-certificates nginx-light openssl curl time)
+packages=(libcurl4-openssl-dev libssl-dev libsqlite3-dev pkg-config ca-certificates nginx-light openssl curl time gcc
+    libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -769,11 +769,13 @@ import Testing
 
     // MARK: What is already on disk
 
+    /// Without a previous generation to fall back on (LocalFaultTests covers the fallback).
     @Test func corruptStateIsReportedAndThePartKept() async throws {
         let f = try Fixture()
         let file = ServedFile.random(size: Self.size, seed: 32, etag: Self.etag)
         f.serve(file, faults: .onRequest(0, .stallAfter(1_500_000, then: .close)))
         try await f.interruptedDownload(f.request(), at: 1_500_000)
+        unlink(f.paths.previousState)
         try writeFile(f.paths.state, Array("{\"schemaVersion\": 2, \"url\": tru".utf8))
         let part = try readFile(f.paths.part)
 

@@ -72,11 +72,12 @@ import Testing
 
     static func download(
         _ f: Fixture, _ url: String, to path: String, overwrite: Bool = false,
-        options: DownloadOptions = LocalFaultTests.options()
+        options: DownloadOptions = LocalFaultTests.options(),
+        events: @escaping @Sendable (DownloadEvent) -> Void = { _ in }
     ) async throws -> DownloadResult {
         let request = DownloadRequest(url: url, destination: .file(path), checksum: nil, overwrite: overwrite)
         return try await Downloader(transport: CurlTransport.shared, clock: f.clock).download(
-            request, options: options) { _ in }
+            request, options: options, onEvent: events)
     }
 
     static func expectOneLine(_ error: DownloadError?, sourceLocation: SourceLocation = #_sourceLocation) {
@@ -323,26 +324,39 @@ import Testing
         case truncated, zeroFilled, emptied, garbage
     }
 
-    /// A partial interrupted at 1.5 MiB of 4 MiB, then its state file damaged: one line, `.unusableState`, the part
-    /// file untouched; with `overwrite` the download starts over from byte 0 (its data was not trusted).
-    @Test(arguments: StateDamage.allCases)
-    func damagedStateFileIsReportedAndOverwriteStartsOver(_ damage: StateDamage) async throws {
+    /// Writes `damage` over the file at `path`.
+    static func damage(_ path: String, _ damage: StateDamage, seed: UInt64 = 9) throws {
+        let state = try readFile(path)
+        #expect(state.count > 100)
+        switch damage {
+        case .truncated: try writeFile(path, Array(state[0..<(state.count / 2)]))
+        case .zeroFilled: try writeFile(path, [UInt8](repeating: 0, count: state.count))
+        case .emptied: try writeFile(path, [])
+        case .garbage:
+            var generator = SplitMix64(seed: seed)
+            try writeFile(path, (0..<state.count).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        }
+    }
+
+    /// A partial interrupted at 1.5 MiB of 4 MiB, then its state file damaged and no usable previous generation
+    /// (none, or damaged too): one line, `.unusableState`, the part file untouched; with `overwrite` the download
+    /// starts over from byte 0 (its data was not trusted).
+    @Test(arguments: StateDamage.allCases, [false, true])
+    func damagedStateFileIsReportedAndOverwriteStartsOver(_ damage: StateDamage, previousDamagedToo: Bool) async throws {
         let f = try Fixture()
         let size = 4 << 20
         let file = ServedFile.random(size: size, seed: 76, etag: Self.etag)
         let stallAt = 3 << 19
         f.serve(file, faults: .onRequest(0, .stallAfter(stallAt)))
         try await f.interruptedDownload(f.request(), options: Self.options(), at: Int64(stallAt))
-        let state = try readFile(f.paths.state)
-        #expect(state.count > 100)
-        switch damage {
-        case .truncated: try writeFile(f.paths.state, Array(state[0..<(state.count / 2)]))
-        case .zeroFilled: try writeFile(f.paths.state, [UInt8](repeating: 0, count: state.count))
-        case .emptied: try writeFile(f.paths.state, [])
-        case .garbage:
-            var generator = SplitMix64(seed: 9)
-            try writeFile(f.paths.state, (0..<state.count).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        if previousDamagedToo {
+            // The newest state doubles as the previous generation, then both are damaged.
+            try writeFile(f.paths.previousState, try readFile(f.paths.state))
+            try Self.damage(f.paths.previousState, damage, seed: 10)
+        } else {
+            unlink(f.paths.previousState)
         }
+        try Self.damage(f.paths.state, damage)
         let part = try readFile(f.paths.part)
 
         let error = await #expect(throws: DownloadError.self) {
@@ -360,6 +374,78 @@ import Testing
         Self.expectBytes(f.dest, file.data)
         #expect(result.resumedFrom == 0)
         #expect(f.server.requests[before...].first?.range == nil)
+    }
+
+    /// A damaged state file beside a readable previous generation (here: the state as it was at the interruption,
+    /// 1.5 MiB of 4 MiB with piece 0 recorded): the resume falls back on it, says so in one notice, keeps exactly
+    /// what its piece checksums prove (piece 0; the half piece after it has no checksum yet) and fetches the rest.
+    /// With piece 0's bytes also damaged in the part file, nothing is proven and everything is fetched again.
+    @Test(arguments: StateDamage.allCases, [false, true])
+    func damagedStateFallsBackToThePreviousCheckpoint(_ damage: StateDamage, partDamaged: Bool) async throws {
+        let f = try Fixture()
+        let size = 4 << 20
+        let file = ServedFile.random(size: size, seed: 77, etag: Self.etag)
+        let stallAt = 3 << 19
+        f.serve(file, faults: .onRequest(0, .stallAfter(stallAt)))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: Int64(stallAt))
+        let saved = try #require(try StateFile.read(f.paths.state))
+        #expect(saved.durableBytes == Int64(stallAt))
+        #expect(saved.pieces.first.flatMap { $0 } != nil, "piece 0 has no checksum: \(saved.pieces)")
+        try writeFile(f.paths.previousState, try readFile(f.paths.state))
+        try Self.damage(f.paths.state, damage)
+        if partDamaged {
+            let fd = open(f.paths.part, O_WRONLY)
+            #expect(fd >= 0)
+            var junk: [UInt8] = [0xDE, 0xAD, 0xBE, 0xEF]
+            #expect(pwrite(fd, &junk, junk.count, 1000) == junk.count)
+            close(fd)
+        }
+
+        let before = f.server.requests.count
+        let notices = Mutex<[String]>([])
+        let result = try await Self.download(f, f.url, to: f.dest) { event in
+            if case .resuming(_, let note?) = event { notices.withLock { $0.append(note) } }
+        }
+        Self.expectBytes(f.dest, file.data)
+        let kept: Int64 = partDamaged ? 0 : 1 << 20
+        #expect(result.resumedFrom == kept)
+        let first = f.server.requests[before...].first
+        #expect(Self.rangeStart(first) == (partDamaged ? nil : Int(kept)), "\(String(describing: first?.range))")
+        let note = notices.withLock { $0 }
+        #expect(note.count == 1, "\(note)")
+        #expect(note.first?.contains(f.paths.state) == true && note.first?.contains("checkpoint before it") == true,
+            "\(note)")
+        #expect(!note.contains { $0.contains("\n") })
+        let leftovers = [f.paths.part] + f.paths.sidecars
+        #expect(leftovers.filter(fileExists).isEmpty, "\(leftovers.filter(fileExists))")
+    }
+
+    /// Real checkpoints keep the previous generation: after two interruptions the previous state reads, describes
+    /// the same download, and is no newer than the state; a restart from zero (new validators) removes it.
+    @Test func checkpointsKeepThePreviousGenerationAndARestartDropsIt() async throws {
+        let f = try Fixture()
+        let size = 4 << 20
+        let file = ServedFile.random(size: size, seed: 78, etag: Self.etag)
+        f.serve(file, faults: .onRequests([0: .stallAfter(1 << 20), 1: .stallAfter(2 << 20)]))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 1 << 20)
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 3 << 20)
+        let state = try #require(try StateFile.read(f.paths.state))
+        let previous = try #require(try StateFile.read(f.paths.previousState))
+        #expect(previous.url == state.url && previous.liveNonce == state.liveNonce)
+        #expect(previous.validators == state.validators)
+        #expect(previous.durableBytes <= state.durableBytes && previous.durableBytes >= 1 << 20,
+            "\(previous.durableBytes) vs \(state.durableBytes)")
+        #expect(!fileExists(f.paths.state + ".lnk"))
+
+        // A new ETag: the resume restarts from zero, and the old generation must not survive beside new bytes.
+        // Interrupted before any new byte, so no later checkpoint replaces what the restart itself left.
+        let changed = ServedFile.random(size: size, seed: 79, etag: "\"other\"")
+        f.serve(changed, faults: .always(.stallAfter(0)))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 0)
+        let restarted = try #require(try StateFile.read(f.paths.state))
+        #expect(restarted.validators.etag == "\"other\"")
+        #expect(restarted.durableBytes == 0)
+        #expect(!fileExists(f.paths.previousState), "a previous state of the old file survived the restart")
     }
 
     /// A valid state beside a garbage live record: only the durable bytes are trusted (the live record's claim is

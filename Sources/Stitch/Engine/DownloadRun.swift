@@ -218,17 +218,26 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     /// Looks at what an earlier run left at `paths`. Returns a result if the file is already complete.
     private func openExisting(_ paths: DownloadPaths) throws -> DownloadResult? {
         let state: DownloadState?
+        // Set when the state file is damaged and the previous checkpoint's state stands in: why, for the notice.
+        var damagedState: String?
         do {
             state = try StateFile.read(paths.state)
         } catch {
             guard error.code == .unusableState else { throw error }
-            guard request.overwrite else {
-                throw DownloadError(
-                    .unusableState, "\(error.message); the partial data is kept — pass --overwrite to start over",
-                    cause: error)
+            if let previous = Self.fallbackState(paths), request.owns(previous.url) {
+                // Truncated, zero-filled or garbage (aria2 #790, #1116): the generation before it still describes
+                // these bytes; what its piece checksums prove is kept, the rest is fetched again.
+                damagedState = error.message
+                state = previous
+            } else {
+                guard request.overwrite else {
+                    throw DownloadError(
+                        .unusableState, "\(error.message); the partial data is kept — pass --overwrite to start over",
+                        cause: error)
+                }
+                try discardLeftovers(paths)
+                state = nil
             }
-            try discardLeftovers(paths)
-            state = nil
         }
         let destinationExists = access(paths.destination, F_OK) == 0
         if let state {
@@ -263,9 +272,18 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 emit(.notice("continuing the partial download started from \(state.url) from its new URL"))
                 state.url = request.url
             }
-            var (store, point) = try PartStore.reopen(paths: paths, state: state)
+            var (store, point) = try PartStore.reopen(paths: paths, state: state, fromPrevious: damagedState != nil)
             self.store = store
-            if point.rebooted {
+            if let damagedState {
+                let unproven = store.unprovenPieces()
+                try store.invalidate(pieces: unproven)
+                let snapshot = store.snapshot
+                point = ResumePoint(
+                    bytes: snapshot.durableBytes, prefix: snapshot.durablePrefix,
+                    note: "\(damagedState); resuming from the checkpoint before it, keeping the \(snapshot.durableBytes) "
+                        + "bytes its piece checksums prove and fetching the rest again",
+                    rebooted: point.rebooted)
+            } else if point.rebooted {
                 // After a power cut even durable bytes may be torn: re-check every recorded piece.
                 let damaged = store.damagedPieces()
                 if !damaged.isEmpty {
@@ -293,6 +311,15 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             return nil
         }
         return try checkDestination(paths, exists: destinationExists)
+    }
+
+    /// The previous checkpoint's state, if there is one that reads cleanly and has a length (without one there are
+    /// no piece checksums, so nothing could be proven).
+    private static func fallbackState(_ paths: DownloadPaths) -> DownloadState? {
+        guard let previous = try? StateFile.read(paths.previousState), previous.validators.totalLength != nil,
+            access(paths.part, F_OK) == 0
+        else { return nil }
+        return previous
     }
 
     private func checkDestination(_ paths: DownloadPaths, exists: Bool) throws -> DownloadResult? {

@@ -864,7 +864,10 @@ public actor DownloadManager {
         var entries: [CatalogEntry] = []
         for name in names.sorted() where name.hasSuffix(".stitch") {
             let destination = (directory.hasSuffix("/") ? directory : directory + "/") + name.dropLast(7)
-            guard let state = try? StateFile.read(destination + ".stitch") else { continue }
+            // A damaged state file with a readable previous generation is still a download (the engine falls back).
+            let paths = DownloadPaths(destination: destination)
+            guard let state = (try? StateFile.read(paths.state)) ?? (try? StateFile.read(paths.previousState))
+            else { continue }
             entries.append(
                 CatalogEntry(
                     id: DownloadID.random(), url: state.url, headers: state.headers, destinationKind: .file,

@@ -186,7 +186,14 @@ enum StateFile {
 
     /// Replaces the state at `path` so that a crash or power cut at any instant leaves either the old or the
     /// new file: write a temporary file, fsync it, rename it over, fsync the directory.
-    static func write(_ state: DownloadState, to path: String) throws(DownloadError) {
+    ///
+    /// With `previous`, the file being replaced is kept there first (`keepingPrevious`), or any file there is
+    /// removed: hard-linked to `path.lnk` and renamed over `previous`, so `previous` is always a whole state
+    /// file, the older or the newer one. Best effort — a file system without hard links just keeps no previous
+    /// generation; the directory sync below makes it durable with the new state.
+    static func write(
+        _ state: DownloadState, to path: String, previous: String? = nil, keepingPrevious: Bool = true
+    ) throws(DownloadError) {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         let data: Data
@@ -215,6 +222,20 @@ enum StateFile {
         if let failure {
             unlink(temporary)
             throw .io("cannot write state file", path: temporary, failure)
+        }
+        if let previous {
+            if keepingPrevious {
+                let link = path + ".lnk"
+                var linked = Glibc.link(path, link) == 0
+                if !linked && errno == EEXIST {  // left by a crash here
+                    unlink(link)
+                    linked = Glibc.link(path, link) == 0
+                }
+                // Not linked (no state yet, or no hard links here): `previous` stays as it was.
+                if linked && rename(link, previous) != 0 { unlink(link) }
+            } else {
+                unlink(previous)
+            }
         }
         guard rename(temporary, path) == 0 else {
             let error = Errno.current

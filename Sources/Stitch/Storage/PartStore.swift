@@ -11,9 +11,15 @@ public struct DownloadPaths: Sendable, Hashable {
     public var part: String { destination + ".part" }
     public var state: String { destination + ".stitch" }
     public var live: String { destination + ".stitch-live" }
-    /// UTF-8 bytes the longest of these add to the destination's name (`.stitch-live`; the state's temporary
-    /// `.stitch.tmp` is shorter).
+    /// The state of the checkpoint before the last one (a hard link to that file): what a resume falls back on
+    /// when `state` is found damaged.
+    public var previousState: String { destination + ".stitch.prev" }
+    /// UTF-8 bytes the longest of these add to the destination's name (`.stitch-live`, `.stitch.prev`; the
+    /// temporaries `.stitch.tmp` and `.stitch.lnk` are shorter).
     static let longestSuffixBytes = 12
+
+    /// Every file a partial download may leave beside the destination, the part file aside.
+    var sidecars: [String] { [state, state + ".tmp", state + ".lnk", previousState, live] }
 
     public init(destination: String) { self.destination = destination }
 }
@@ -129,7 +135,7 @@ final class PartStore: @unchecked Sendable {
                 // (Looked up first: unlinking a missing name still takes the directory's lock.) The removal is
                 // made durable before any data, so a power cut cannot bring an old state back beside new bytes.
                 var removed = false
-                for stale in [paths.state, paths.state + ".tmp", paths.live] where access(stale, F_OK) == 0 {
+                for stale in paths.sidecars where access(stale, F_OK) == 0 {
                     unlink(stale)
                     removed = true
                 }
@@ -150,14 +156,21 @@ final class PartStore: @unchecked Sendable {
 
     /// Reopens a partial download from its state file and decides how much of each segment to trust: the live
     /// record's extent within the same boot, else the durable extent. Untrusted bytes are fetched again.
-    static func reopen(paths: DownloadPaths, state: DownloadState) throws(DownloadError) -> (PartStore, ResumePoint) {
+    ///
+    /// `fromPrevious`: `state` was read from ``DownloadPaths/previousState`` because the state file is damaged. The
+    /// damaged file is removed (so the next checkpoint does not make it the previous generation); the caller must
+    /// then keep only what ``unprovenPieces()`` does not list.
+    static func reopen(
+        paths: DownloadPaths, state: DownloadState, fromPrevious: Bool = false
+    ) throws(DownloadError) -> (PartStore, ResumePoint) {
         let fd = try openLocked(paths)
         // The state was read before the lock; another run may have finished or restarted in between.
         let current: DownloadState?
-        do { current = try StateFile.read(paths.state) } catch {
+        do { current = try StateFile.read(fromPrevious ? paths.previousState : paths.state) } catch {
             close(fd)
             throw error
         }
+        if fromPrevious { unlink(paths.state) }
         // The caller may have given the state a new URL (the same download from a refreshed link); everything
         // else must be what is on disk.
         var expected = current
@@ -261,9 +274,7 @@ final class PartStore: @unchecked Sendable {
             if let busy = lock(fd, paths) { throw busy }
             unlink(paths.part)
         }
-        unlink(paths.state)
-        unlink(paths.state + ".tmp")
-        unlink(paths.live)
+        for sidecar in paths.sidecars { unlink(sidecar) }
     }
 
     /// Releases the lock (the run is over); the files stay as they are.
@@ -424,6 +435,31 @@ final class PartStore: @unchecked Sendable {
         }
     }
 
+    /// The pieces holding bytes the state counts as written that no recorded checksum vouches for: those without
+    /// one (a piece not yet complete at the checkpoint) and those whose bytes no longer match it. After falling
+    /// back to the previous state, only the rest is kept. Empty when the length is unknown (no pieces).
+    func unprovenPieces() -> [Int] {
+        let snapshot = self.snapshot
+        guard let total = snapshot.validators.totalLength, total > 0 else { return [] }
+        let size = snapshot.pieceSize
+        var unproven: Set<Int> = []
+        for (slot, segment) in snapshot.segments.enumerated() {
+            let written = Self.written(segment, live.load(slot: slot))
+            guard written > segment.start else { continue }
+            for piece in Int(segment.start / size)...Int((written - 1) / size) {
+                let start = Int64(piece) * size
+                let end = min(start + size, total)
+                guard piece < snapshot.pieces.count, let recorded = snapshot.pieces[piece],
+                    checksum(from: start, to: end) == recorded
+                else {
+                    unproven.insert(piece)
+                    continue
+                }
+            }
+        }
+        return unproven.sorted()
+    }
+
     /// A writer finished piece `index` with checksum `crc` (recorded at the checkpoint that makes it durable).
     func notePiece(_ index: Int, crc: UInt32) {
         pendingPieces.withLock { $0[index] = crc }
@@ -512,8 +548,10 @@ final class PartStore: @unchecked Sendable {
     }
 
     /// Replaces the state file with `next` (atomically) and notes that there is one to remove at the end.
-    private func writeState(_ next: DownloadState) throws(DownloadError) {
-        try StateFile.write(next, to: paths.state)
+    /// `keepingPrevious`: the state being replaced describes the same bytes (same nonce generation or a repair of
+    /// it) and becomes `previousState`; otherwise (a restart from zero) any previous generation is removed.
+    private func writeState(_ next: DownloadState, keepingPrevious: Bool = true) throws(DownloadError) {
+        try StateFile.write(next, to: paths.state, previous: paths.previousState, keepingPrevious: keepingPrevious)
         stateOnDisk.store(true, ordering: .relaxed)
     }
 
@@ -542,7 +580,7 @@ final class PartStore: @unchecked Sendable {
             next.liveNonce = Self.newNonce()
             next.updatedAt = now()
             do throws(DownloadError) {
-                try writeState(next)
+                try writeState(next, keepingPrevious: false)
             } catch {
                 // The file may hold either generation now; memory must not pair new validators with old bytes.
                 broken.store(true, ordering: .releasing)
@@ -582,7 +620,7 @@ final class PartStore: @unchecked Sendable {
                 relaid = true
             }
             next.updatedAt = now()
-            try writeState(next)
+            try writeState(next, keepingPrevious: !relaid)
             state = next
             if relaid {
                 live.reset(nonce: next.nonce, written: next.segments.map(\.durable))
@@ -641,6 +679,9 @@ final class PartStore: @unchecked Sendable {
             // Unlinking a name that is not there still takes the directory's lock: skip what a small download
             // never created.
             if stateOnDisk.load(ordering: .relaxed) {
+                // The previous generation first: a state file left alone always has the newest beside it.
+                unlink(paths.previousState)
+                unlink(paths.state + ".lnk")
                 unlink(paths.state)
                 unlink(paths.state + ".tmp")
             }
@@ -652,9 +693,7 @@ final class PartStore: @unchecked Sendable {
     func discard() {
         state.withLock { _ in
             unlink(paths.part)
-            unlink(paths.state)
-            unlink(paths.state + ".tmp")
-            unlink(paths.live)
+            for sidecar in paths.sidecars { unlink(sidecar) }
         }
     }
 
