@@ -17,9 +17,12 @@ library='SegmentedTests|DownloaderTests|DownloadManagerTests|PartStoreTests|Rate
 swift build --build-tests --sanitize=address --scratch-path .build-asan
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 run() { swift test --skip-build --sanitize=address --scratch-path .build-asan "$@"; }
+# Left to the normal run, as in tsan.sh: these bound what a server pushes past a steal point by the kernel's socket
+# buffers on a normally fast client; the sanitizer's slowdown lets more pile up (buffering, not memory safety).
+timing='splitsIntoSegmentsAndIsByteExact|idleLaneStealsHalfOfTheSlowestSegmentOnAPieceBoundary'
 if [[ ${1:-} == --filter ]]; then
     run --filter "$2"
 else
-    run --filter "$library"
-    run --skip "$library"
+    run --filter "$library" --skip "$timing"
+    run --skip "$library|$timing"
 fi
