@@ -24,7 +24,7 @@ public final class CurlTransport: HTTPTransport {
         delegate: any TransferDelegate
     ) async -> Result<Void, TransportError> {
         let transfer = CurlTransfer(request: request, delegate: delegate)
-        return await withTaskCancellationHandler {
+        let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 transfer.continuation = continuation
                 loop.submit(.add(transfer))
@@ -33,6 +33,12 @@ public final class CurlTransport: HTTPTransport {
             transfer.cancelRequested.store(true, ordering: .releasing)
             loop.submit(.cancel(transfer))
         }
+        // Everything the loop thread did for this transfer (the delegate's callbacks) happened before `complete`
+        // released this lock. The continuation orders it too, but when it is resumed before the task has
+        // suspended, the runtime's uninstrumented atomics are all there is, and ThreadSanitizer (seen in a
+        // loaded `stitch` process) reported the delegate's writes as races with the caller's reads.
+        transfer.completed.withLock { _ in }
+        return result
     }
 }
 
@@ -43,6 +49,8 @@ final class CurlTransfer: @unchecked Sendable {
     let delegate: any TransferDelegate
     var continuation: CheckedContinuation<Result<Void, TransportError>, Never>?
     let cancelRequested = Atomic<Bool>(false)
+    /// Set by the loop thread just before it resumes the continuation (see `perform`).
+    let completed = Mutex<Bool>(false)
 
     var easy: UnsafeMutableRawPointer?
     var headerList: UnsafeMutablePointer<curl_slist>?
@@ -224,6 +232,7 @@ final class CurlTransfer: @unchecked Sendable {
     }
 
     func complete(_ result: Result<Void, TransportError>) {
+        completed.withLock { $0 = true }
         continuation?.resume(returning: result)
         continuation = nil
     }
