@@ -420,6 +420,106 @@ import Testing
         #expect(leftovers.filter(fileExists).isEmpty, "\(leftovers.filter(fileExists))")
     }
 
+    /// A fallback that cannot repair in place (more than 256 separate proven runs would be left) refuses in one line
+    /// and changes nothing on disk: the damaged state and the previous one stay byte for byte, so a second try does
+    /// the same, and nothing unproven is ever written as a valid state. (A state rewritten before the check would
+    /// be trusted by the next run.) Then `overwrite` starts over.
+    @Test func fallbackThatCannotRepairChangesNothing() async throws {
+        let f = try Fixture()
+        let piece = 1 << 20
+        let pieces = 514
+        let total = Int64(600 * piece)
+        // A sparse part file of zeros; the previous state records every piece, every odd one with a wrong checksum.
+        let fd = open(f.paths.part, O_RDWR | O_CREAT, 0o644)
+        #expect(fd >= 0 && ftruncate(fd, off_t(pieces * piece)) == 0)
+        close(fd)
+        var zeros = CRC32C()
+        [UInt8](repeating: 0, count: piece).withUnsafeBytes { zeros.update($0) }
+        let validators = Validators(
+            etag: Self.etag, lastModified: nil, date: nil, totalLength: total, acceptRanges: true)
+        let previous = DownloadState(
+            url: f.url, headers: [], checksum: nil, validators: validators,
+            segments: [Segment(start: 0, end: total, durable: Int64(pieces * piece))],
+            pieceSize: PieceLayout.pieceSize(forTotal: total),
+            pieces: (0..<pieces).map { $0 % 2 == 0 ? zeros.value : zeros.value ^ 1 },
+            bootID: BootID.current, liveNonce: "1234", updatedAt: 0)
+        try StateFile.write(previous, to: f.paths.previousState)
+        try writeFile(f.paths.state, [UInt8](repeating: 0, count: 300))
+        let before = (state: try readFile(f.paths.state), previous: try readFile(f.paths.previousState))
+        f.serve(ServedFile.random(size: 1 << 20, seed: 80, etag: Self.etag))
+
+        for _ in 0..<2 {
+            let error = await #expect(throws: DownloadError.self) { try await Self.download(f, f.url, to: f.dest) }
+            #expect(error?.code == .unusableState, "\(String(describing: error))")
+            Self.expectOneLine(error)
+            #expect(try readFile(f.paths.state) == before.state, "the damaged state was replaced")
+            #expect(try readFile(f.paths.previousState) == before.previous, "the previous state changed")
+            #expect(f.server.requests.isEmpty)
+        }
+        let result = try await Self.download(f, f.url, to: f.dest, overwrite: true)
+        #expect(result.resumedFrom == 0)
+    }
+
+    /// A fallback stopped by an error before its first state write (here the live record cannot be created) leaves the
+    /// damaged state and the previous one as they were; the next run falls back again and keeps what is proven.
+    @Test func fallbackInterruptedBeforeItsFirstWriteFallsBackAgain() async throws {
+        let f = try Fixture()
+        let size = 4 << 20
+        let file = ServedFile.random(size: size, seed: 81, etag: Self.etag)
+        f.serve(file, faults: .onRequest(0, .stallAfter(3 << 19)))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 3 << 19)
+        try writeFile(f.paths.previousState, try readFile(f.paths.state))
+        try Self.damage(f.paths.state, .garbage)
+        let damaged = try readFile(f.paths.state)
+        unlink(f.paths.live)
+        #expect(mkdir(f.paths.live, 0o755) == 0)
+
+        let error = await #expect(throws: DownloadError.self) { try await Self.download(f, f.url, to: f.dest) }
+        Self.expectOneLine(error)
+        #expect(try readFile(f.paths.state) == damaged)
+        #expect(try StateFile.read(f.paths.previousState)?.durableBytes == Int64(3 << 19))
+
+        #expect(rmdir(f.paths.live) == 0)
+        let result = try await Self.download(f, f.url, to: f.dest)
+        Self.expectBytes(f.dest, file.data)
+        #expect(result.resumedFrom == 1 << 20)
+    }
+
+    /// Sidecars of an earlier download never outlive it: a clean-up cut short after the rename is finished by the
+    /// next run ("already complete"), and a new download at the same name removes an old previous generation
+    /// before its first byte.
+    @Test func previousGenerationsOfOtherDownloadsAreRemoved() async throws {
+        let f = try Fixture()
+        let size = 4 << 20
+        let file = ServedFile.random(size: size, seed: 82, etag: Self.etag)
+        f.serve(file, faults: .onRequests([0: .stallAfter(1 << 20), 1: .stallAfter(1 << 20)]))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 1 << 20)
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 2 << 20)
+        let state = try readFile(f.paths.state)
+        let previous = try readFile(f.paths.previousState)
+        _ = try await Self.download(f, f.url, to: f.dest)
+        Self.expectBytes(f.dest, file.data)
+        #expect(f.paths.sidecars.filter(fileExists).isEmpty)
+
+        // Killed between the rename and the unlinks: the state, its previous generation and a link left over.
+        try writeFile(f.paths.state, state)
+        try writeFile(f.paths.previousState, previous)
+        try writeFile(f.paths.state + ".lnk", previous)
+        let again = try await Self.download(f, f.url, to: f.dest)
+        #expect(again.alreadyComplete)
+        #expect(f.paths.sidecars.filter(fileExists).isEmpty, "\(f.paths.sidecars.filter(fileExists))")
+
+        // The file is deleted and the server has a new version: the old previous generation must go at once.
+        unlink(f.dest)
+        try writeFile(f.paths.previousState, previous)
+        let changed = ServedFile.random(size: size, seed: 83, etag: "\"v2\"")
+        f.serve(changed, faults: .always(.stallAfter(1)))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 1)
+        if let stale = try StateFile.read(f.paths.previousState) {
+            #expect(stale.validators.etag == "\"v2\"", "the old download's previous state survived")
+        }
+    }
+
     /// Real checkpoints keep the previous generation: after two interruptions the previous state reads, describes
     /// the same download, and is no newer than the state; a restart from zero (new validators) removes it.
     @Test func checkpointsKeepThePreviousGenerationAndARestartDropsIt() async throws {

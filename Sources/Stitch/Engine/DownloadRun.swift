@@ -224,7 +224,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             state = try StateFile.read(paths.state)
         } catch {
             guard error.code == .unusableState else { throw error }
-            if let previous = Self.fallbackState(paths), request.owns(previous.url) {
+            if let previous = StateFile.fallback(for: paths), request.owns(previous.url) {
                 // Truncated, zero-filled or garbage (aria2 #790, #1116): the generation before it still describes
                 // these bytes; what its piece checksums prove is kept, the rest is fetched again.
                 damagedState = error.message
@@ -244,8 +244,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             if destinationExists && access(paths.part, F_OK) != 0 {
                 // A finished download whose clean-up was cut short.
                 if let done = try completedResult(paths) {
-                    unlink(paths.state)
-                    unlink(paths.live)
+                    for sidecar in paths.sidecars { unlink(sidecar) }
                     return done
                 }
             }
@@ -272,17 +271,23 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 emit(.notice("continuing the partial download started from \(state.url) from its new URL"))
                 state.url = request.url
             }
-            var (store, point) = try PartStore.reopen(paths: paths, state: state, fromPrevious: damagedState != nil)
+            let reopened = Result { () throws(DownloadError) in
+                try PartStore.reopen(paths: paths, state: state, fromPrevious: damagedState != nil)
+            }
+            if case .failure(let error) = reopened, damagedState != nil, request.overwrite,
+                error.code == .unusableState
+            {
+                // The fallback cannot repair in place, and the user asked to start over.
+                try discardLeftovers(paths)
+                return try checkDestination(paths, exists: destinationExists)
+            }
+            var (store, point) = try reopened.get()
             self.store = store
             if let damagedState {
-                let unproven = store.unprovenPieces()
-                try store.invalidate(pieces: unproven)
-                let snapshot = store.snapshot
-                point = ResumePoint(
-                    bytes: snapshot.durableBytes, prefix: snapshot.durablePrefix,
-                    note: "\(damagedState); resuming from the checkpoint before it, keeping the \(snapshot.durableBytes) "
-                        + "bytes its piece checksums prove and fetching the rest again",
-                    rebooted: point.rebooted)
+                // reopen kept only what the previous state's piece checksums prove.
+                point.note =
+                    "\(damagedState); resuming from the checkpoint before it, keeping the \(point.bytes) bytes its "
+                    + "piece checksums prove and fetching the rest again"
             } else if point.rebooted {
                 // After a power cut even durable bytes may be torn: re-check every recorded piece.
                 let damaged = store.damagedPieces()
@@ -311,15 +316,6 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             return nil
         }
         return try checkDestination(paths, exists: destinationExists)
-    }
-
-    /// The previous checkpoint's state, if there is one that reads cleanly and has a length (without one there are
-    /// no piece checksums, so nothing could be proven).
-    private static func fallbackState(_ paths: DownloadPaths) -> DownloadState? {
-        guard let previous = try? StateFile.read(paths.previousState), previous.validators.totalLength != nil,
-            access(paths.part, F_OK) == 0
-        else { return nil }
-        return previous
     }
 
     private func checkDestination(_ paths: DownloadPaths, exists: Bool) throws -> DownloadResult? {

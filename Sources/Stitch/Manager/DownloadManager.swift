@@ -866,8 +866,7 @@ public actor DownloadManager {
             let destination = (directory.hasSuffix("/") ? directory : directory + "/") + name.dropLast(7)
             // A damaged state file with a readable previous generation is still a download (the engine falls back).
             let paths = DownloadPaths(destination: destination)
-            guard let state = (try? StateFile.read(paths.state)) ?? (try? StateFile.read(paths.previousState))
-            else { continue }
+            guard let state = (try? StateFile.read(paths.state)) ?? StateFile.fallback(for: paths) else { continue }
             entries.append(
                 CatalogEntry(
                     id: DownloadID.random(), url: state.url, headers: state.headers, destinationKind: .file,

@@ -139,6 +139,24 @@ enum StateFile {
     /// Larger than any state file we write; a bigger file is not ours.
     static let maximumSize = 1 << 20
 
+    /// The previous generation's state to resume from when the state file at `paths` is damaged: one that reads
+    /// cleanly and has a length (without one there are no piece checksums, so nothing could be proven), beside a
+    /// part file. None when the state file is in another format (a newer stitch's, not a damaged one).
+    static func fallback(for paths: DownloadPaths) -> DownloadState? {
+        if let version = declaredVersion(at: paths.state), version != DownloadState.currentSchemaVersion { return nil }
+        guard let previous = try? read(paths.previousState), previous.validators.totalLength != nil,
+            access(paths.part, F_OK) == 0
+        else { return nil }
+        return previous
+    }
+
+    /// The `schemaVersion` a JSON file at `path` declares, if it is that much of a state file.
+    private static func declaredVersion(at path: String) -> Int? {
+        struct VersionProbe: Decodable { var schemaVersion: Int }
+        guard let data = FileManager.default.contents(atPath: path), data.count <= maximumSize else { return nil }
+        return (try? JSONDecoder().decode(VersionProbe.self, from: data))?.schemaVersion
+    }
+
     /// Reads the state at `path`; `nil` if there is none.
     static func read(_ path: String) throws(DownloadError) -> DownloadState? {
         let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
@@ -184,15 +202,26 @@ enum StateFile {
         }
     }
 
+    /// What a state write does with the previous generation (``DownloadPaths/previousState``).
+    enum PreviousGeneration {
+        /// The file being replaced becomes the previous generation: it describes the same bytes.
+        case keep
+        /// Any previous generation is removed: the new state describes other bytes (a start from zero).
+        case remove
+        /// The previous generation is left as it is: the file being replaced is damaged, and the previous one
+        /// is what the new state was rebuilt from.
+        case leave
+    }
+
     /// Replaces the state at `path` so that a crash or power cut at any instant leaves either the old or the
     /// new file: write a temporary file, fsync it, rename it over, fsync the directory.
     ///
-    /// With `previous`, the file being replaced is kept there first (`keepingPrevious`), or any file there is
-    /// removed: hard-linked to `path.lnk` and renamed over `previous`, so `previous` is always a whole state
-    /// file, the older or the newer one. Best effort — a file system without hard links just keeps no previous
-    /// generation; the directory sync below makes it durable with the new state.
+    /// With `previous`, before the rename: `.keep` hard-links the current file to `path.lnk` and renames that over
+    /// `previous`, so `previous` is always a whole state file, the older or the newer one (best effort — a file
+    /// system without hard links keeps no previous generation); `.remove` unlinks `previous`. The directory sync
+    /// makes either durable with the new state.
     static func write(
-        _ state: DownloadState, to path: String, previous: String? = nil, keepingPrevious: Bool = true
+        _ state: DownloadState, to path: String, previous: String? = nil, generation: PreviousGeneration = .keep
     ) throws(DownloadError) {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
@@ -224,17 +253,21 @@ enum StateFile {
             throw .io("cannot write state file", path: temporary, failure)
         }
         if let previous {
-            if keepingPrevious {
+            switch generation {
+            case .keep:
                 let link = path + ".lnk"
                 var linked = Glibc.link(path, link) == 0
                 if !linked && errno == EEXIST {  // left by a crash here
                     unlink(link)
                     linked = Glibc.link(path, link) == 0
                 }
-                // Not linked (no state yet, or no hard links here): `previous` stays as it was.
-                if linked && rename(link, previous) != 0 { unlink(link) }
-            } else {
+                // Not linked (no state yet, or no hard links here): `previous` stays as it was. Renaming a name
+                // over another name of the same file (a crash between the two renames) does nothing: unlink it.
+                if linked && (rename(link, previous) != 0 || access(link, F_OK) == 0) { unlink(link) }
+            case .remove:
                 unlink(previous)
+            case .leave:
+                break
             }
         }
         guard rename(temporary, path) == 0 else {

@@ -142,7 +142,8 @@ final class PartStore: @unchecked Sendable {
                 if removed { try syncDirectory(containing: paths.state) }
                 live = try LiveRecord(anonymousWithNonce: state.nonce, written: [0])
             } else {
-                try StateFile.write(state, to: paths.state)
+                // A previous generation an earlier download left would describe other bytes.
+                try StateFile.write(state, to: paths.state, previous: paths.previousState, generation: .remove)
                 live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: [0])
             }
         } catch {
@@ -157,20 +158,30 @@ final class PartStore: @unchecked Sendable {
     /// Reopens a partial download from its state file and decides how much of each segment to trust: the live
     /// record's extent within the same boot, else the durable extent. Untrusted bytes are fetched again.
     ///
-    /// `fromPrevious`: `state` was read from ``DownloadPaths/previousState`` because the state file is damaged. The
-    /// damaged file is removed (so the next checkpoint does not make it the previous generation); the caller must
-    /// then keep only what ``unprovenPieces()`` does not list.
+    /// `fromPrevious`: `state` was read from ``DownloadPaths/previousState`` because the state file is damaged. Then
+    /// the live record is not applied (it cannot prove anything the previous state's checksums do not), every
+    /// piece no recorded checksum proves is cut (``unprovenPieces()``) before anything is written, and the first
+    /// state written replaces the damaged file while the previous generation stays: a crash or an error at any
+    /// point leaves either the damaged file beside the previous one (the next run falls back again) or a state
+    /// that claims only proven bytes.
     static func reopen(
         paths: DownloadPaths, state: DownloadState, fromPrevious: Bool = false
     ) throws(DownloadError) -> (PartStore, ResumePoint) {
         let fd = try openLocked(paths)
         // The state was read before the lock; another run may have finished or restarted in between.
         let current: DownloadState?
-        do { current = try StateFile.read(fromPrevious ? paths.previousState : paths.state) } catch {
+        do throws(DownloadError) {
+            current = try StateFile.read(fromPrevious ? paths.previousState : paths.state)
+            // Falling back is right only while the state file is still unusable.
+            if fromPrevious, (try? StateFile.read(paths.state)) ?? nil != nil {
+                throw DownloadError(
+                    .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
+                    resumable: true)
+            }
+        } catch {
             close(fd)
             throw error
         }
-        if fromPrevious { unlink(paths.state) }
         // The caller may have given the state a new URL (the same download from a refreshed link); everything
         // else must be what is on disk.
         var expected = current
@@ -191,7 +202,8 @@ final class PartStore: @unchecked Sendable {
         var state = state
         var note: String?
         let rebooted = state.bootID != BootID.current
-        let liveWritten = state.bootID == BootID.current ? LiveRecord.read(at: paths.live, nonce: state.nonce) : nil
+        let liveWritten =
+            state.bootID == BootID.current && !fromPrevious ? LiveRecord.read(at: paths.live, nonce: state.nonce) : nil
         if rebooted, state.segments.contains(where: { $0.durable < min($0.end ?? Int64.max, size) }) {
             note = "the machine restarted since the last run; trusting only the \(state.durableBytes) bytes synced to disk"
         }
@@ -226,8 +238,17 @@ final class PartStore: @unchecked Sendable {
         // From here the store owns (and closes) the descriptor. The new boot id must not be recorded before the
         // data it vouches for is durable.
         let store = PartStore(paths: paths, fd: fd, live: live, state: state)
+        if fromPrevious {
+            store.replacesDamagedState = true
+            // Writes the checked state (when something is cut) as the first state since the fallback.
+            try store.invalidate(pieces: store.unprovenPieces())
+        }
         try store.checkpoint(force: true)
-        return (store, ResumePoint(bytes: state.durableBytes, prefix: state.durablePrefix, note: note, rebooted: rebooted))
+        let checked = store.snapshot
+        return (
+            store,
+            ResumePoint(bytes: checked.durableBytes, prefix: checked.durablePrefix, note: note, rebooted: rebooted)
+        )
     }
 
     /// Opens (creating) the part file and takes the download's lock, an exclusive `flock` held until ``unlock()``
@@ -548,12 +569,19 @@ final class PartStore: @unchecked Sendable {
     }
 
     /// Replaces the state file with `next` (atomically) and notes that there is one to remove at the end.
-    /// `keepingPrevious`: the state being replaced describes the same bytes (same nonce generation or a repair of
-    /// it) and becomes `previousState`; otherwise (a restart from zero) any previous generation is removed.
-    private func writeState(_ next: DownloadState, keepingPrevious: Bool = true) throws(DownloadError) {
-        try StateFile.write(next, to: paths.state, previous: paths.previousState, keepingPrevious: keepingPrevious)
+    /// `.keep` (the state being replaced describes the same bytes: a checkpoint, or a repair of them) unless this
+    /// store was rebuilt from the previous generation and has not written yet (`.leave`: the file on disk is the
+    /// damaged one).
+    private func writeState(_ next: DownloadState, generation: StateFile.PreviousGeneration = .keep) throws(DownloadError) {
+        let generation = replacesDamagedState ? .leave : generation
+        try StateFile.write(next, to: paths.state, previous: paths.previousState, generation: generation)
+        replacesDamagedState = false
         stateOnDisk.store(true, ordering: .relaxed)
     }
+
+    /// Set by a fallback `reopen` until the first state write replaces the damaged file. Only read and written under
+    /// the state lock (or before the store is shared).
+    private var replacesDamagedState = false
 
     /// Whether this store has a state file on disk (a small download has none until its first checkpoint).
     private let stateOnDisk = Atomic<Bool>(true)
@@ -580,7 +608,7 @@ final class PartStore: @unchecked Sendable {
             next.liveNonce = Self.newNonce()
             next.updatedAt = now()
             do throws(DownloadError) {
-                try writeState(next, keepingPrevious: false)
+                try writeState(next, generation: .remove)
             } catch {
                 // The file may hold either generation now; memory must not pair new validators with old bytes.
                 broken.store(true, ordering: .releasing)
@@ -620,7 +648,7 @@ final class PartStore: @unchecked Sendable {
                 relaid = true
             }
             next.updatedAt = now()
-            try writeState(next, keepingPrevious: !relaid)
+            try writeState(next, generation: relaid ? .remove : .keep)
             state = next
             if relaid {
                 live.reset(nonce: next.nonce, written: next.segments.map(\.durable))
