@@ -401,6 +401,9 @@ import Testing
             close(fd)
         }
 
+        // `stitch get --resume DEST` finds the URL in the previous generation too.
+        #expect(try Downloader.savedDownload(at: f.dest).url == f.url)
+
         let before = f.server.requests.count
         let notices = Mutex<[String]>([])
         let result = try await Self.download(f, f.url, to: f.dest) { event in
@@ -458,6 +461,42 @@ import Testing
         }
         let result = try await Self.download(f, f.url, to: f.dest, overwrite: true)
         #expect(result.resumedFrom == 0)
+    }
+
+    /// The same for damage found after a reboot: the pieces are checked before the state is rewritten with this
+    /// boot's id (a state with it is never checked again), so a repair that cannot be done in place leaves the state
+    /// byte for byte, and the next run checks again; `overwrite` starts over.
+    @Test func rebootRepairThatCannotBeDoneChangesNothing() async throws {
+        let f = try Fixture()
+        let piece = 1 << 20
+        let pieces = 514
+        let total = Int64(600 * piece)
+        let fd = open(f.paths.part, O_RDWR | O_CREAT, 0o644)
+        #expect(fd >= 0 && ftruncate(fd, off_t(pieces * piece)) == 0)
+        close(fd)
+        var zeros = CRC32C()
+        [UInt8](repeating: 0, count: piece).withUnsafeBytes { zeros.update($0) }
+        let state = DownloadState(
+            url: f.url, headers: [], checksum: nil,
+            validators: Validators(etag: Self.etag, lastModified: nil, date: nil, totalLength: total, acceptRanges: true),
+            segments: [Segment(start: 0, end: total, durable: Int64(pieces * piece))],
+            pieceSize: PieceLayout.pieceSize(forTotal: total),
+            pieces: (0..<pieces).map { $0 % 2 == 0 ? zeros.value : zeros.value ^ 1 },
+            bootID: "before-the-reboot", liveNonce: "1234", updatedAt: 0)
+        try StateFile.write(state, to: f.paths.state)
+        let before = try readFile(f.paths.state)
+        let file = ServedFile.random(size: 1 << 20, seed: 84, etag: Self.etag)
+        f.serve(file)
+
+        for _ in 0..<2 {
+            let error = await #expect(throws: DownloadError.self) { try await Self.download(f, f.url, to: f.dest) }
+            #expect(error?.code == .unusableState, "\(String(describing: error))")
+            #expect(try readFile(f.paths.state) == before, "the state was rewritten before its pieces were checked")
+            #expect(f.server.requests.isEmpty)
+        }
+        let result = try await Self.download(f, f.url, to: f.dest, overwrite: true)
+        #expect(result.resumedFrom == 0)
+        Self.expectBytes(f.dest, file.data)
     }
 
     /// A fallback stopped by an error before its first state write (here the live record cannot be created) leaves the

@@ -386,6 +386,13 @@ import Testing
             note = "starting over"
         }
         let data = ServedFile.randomBytes(count: partSize, seed: 11)
+        if name == "other boot" {
+            // After a reboot reopen re-checks every recorded piece before it writes: piece 1's checksum must hold.
+            var crc = CRC32C()
+            Array(data[(1 << 20)..<(2 << 20)]).withUnsafeBytes { crc.update($0) }
+            state.pieces[1] = crc.value
+            expectedPieces = state.pieces
+        }
         try writeFile(paths.part, data)
         try StateFile.write(state, to: paths.state)
         _ = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: live)

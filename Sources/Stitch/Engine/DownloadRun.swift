@@ -274,10 +274,9 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             let reopened = Result { () throws(DownloadError) in
                 try PartStore.reopen(paths: paths, state: state, fromPrevious: damagedState != nil)
             }
-            if case .failure(let error) = reopened, damagedState != nil, request.overwrite,
-                error.code == .unusableState
-            {
-                // The fallback cannot repair in place, and the user asked to start over.
+            if case .failure(let error) = reopened, request.overwrite, error.code == .unusableState {
+                // A repair (a fallback, or damage found after a reboot) cannot be done in place, and the user asked
+                // to start over.
                 try discardLeftovers(paths)
                 return try checkDestination(paths, exists: destinationExists)
             }
@@ -288,17 +287,9 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
                 point.note =
                     "\(damagedState); resuming from the checkpoint before it, keeping the \(point.bytes) bytes its "
                     + "piece checksums prove and fetching the rest again"
-            } else if point.rebooted {
-                // After a power cut even durable bytes may be torn: re-check every recorded piece.
-                let damaged = store.damagedPieces()
-                if !damaged.isEmpty {
-                    try store.invalidate(pieces: damaged)
-                    let snapshot = store.snapshot
-                    point = ResumePoint(
-                        bytes: snapshot.durableBytes, prefix: snapshot.durablePrefix,
-                        note: "\(damaged.count) damaged piece(s) found after the restart; fetching only those again",
-                        rebooted: true)
-                }
+            } else if !point.damagedPieces.isEmpty {
+                // reopen re-checked every recorded piece (the state was written before a reboot).
+                point.note = "\(point.damagedPieces.count) damaged piece(s) found after the restart; fetching only those again"
             }
             // Validators matter when bytes are kept, or when segments (even empty ones) are to be asked for by range.
             known = point.bytes > 0 || store.snapshot.segments.count > 1 ? state.validators : nil

@@ -41,7 +41,13 @@ public struct Downloader: Sendable {
     /// - Throws: ``DownloadError`` with code `.nothingToResume` or `.unusableState`.
     public static func savedDownload(at destination: String) throws -> SavedDownload {
         let paths = DownloadPaths(destination: absolutePath(destination))
-        guard let state = try StateFile.read(paths.state) else {
+        let read: DownloadState?
+        do { read = try StateFile.read(paths.state) } catch {
+            // A damaged state with a usable previous generation: the download itself will fall back on it.
+            guard let previous = StateFile.fallback(for: paths) else { throw error }
+            read = previous
+        }
+        guard let state = read else {
             throw DownloadError(.nothingToResume, "no partial download at \(destination) (no \(paths.state))")
         }
         var headers = HTTPHeaders()
@@ -66,9 +72,10 @@ public struct Downloader: Sendable {
         guard let state = try StateFile.read(paths.state) else {
             throw DownloadError(.nothingToResume, "no partial download at \(destination) (no \(paths.state))")
         }
-        let (store, _) = try PartStore.reopen(paths: paths, state: state)
+        let (store, point) = try PartStore.reopen(paths: paths, state: state)
         defer { store.unlock() }
-        let damaged = store.damagedPieces()
+        // After a reboot reopen has checked and cut the damaged pieces already.
+        let damaged = (point.damagedPieces + store.damagedPieces()).sorted()
         try store.invalidate(pieces: damaged)
         let snapshot = store.snapshot
         let total = snapshot.validators.totalLength ?? 0

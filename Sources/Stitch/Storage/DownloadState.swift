@@ -143,18 +143,28 @@ enum StateFile {
     /// cleanly and has a length (without one there are no piece checksums, so nothing could be proven), beside a
     /// part file. None when the state file is in another format (a newer stitch's, not a damaged one).
     static func fallback(for paths: DownloadPaths) -> DownloadState? {
-        if let version = declaredVersion(at: paths.state), version != DownloadState.currentSchemaVersion { return nil }
-        guard let previous = try? read(paths.previousState), previous.validators.totalLength != nil,
-            access(paths.part, F_OK) == 0
+        guard isDamaged(paths.state), let previous = try? read(paths.previousState),
+            previous.validators.totalLength != nil, access(paths.part, F_OK) == 0
         else { return nil }
         return previous
     }
 
-    /// The `schemaVersion` a JSON file at `path` declares, if it is that much of a state file.
-    private static func declaredVersion(at path: String) -> Int? {
+    /// Whether the file at `path` is there but unreadable as a state — not one that reads, and not one of another
+    /// format (a JSON object declaring another `schemaVersion`, which a newer stitch wrote).
+    static func isDamaged(_ path: String) -> Bool {
+        do {
+            _ = try read(path)
+            return false
+        } catch {
+            guard error.code == .unusableState else { return false }
+        }
         struct VersionProbe: Decodable { var schemaVersion: Int }
-        guard let data = FileManager.default.contents(atPath: path), data.count <= maximumSize else { return nil }
-        return (try? JSONDecoder().decode(VersionProbe.self, from: data))?.schemaVersion
+        var info = stat()
+        guard stat(path, &info) == 0, Int(info.st_size) <= maximumSize,
+            let data = FileManager.default.contents(atPath: path),
+            let version = (try? JSONDecoder().decode(VersionProbe.self, from: data))?.schemaVersion
+        else { return true }
+        return version == DownloadState.currentSchemaVersion
     }
 
     /// Reads the state at `path`; `nil` if there is none.

@@ -50,6 +50,8 @@ struct ResumePoint: Sendable {
     var note: String?
     /// The state was written in another boot: the durable pieces are worth re-checking.
     var rebooted = false
+    /// The recorded pieces found damaged and cut when reopening after a reboot (they are fetched again).
+    var damagedPieces: [Int] = []
 }
 
 /// Owns what is on disk for one download. Every write the crash rules depend on goes through here.
@@ -172,8 +174,8 @@ final class PartStore: @unchecked Sendable {
         let current: DownloadState?
         do throws(DownloadError) {
             current = try StateFile.read(fromPrevious ? paths.previousState : paths.state)
-            // Falling back is right only while the state file is still unusable.
-            if fromPrevious, (try? StateFile.read(paths.state)) ?? nil != nil {
+            // Falling back is right only while the state file is still unusable, and not of another format.
+            if fromPrevious, !StateFile.isDamaged(paths.state) {
                 throw DownloadError(
                     .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
                     resumable: true)
@@ -238,16 +240,24 @@ final class PartStore: @unchecked Sendable {
         // From here the store owns (and closes) the descriptor. The new boot id must not be recorded before the
         // data it vouches for is durable.
         let store = PartStore(paths: paths, fd: fd, live: live, state: state)
+        // Pieces are checked before the first state write: a state with this boot's id is never checked again.
+        var damaged: [Int] = []
         if fromPrevious {
             store.replacesDamagedState = true
             // Writes the checked state (when something is cut) as the first state since the fallback.
             try store.invalidate(pieces: store.unprovenPieces())
+        } else if rebooted {
+            // After a power cut even durable bytes may be torn: re-check every recorded piece.
+            damaged = store.damagedPieces()
+            try store.invalidate(pieces: damaged)
         }
         try store.checkpoint(force: true)
         let checked = store.snapshot
         return (
             store,
-            ResumePoint(bytes: checked.durableBytes, prefix: checked.durablePrefix, note: note, rebooted: rebooted)
+            ResumePoint(
+                bytes: checked.durableBytes, prefix: checked.durablePrefix, note: note, rebooted: rebooted,
+                damagedPieces: damaged)
         )
     }
 
