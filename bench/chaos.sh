@@ -27,6 +27,10 @@
 #   MAX_VERSIONS=4
 #   THROTTLE=2097152   per-response pace of the server in bytes/s (0: full speed),
 #                      so a round lasts long enough to be killed mid-transfer
+#   DAMAGE_RATE=0.05   probability, after each killed run, of damaging one state
+#                      file (zero-filled, cut in half or garbage; replaced, as a
+#                      file system would leave it) that has a previous generation
+#                      beside it: the next run must fall back and still finish
 #   SEED=1             seeds the server's files and faults and the kill delays
 #   FINAL_TIMEOUT=300  seconds allowed for the final, unkilled run(s)
 #   STITCH=...         stitch binary (default .build/release/stitch, built if missing)
@@ -117,6 +121,9 @@ mapfile -t names < <(sed -n 's/^  out=//p' "$list")
 RANDOM=$SEED
 now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
 
+DAMAGE_RATE=${DAMAGE_RATE:-0.05}
+damage_ppm=$(awk -v r="$DAMAGE_RATE" 'BEGIN { printf "%d", r * 1000000 }')
+damaged=0
 runs=0 kills=0 round=1 rounds_done=0
 completed=0 corrupt=0 lost=0 bytes_needed=0 leftovers=0
 declare -A exits=()
@@ -147,6 +154,30 @@ run_stitch() {
     wait "$child" 2>/dev/null || run_rc=$?
     child=""
     exits[$run_rc]=$((${exits[$run_rc]:-0} + 1))
+}
+
+# damage_a_state: with probability DAMAGE_RATE, damages one state file of the
+# round that has a previous generation (DEST.stitch.prev) beside it. Replaced,
+# not rewritten in place: a crash between the two renames of a checkpoint can
+# leave both names on one inode for a moment, and damage to both is beyond
+# what any fallback can repair (the run then refuses, keeping the partial).
+damage_a_state() {
+    (((RANDOM * 32768 + RANDOM) % 1000000 < damage_ppm)) || return 0
+    local f size
+    local -a candidates=()
+    for f in "$out"/*.stitch; do
+        [[ -f $f && -f $f.prev ]] && candidates+=("$f")
+    done
+    ((${#candidates[@]})) || return 0
+    f=${candidates[RANDOM % ${#candidates[@]}]}
+    size=$(stat -c %s "$f")
+    case $((RANDOM % 3)) in
+    0) head -c "$size" /dev/zero >"$f.damaged" ;;
+    1) head -c $((size / 2)) "$f" >"$f.damaged" ;;
+    *) head -c "$size" /dev/urandom >"$f.damaged" ;;
+    esac
+    mv -f "$f.damaged" "$f"
+    damaged=$((damaged + 1))
 }
 
 # verify_round: checks every file of the round in $out against every
@@ -187,6 +218,7 @@ while (($(now_ms) < end)); do
     ((delay <= left)) || delay=$left
     ((delay > 0)) || break
     run_stitch "$LOGS/run-$(printf %05d $((runs + 1))).jsonl" "$delay"
+    ((run_rc == 0)) || damage_a_state
     if ((run_rc == 0)); then
         note "round $round finished after $runs runs ($kills kills so far); verifying"
         verify_round
@@ -221,6 +253,8 @@ reasons=$(cat "$LOGS"/run-*.jsonl | jq -rR '
     | (.reason // (.message | sub("^starting over: "; "")))' |
     sed -E 's/"[^"]*"/"…"/g; s/[0-9]+/N/g' | sort | uniq -c | sort -rn)
 restarts=$(printf '%s\n' "$reasons" | awk 'NF { n += $1 } END { print n + 0 }')
+fallbacks=$(cat "$LOGS"/run-*.jsonl | jq -rR 'fromjson? | select(.event == "notice") | .message' |
+    grep -c 'resuming from the checkpoint before it' || true)
 notices=$(cat "$LOGS"/run-*.jsonl | jq -rR 'fromjson? | select(.event == "notice") | .message' |
     grep -v -E 'starting over|restarting' | sed -E 's/"[^"]*"/"…"/g; s/[0-9]+(\.[0-9]+)?/N/g; s/: .*//' |
     sort | uniq -c | sort -rn | head -n 12)
@@ -233,8 +267,8 @@ report_head "Stitch chaos soak"
 printf -- '- stitch: %s (`get -i LIST -j %s --retries 1000 --timeout 5 --json`)\n' "$(tool_version stitch)" "$JOBS"
 printf -- '- Server: stitch-chaos-server, %s files (%s split=4), seed %s, fault rate %s, validator-change rate %s (≤ %s versions per file), throttle %s B/s per response\n' \
     "$FILES" "$(grep -c '^  split=4' "$list")" "$SEED" "$FAULT_RATE" "$REPLACE_RATE" "$MAX_VERSIONS" "$THROTTLE"
-printf -- '- Kills: SIGKILL after %s–%s s for %s s, then final run(s) bounded by %s s; total %s s\n\n' \
-    "$KILL_MIN" "$KILL_MAX" "$DURATION" "$FINAL_TIMEOUT" "$elapsed"
+printf -- '- Kills: SIGKILL after %s–%s s for %s s, then final run(s) bounded by %s s; total %s s; state damage rate %s\n\n' \
+    "$KILL_MIN" "$KILL_MAX" "$DURATION" "$FINAL_TIMEOUT" "$elapsed" "$DAMAGE_RATE"
 printf '## Result\n\n| measure | value |\n|---|---:|\n'
 printf '| rounds (full lists) verified | %s |\n' "$rounds_done"
 printf '| downloads completed byte-exact | %s |\n' "$completed"
@@ -242,6 +276,7 @@ printf '| **lost** (missing after the final run) | **%s** |\n' "$lost"
 printf '| **corrupt** (matches no served version) | **%s** |\n' "$corrupt"
 printf '| restarts from zero (with a stated reason) | %s |\n' "$restarts"
 printf '| stitch runs / SIGKILLs | %s / %s |\n' "$runs" "$kills"
+printf '| state files damaged / resumes that fell back on the previous one | %s / %s |\n' "$damaged" "$fallbacks"
 printf '| bytes fetched (server body bytes) | %s |\n' "$fetched"
 printf '| bytes needed (sizes of the completed files) | %s |\n' "$bytes_needed"
 printf '| fetched ÷ needed | %s |\n' "$(ratio "$fetched" "$bytes_needed")"

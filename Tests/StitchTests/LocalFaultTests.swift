@@ -689,4 +689,36 @@ import Testing
         #expect(server.requests(for: "/k.bin").last?.range == "bytes=700000-")
         await manager.close()
     }
+
+    /// Both the catalog and the download's state file damaged: the rebuilt catalog finds the download through the
+    /// previous state generation, restores its progress from it, and the engine falls back on it (keeping the piece
+    /// its checksum proves).
+    @Test func damagedCatalogAndStateRecoverThroughThePreviousState() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 4 << 20, seed: 85, etag: "\"p\"")
+        f.server.serve("/p.bin", file: file, faults: .onRequest(0, .stallAfter(3 << 19, then: .close)))
+        var manager = try f.open()
+        let server = f.server
+        let id = try await manager.add(server.url("/p.bin"), options: .init(out: "p.bin"))
+        try #require(await blocking { server.waitForStall() })
+        #expect(await eventually { await manager.download(id)?.progress.bytes == 3 << 19 })
+        try await manager.pause(id)
+        await manager.waitUntilIdle()
+        await manager.close()
+
+        let paths = DownloadPaths(destination: f.path("p.bin"))
+        try writeFile(paths.previousState, try readFile(paths.state))
+        try Self.damage(paths.state, .zeroFilled)
+        try writeFile(f.managerDirectory + "/catalog.sqlite3", [])
+        manager = try f.open()
+        #expect(manager.restoreReport.recoveredFromStateFiles == 1)
+        let restored = try #require(await manager.downloads().first, "the partial was not restored")
+        #expect(restored.url == server.url("/p.bin"))
+        #expect(restored.progress.bytes == 3 << 19)
+        await manager.waitUntilIdle()
+        #expect(await manager.download(restored.id)?.status == .completed)
+        expectFile(f.path("p.bin"), file.data)
+        #expect(server.requests(for: "/p.bin").last?.range == "bytes=1048576-")
+        await manager.close()
+    }
 }

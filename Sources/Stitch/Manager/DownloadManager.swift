@@ -850,7 +850,8 @@ public actor DownloadManager {
             return TransferProgress(bytes: bytes, total: bytes, durableBytes: bytes)
         }
         guard let path = claimedPath(entry),
-            let state = try? StateFile.read(DownloadPaths(destination: path).state),
+            let state = (try? StateFile.read(DownloadPaths(destination: path).state))
+                ?? StateFile.fallback(for: DownloadPaths(destination: path)),
             state.url == entry.url || entry.options.formerURLs.contains(state.url)
         else { return TransferProgress(total: entry.totalBytes) }
         let durable = state.durableBytes
@@ -975,7 +976,10 @@ final class PathClaims: Sendable {
     private static func isFree(_ path: String, for urls: Set<String>) -> Bool {
         let paths = DownloadPaths(destination: path)
         if access(paths.state, F_OK) == 0 {
-            guard let state = try? StateFile.read(paths.state), urls.contains(state.url) else { return false }
+            // A damaged state is judged by the previous generation the engine would fall back on.
+            guard let state = (try? StateFile.read(paths.state)) ?? StateFile.fallback(for: paths),
+                urls.contains(state.url)
+            else { return false }
             return true
         }
         if access(paths.destination, F_OK) == 0 {
