@@ -423,6 +423,29 @@ import Testing
         #expect(leftovers.filter(fileExists).isEmpty, "\(leftovers.filter(fileExists))")
     }
 
+    /// A previous generation without a length (a chunked response) has no piece checksums and proves nothing: the
+    /// fallback starts the download over, as the download of the URL it names, and says so; the file ends byte-exact.
+    @Test func previousStateWithoutALengthStartsOver() async throws {
+        let f = try Fixture()
+        let file = ServedFile.random(size: 3 << 20, seed: 86, etag: Self.etag)
+        f.serve(file, faults: FaultPolicy { _, index in index == 0 ? .all([.chunked, .stallAfter(3 << 19)]) : .chunked })
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 3 << 19)
+        let saved = try #require(try StateFile.read(f.paths.state))
+        #expect(saved.validators.totalLength == nil && saved.durableBytes > 0, "\(saved)")
+        try writeFile(f.paths.previousState, try readFile(f.paths.state))
+        try Self.damage(f.paths.state, .truncated)
+
+        let before = f.server.requests.count
+        let notices = Mutex<[String]>([])
+        let result = try await Self.download(f, f.url, to: f.dest) { event in
+            if case .resuming(_, let note?) = event { notices.withLock { $0.append(note) } }
+        }
+        Self.expectBytes(f.dest, file.data)
+        #expect(result.resumedFrom == 0)
+        #expect(f.server.requests[before...].first?.range == nil)
+        #expect(notices.withLock { $0 }.contains { $0.contains("keeping the 0 bytes") }, "\(notices.withLock { $0 })")
+    }
+
     /// A fallback that cannot repair in place (more than 256 separate proven runs would be left) refuses in one line
     /// and changes nothing on disk: the damaged state and the previous one stay byte for byte, so a second try does
     /// the same, and nothing unproven is ever written as a valid state. (A state rewritten before the check would

@@ -140,11 +140,11 @@ enum StateFile {
     static let maximumSize = 1 << 20
 
     /// The previous generation's state to resume from when the state file at `paths` is damaged: one that reads
-    /// cleanly and has a length (without one there are no piece checksums, so nothing could be proven), beside a
-    /// part file. None when the state file is in another format (a newer stitch's, not a damaged one).
+    /// cleanly, beside a part file. (Without a length it has no piece checksums, so it proves no byte: the download
+    /// starts over, but as the download of the URL it names.) None when the state file is in another format (a
+    /// newer stitch's, not a damaged one).
     static func fallback(for paths: DownloadPaths) -> DownloadState? {
-        guard isDamaged(paths.state), let previous = try? read(paths.previousState),
-            previous.validators.totalLength != nil, access(paths.part, F_OK) == 0
+        guard isDamaged(paths.state), let previous = try? read(paths.previousState), access(paths.part, F_OK) == 0
         else { return nil }
         return previous
     }

@@ -209,7 +209,11 @@ final class PartStore: @unchecked Sendable {
         if rebooted, state.segments.contains(where: { $0.durable < min($0.end ?? Int64.max, size) }) {
             note = "the machine restarted since the last run; trusting only the \(state.durableBytes) bytes synced to disk"
         }
-        if state.segments.contains(where: { $0.durable > $0.start && $0.durable > size }) {
+        if fromPrevious && state.validators.totalLength == nil {
+            // No length, no piece checksums: the previous state proves nothing (the tail is cut below).
+            state.segments = wholeFile(state.validators)
+            state.pieces = []
+        } else if state.segments.contains(where: { $0.durable > $0.start && $0.durable > size }) {
             note = "the part file is shorter than its state records; starting over"
             state.segments = wholeFile(state.validators)
             state.pieces = []
