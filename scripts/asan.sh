@@ -11,6 +11,8 @@
 # library. Run with ASAN_OPTIONS=detect_leaks=1 to see them. Uses its own build directory (.build-asan) and the
 # nginx of scripts/test.sh when STITCH_NGINX_DIR names one (otherwise the tests start their own).
 set -euo pipefail
+# The suite runs its tests side by side: ~1,400 descriptors at its peak (test servers, pipes, child processes).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 cd "$(dirname "$0")/.."
 command -v swift >/dev/null || export PATH="$PATH:/opt/swift/usr/bin"
 library='SegmentedTests|DownloaderTests|DownloadManagerTests|PartStoreTests|RateLimiterTests|CatalogTests|HostileServerTests|InputListTests|ResumePolicyTests|CRC32CTests|ChecksumTests'

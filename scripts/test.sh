@@ -2,6 +2,8 @@
 # Runs the whole test suite: a warning-free build, then `swift test` with a loopback nginx started for the
 # integration tests (stopped on exit). Extra arguments go to `swift test` (e.g. --filter CrashTests).
 set -euo pipefail
+# The suite runs its tests side by side: ~1,400 descriptors at its peak (test servers, pipes, child processes).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 command -v swift >/dev/null || export PATH="$PATH:/opt/swift/usr/bin"

@@ -15,6 +15,8 @@
 # writes its reports to a log file (TSAN_OPTIONS log_path), children included, whose stderr the tests capture;
 # the script fails if any report was written. Uses its own build directory (.build-tsan).
 set -euo pipefail
+# The suite runs its tests side by side: ~1,400 descriptors at its peak (test servers, pipes, child processes).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 cd "$(dirname "$0")/.."
 command -v swift >/dev/null || export PATH="$PATH:/opt/swift/usr/bin"
 library='SegmentedTests|DownloaderTests|DownloadManagerTests|PartStoreTests|RateLimiterTests|CatalogTests|HostileServerTests'
