@@ -183,6 +183,40 @@ import Testing
         #expect(try StateFile.read(f.paths.state)?.segments.first?.durable == 1)
     }
 
+    /// A server that drips its body (here 20 bytes a second, in 1-byte writes) never goes silent, so "no data for
+    /// N s" would wait for ever; fewer than `stallMinimumBytes` in `stallTimeout` is a stall too. Each attempt
+    /// saves a few bytes (less than `minimumProgress`), so the retries run out, the partial kept. With the minimum
+    /// at 1 byte (the old rule) the same server is still being waited for when the test looks.
+    @Test(arguments: [1024, 1])
+    func dripOneByteAtATimeStalls(stallMinimumBytes: Int) async throws {
+        var options = DownloadOptions.testing
+        options.connections = 1
+        options.transport.stallTimeout = 1
+        options.transport.stallMinimumBytes = stallMinimumBytes
+        options.retry.maxRetries = 1
+        let f = try Fixture()
+        let file = Self.file()
+        f.serve(file, faults: .always(.throttle(bytesPerSecond: 20)))
+        let task = Task { try await f.download(f.request(), options: options) }
+        let server = f.server
+        if stallMinimumBytes > 1 {
+            let outcome = await Self.bounded { try await task.value }
+            let error = try #require(outcome.failure)
+            #expect(error.code == .retriesExhausted, "\(error.code): \(error.message)")
+            #expect(error.message.contains("stalled transfer"), "\(error.message)")
+            #expect(server.requests.count == 2)
+            let part = (try? readFile(f.paths.part)) ?? []
+            #expect(part == Array(file.data[0..<part.count]))
+            #expect(!fileExists(f.dest))
+        } else {
+            // Dripping for longer than two stall timeouts and two attempts' worth: still on its first request.
+            #expect(await blocking { waitUntil(timeout: 20) { server.bodyBytesSent >= 60 } })
+            #expect(server.requests.count == 1)
+            task.cancel()
+            _ = try? await task.value
+        }
+    }
+
     /// A server that drops every connection after a few bytes: each attempt saves a little, but less than
     /// `minimumProgress`, so the retries run out (the old rule — any new byte resets the count — retried for ever).
     /// One that drops after more than `minimumProgress` bytes is progress, however many attempts it takes.

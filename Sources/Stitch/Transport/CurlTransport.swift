@@ -71,6 +71,8 @@ final class CurlTransfer: @unchecked Sendable {
     // Stall detection: seconds (monotonic) of the last header or body byte, or of the moment the request was
     // sent. libcurl's low-speed limit averages over several seconds, so a stall after fast data was seen late.
     var lastActivity = 0.0
+    /// Bytes received since `lastActivity`; reaching `stallMinimumBytes` moves `lastActivity` to now.
+    var bytesSinceActivity = 0
     var requestSent = false
     var stalled = false
     /// While paused by the delegate: when (monotonic seconds) to read again.
@@ -156,6 +158,7 @@ final class CurlTransfer: @unchecked Sendable {
             var pretransfer: curl_off_t = 0
             _ = stitch_easy_getinfo_off(easy, CURLINFO_PRETRANSFER_TIME_T, &pretransfer)
             lastActivity = now  // connecting is bounded by the connect timeout, not this one
+            bytesSinceActivity = 0
             requestSent = pretransfer > 0
             return true
         }
@@ -167,9 +170,20 @@ final class CurlTransfer: @unchecked Sendable {
         return true
     }
 
+    /// Counts `count` bytes received: once `stallMinimumBytes` have come since the last mark, the transfer is
+    /// active now. A drip of a few bytes never gets there, so it stalls like silence does.
+    @inline(__always)
+    func noteReceived(_ count: Int) {
+        bytesSinceActivity += count
+        if bytesSinceActivity >= request.options.stallMinimumBytes {
+            lastActivity = monotonicNow()
+            bytesSinceActivity = 0
+        }
+    }
+
     /// One header line (with its CRLF). Returns false to abort.
     func receiveHeaderLine(_ raw: UnsafeRawBufferPointer) -> Bool {
-        lastActivity = monotonicNow()
+        noteReceived(raw.count)
         // Trailer fields after a body are not a new head: ignore them.
         if headDelivered { return true }
         headBytes += raw.count
@@ -212,7 +226,7 @@ final class CurlTransfer: @unchecked Sendable {
 
     /// Body bytes: what libcurl's write callback returns (all taken, pause, or abort).
     func receiveBody(_ raw: UnsafeRawBufferPointer) -> Int {
-        lastActivity = monotonicNow()
+        noteReceived(raw.count)
         switch disposition {
         case .discard: return raw.count
         case .abort: return 0
@@ -222,7 +236,7 @@ final class CurlTransfer: @unchecked Sendable {
             case .accepted:
                 return raw.count
             case .pause(let seconds):
-                resumeAt = lastActivity + max(0.001, seconds)
+                resumeAt = monotonicNow() + max(0.001, seconds)
                 return Int(CURL_WRITEFUNC_PAUSE)
             case .abort:
                 delegateAborted = true
@@ -248,8 +262,9 @@ final class CurlTransfer: @unchecked Sendable {
             return .failure(TransportError(.other, "the response headers exceed \(Self.maximumHeadBytes >> 10) KiB"))
         }
         if stalled {
-            let seconds = request.options.stallTimeout
-            return .failure(.stalled("no data for \(String(format: "%g", seconds)) s (stalled transfer)"))
+            let seconds = String(format: "%g", request.options.stallTimeout)
+            let what = bytesSinceActivity == 0 ? "no data" : "only \(bytesSinceActivity) bytes"
+            return .failure(.stalled("\(what) in \(seconds) s (stalled transfer)"))
         }
         let detail = String(cString: errorBuffer)
         var message = detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail
@@ -372,6 +387,7 @@ final class CurlEventLoop: @unchecked Sendable {
                 if resumeAt <= now {
                     transfer.resumeAt = nil
                     transfer.lastActivity = now
+                    transfer.bytesSinceActivity = 0
                     curl_easy_pause(easy, CURLPAUSE_CONT)
                     timeout = 0
                 } else {

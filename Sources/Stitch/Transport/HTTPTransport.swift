@@ -57,8 +57,11 @@ public struct TransportOptions: Sendable, Hashable {
 
     /// Seconds allowed to establish the connection (TCP and TLS).
     public var connectTimeout: Double = 30
-    /// Seconds without a single body byte after which the transfer counts as stalled.
+    /// A transfer that receives fewer than `stallMinimumBytes` (head or body) in this many seconds counts as
+    /// stalled: silent, or dripping (a server that sends one byte a second never goes silent).
     public var stallTimeout: Double = 30
+    /// See `stallTimeout`. 1 KiB per 30 s is ~34 bytes a second, far below any real link; 1 restores "any byte".
+    public var stallMinimumBytes: Int = 1024
     public var tlsVerification: TLSVerification = .verify
     /// A PEM bundle used instead of the system trust store.
     public var caCertificatePath: String?
