@@ -35,7 +35,7 @@ enum Help {
                                     server gives no ranges or no strong validator)
               --streams             over HTTPS, carry the connections as HTTP/2 streams of one TCP connection
               --limit-rate RATE     at most RATE bytes per second over all connections (500K, 2M, 1.5M; K = 1024)
-              --retries N           give up after N failed attempts in a row that each saved < 16 KiB (default 5)
+              --retries N           give up after N failed attempts in a row that saved < 16 KiB in all (default 5)
               --timeout SECS        a transfer getting < 1 KiB in SECS seconds is retried (default 30)
               --connect-timeout SECS  time allowed to connect, TLS included (default 30)
           -H, --header 'K: V'       add a request header (repeatable)

@@ -34,6 +34,10 @@ import Testing
         HostileCase("1 MiB of headers", .fails(.protocolViolation)) { file in
             .always(.raw(ok(file, extra: (0..<1024).map { line("X-Pad-\($0): " + String(repeating: "a", count: 1000)) })))
         },
+        HostileCase("20 interim 102 heads of 15 KB each, then the file", .fails(.protocolViolation)) { file in
+            let interim = head("102 Processing", [line("X-Pad: " + String(repeating: "p", count: 15_000))])
+            return .always(.raw(Array(repeating: interim, count: 20).flatMap { $0 } + ok(file)))
+        },
         HostileCase("240 KB of headers (under the 256 KiB limit)", .complete) { file in
             .always(.raw(ok(file, extra: (0..<240).map { line("X-Pad-\($0): " + String(repeating: "a", count: 1000)) })))
         },
@@ -217,10 +221,11 @@ import Testing
         }
     }
 
-    /// A server that drops every connection after a few bytes: each attempt saves a little, but less than
-    /// `minimumProgress`, so the retries run out (the old rule — any new byte resets the count — retried for ever).
-    /// One that drops after more than `minimumProgress` bytes is progress, however many attempts it takes.
-    @Test(arguments: [(100, false), (12_000, true)])
+    /// A server that drops every connection after a few bytes: the attempts save a little, less than
+    /// `minimumProgress` between them, so the retries run out (the old rule — any new byte resets the count —
+    /// retried for ever). One that drops after 6,000 or 12,000 bytes (limit 10,000) is progress, however many
+    /// attempts it takes: the count starts again once the failed attempts have saved 10,000 bytes together.
+    @Test(arguments: [(100, false), (6_000, true), (12_000, true)])
     func connectionsThatEachSaveTooLittleExhaustTheRetries(bytesPerConnection: Int, completes: Bool) async throws {
         var options = DownloadOptions.testing
         options.connections = 1

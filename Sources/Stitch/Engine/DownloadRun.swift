@@ -96,6 +96,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         }
 
         var failures = 0
+        var savedSinceReset: Int64 = 0
         var redirects = RedirectChain(limit: options.maxRedirects)
         while true {
             if Task.isCancelled { throw try interrupted() }
@@ -116,9 +117,16 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             let transportRequest = TransportRequest(
                 url: currentURL.absoluteString, headers: headers, options: options.transport)
             let result = await transport.perform(transportRequest, delegate: self)
-            // Progress means new bytes saved: re-fetching the overlap window again and again is not progress, nor
-            // is a trickle of bytes per connection.
-            if let written = store?.written(0), written - before >= options.retry.minimumProgress { failures = 0 }
+            // Progress means new bytes saved: re-fetching the overlap window again and again is not progress, nor is
+            // a trickle of bytes per connection. Counted over attempts, so a server that cuts every connection after
+            // a few KiB still gets there, while one that sends a few bytes per connection runs out of retries.
+            if let written = store?.written(0), written > before {
+                savedSinceReset += written - before
+                if savedSinceReset >= Int64(options.retry.minimumProgress) {
+                    failures = 0
+                    savedSinceReset = 0
+                }
+            }
 
             if let setupError { throw setupError }
             if let alreadyComplete { return alreadyComplete }

@@ -41,12 +41,13 @@ public struct DownloadRequest: Sendable {
 
 /// How retries are spaced: exponential backoff with jitter, honouring `Retry-After`.
 public struct RetryPolicy: Sendable, Hashable {
-    /// Consecutive failed attempts that made no progress before giving up. An attempt that saved at least
-    /// `minimumProgress` new bytes resets the count, so a flaky but moving transfer is never abandoned.
+    /// Failed attempts in a row, without progress, before giving up. Once the attempts since the last reset have
+    /// saved `minimumProgress` new bytes together, the count starts again, so a flaky but moving transfer is never
+    /// abandoned.
     public var maxRetries: Int = 5
-    /// New bytes an attempt must save to count as progress (and reset the retry count). A server that drops every
-    /// connection after a few bytes would otherwise be retried for ever. 16 KiB: a few TCP segments, and well under
-    /// what a resume without validators gains on a server that drops after ~100 KiB (it re-reads `overlapWindow`).
+    /// New bytes that count as progress (and reset the retry count), summed over attempts. A server that sends a
+    /// few bytes per connection would otherwise be retried for ever; one that cuts every connection after a few
+    /// KiB still moves.
     public var minimumProgress: Int = 16 << 10
     public var baseDelay: Double = 1
     public var maxDelay: Double = 60

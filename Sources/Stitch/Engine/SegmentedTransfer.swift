@@ -244,6 +244,7 @@ final class SegmentedTransfer: Sendable {
     /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures.
     private func fetch(_ slot: Int) async throws {
         var failures = 0
+        var savedSinceReset: Int64 = 0
         var url = startURL
         var redirects = RedirectChain(limit: options.maxRedirects)
         while !stopped.load(ordering: .acquiring) {
@@ -265,7 +266,14 @@ final class SegmentedTransfer: Sendable {
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return }
             try Task.checkCancellation()
-            if store.written(slot) - start >= options.retry.minimumProgress { failures = 0 }
+            // As in DownloadRun: new bytes count over attempts until they reach `minimumProgress`.
+            if store.written(slot) > start {
+                savedSinceReset += store.written(slot) - start
+                if savedSinceReset >= Int64(options.retry.minimumProgress) {
+                    failures = 0
+                    savedSinceReset = 0
+                }
+            }
 
             var reason: String
             var retryAfter: String?

@@ -71,8 +71,15 @@ final class CurlTransfer: @unchecked Sendable {
     // Stall detection: seconds (monotonic) of the last header or body byte, or of the moment the request was
     // sent. libcurl's low-speed limit averages over several seconds, so a stall after fast data was seen late.
     var lastActivity = 0.0
-    /// Bytes received since `lastActivity`; reaching `stallMinimumBytes` moves `lastActivity` to now.
+    /// Bytes received since `lastActivity`; reaching `activityThreshold` moves `lastActivity` to now.
     var bytesSinceActivity = 0
+    /// `stallMinimumBytes`, or the body's length once a head announces a smaller one.
+    lazy var activityThreshold = max(1, request.options.stallMinimumBytes)
+    /// Body bytes thrown away (redirect and error bodies); more than `maximumDiscardedBytes` ends the transfer.
+    var discardedBytes = 0
+    var discardCapped = false
+    /// The body of a response the engine does not want is read (so the connection can be reused) up to this much.
+    static let maximumDiscardedBytes = 64 << 10
     var requestSent = false
     var stalled = false
     /// While paused by the delegate: when (monotonic seconds) to read again.
@@ -157,8 +164,7 @@ final class CurlTransfer: @unchecked Sendable {
         if !requestSent {
             var pretransfer: curl_off_t = 0
             _ = stitch_easy_getinfo_off(easy, CURLINFO_PRETRANSFER_TIME_T, &pretransfer)
-            lastActivity = now  // connecting is bounded by the connect timeout, not this one
-            bytesSinceActivity = 0
+            markActive()  // connecting is bounded by the connect timeout, not this one
             requestSent = pretransfer > 0
             return true
         }
@@ -175,10 +181,13 @@ final class CurlTransfer: @unchecked Sendable {
     @inline(__always)
     func noteReceived(_ count: Int) {
         bytesSinceActivity += count
-        if bytesSinceActivity >= request.options.stallMinimumBytes {
-            lastActivity = monotonicNow()
-            bytesSinceActivity = 0
-        }
+        if bytesSinceActivity >= activityThreshold { markActive() }
+    }
+
+    /// The transfer is making progress now.
+    func markActive() {
+        lastActivity = monotonicNow()
+        bytesSinceActivity = 0
     }
 
     /// One header line (with its CRLF). Returns false to abort.
@@ -201,12 +210,18 @@ final class CurlTransfer: @unchecked Sendable {
             status = parts.count > 1 ? Int(parts[1]) ?? 0 : 0
             headers = HTTPHeaders()
             headDelivered = false
-            headBytes = raw.count
+            // `headBytes` keeps counting: interim 1xx heads share the limit with the final one (one transfer, one
+            // final response: redirects are new transfers), or endless 1xx heads would evade it.
             return status != 0
         }
         if line.isEmpty {
             if (100..<200).contains(status) { return true }  // interim response; a final one follows
             headDelivered = true
+            // A whole head is progress however small; a body shorter than the stall minimum need only arrive whole.
+            markActive()
+            if let length = headers["Content-Length"].flatMap({ Int($0) }), length >= 0 {
+                activityThreshold = max(1, min(activityThreshold, length))
+            }
             disposition = delegate.transferDidReceiveHead(ResponseHead(status: status, headers: headers))
             if disposition == .abort {
                 delegateAborted = true
@@ -228,7 +243,14 @@ final class CurlTransfer: @unchecked Sendable {
     func receiveBody(_ raw: UnsafeRawBufferPointer) -> Int {
         noteReceived(raw.count)
         switch disposition {
-        case .discard: return raw.count
+        case .discard:
+            discardedBytes += raw.count
+            if discardedBytes > Self.maximumDiscardedBytes {
+                // An endless (or huge) error or redirect body: the head already said all the engine needs.
+                discardCapped = true
+                return 0
+            }
+            return raw.count
         case .abort: return 0
         case .receive:
             guard headDelivered else { return raw.count }
@@ -246,9 +268,10 @@ final class CurlTransfer: @unchecked Sendable {
     }
 
     func complete(_ result: Result<Void, TransportError>) {
+        let continuation = self.continuation
+        self.continuation = nil
         completed.withLock { $0 = true }
         continuation?.resume(returning: result)
-        continuation = nil
     }
 
     /// Maps libcurl's result to ours.
@@ -258,6 +281,7 @@ final class CurlTransfer: @unchecked Sendable {
             return .success(())
         }
         if delegateAborted { return .failure(.abortedByDelegate) }
+        if discardCapped && headDelivered { return .success(()) }
         if headTooLarge {
             return .failure(TransportError(.other, "the response headers exceed \(Self.maximumHeadBytes >> 10) KiB"))
         }
@@ -386,8 +410,7 @@ final class CurlEventLoop: @unchecked Sendable {
                 guard let resumeAt = transfer.resumeAt, let easy = transfer.easy else { continue }
                 if resumeAt <= now {
                     transfer.resumeAt = nil
-                    transfer.lastActivity = now
-                    transfer.bytesSinceActivity = 0
+                    transfer.markActive()
                     curl_easy_pause(easy, CURLPAUSE_CONT)
                     timeout = 0
                 } else {
