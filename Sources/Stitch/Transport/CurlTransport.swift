@@ -62,14 +62,16 @@ final class CurlTransfer: @unchecked Sendable {
     var headDelivered = false
     var disposition = BodyDisposition.receive
     var delegateAborted = false
-    /// Bytes of the current response head so far (status line included), and whether it outgrew the limit.
+    /// Bytes of response head so far (status lines included, interim 1xx heads too), and whether it outgrew the
+    /// limit.
     var headBytes = 0
     var headTooLarge = false
     /// The largest response head accepted: far beyond any real server's, below libcurl's own 300 KB.
     static let maximumHeadBytes = 256 << 10
 
-    // Stall detection: seconds (monotonic) of the last header or body byte, or of the moment the request was
-    // sent. libcurl's low-speed limit averages over several seconds, so a stall after fast data was seen late.
+    // Stall detection: seconds (monotonic) of the last sign of progress — the request sent, a whole head,
+    // `activityThreshold` bytes, the end of a pause we asked for. libcurl's low-speed limit averages over several
+    // seconds, so a stall after fast data was seen late.
     var lastActivity = 0.0
     /// Bytes received since `lastActivity`; reaching `activityThreshold` moves `lastActivity` to now.
     var bytesSinceActivity = 0
@@ -176,7 +178,7 @@ final class CurlTransfer: @unchecked Sendable {
         return true
     }
 
-    /// Counts `count` bytes received: once `stallMinimumBytes` have come since the last mark, the transfer is
+    /// Counts `count` bytes received: once `activityThreshold` have come since the last mark, the transfer is
     /// active now. A drip of a few bytes never gets there, so it stalls like silence does.
     @inline(__always)
     func noteReceived(_ count: Int) {
