@@ -1,7 +1,7 @@
 import Glibc
 
 // Low-level helpers shared by the test server: POSIX sockets, threads, and a small
-// condition-variable lock. Nothing here is public.
+// condition-variable lock. Only `connectToLoopback` is public (for tests' raw clients).
 
 /// `POLLRDHUP` (peer closed its writing half) is only exposed by Glibc under `_GNU_SOURCE`.
 let pollReadHangUp: Int16 = 0x2000
@@ -195,4 +195,27 @@ final class Condition<Value: Sendable>: @unchecked Sendable {
             }
         }
     }
+}
+
+/// A TCP socket connected to 127.0.0.1:`port`, or nil with `errno` telling why — for tests that drive a server by
+/// hand, byte for byte.
+public func connectToLoopback(port: Int) -> Int32? {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { return nil }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = UInt16(port).bigEndian
+    address.sin_addr.s_addr = in_addr_t(0x7F00_0001).bigEndian
+    let connected = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+        }
+    }
+    guard connected == 0 else {
+        let error = errno
+        close(fd)
+        errno = error
+        return nil
+    }
+    return fd
 }

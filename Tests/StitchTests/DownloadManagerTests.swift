@@ -1008,22 +1008,7 @@ final class LoopbackSocket: Sendable {
     private let fd: Mutex<Int32>
 
     init(port: Int) throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw Errno(rawValue: errno) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = UInt16(port).bigEndian
-        address.sin_addr.s_addr = in_addr_t(0x7F00_0001).bigEndian
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
-        guard connected == 0 else {
-            let error = Errno(rawValue: errno)
-            Glibc.close(fd)
-            throw error
-        }
+        guard let fd = connectToLoopback(port: port) else { throw Errno(rawValue: errno) }
         self.fd = Mutex(fd)
     }
 

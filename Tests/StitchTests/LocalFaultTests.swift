@@ -446,30 +446,34 @@ import Testing
         #expect(notices.withLock { $0 }.contains { $0.contains("keeping the 0 bytes") }, "\(notices.withLock { $0 })")
     }
 
+    /// Damage too scattered to repair in place: a sparse part file of 514 MiB of zeros, and a state (of a 600 MiB
+    /// download, written by `bootID`) recording every piece, every odd one with a wrong checksum — cutting them
+    /// would leave more than 256 runs.
+    static func scatteredDamage(_ f: Fixture, bootID: String) throws -> DownloadState {
+        let piece = 1 << 20
+        let pieces = 514
+        let total = Int64(600 * piece)
+        let fd = open(f.paths.part, O_RDWR | O_CREAT, 0o644)
+        #expect(fd >= 0 && ftruncate(fd, off_t(pieces * piece)) == 0)
+        close(fd)
+        var zeros = CRC32C()
+        [UInt8](repeating: 0, count: piece).withUnsafeBytes { zeros.update($0) }
+        return DownloadState(
+            url: f.url, headers: [], checksum: nil,
+            validators: Validators(etag: Self.etag, lastModified: nil, date: nil, totalLength: total, acceptRanges: true),
+            segments: [Segment(start: 0, end: total, durable: Int64(pieces * piece))],
+            pieceSize: PieceLayout.pieceSize(forTotal: total),
+            pieces: (0..<pieces).map { $0 % 2 == 0 ? zeros.value : zeros.value ^ 1 },
+            bootID: bootID, liveNonce: "1234", updatedAt: 0)
+    }
+
     /// A fallback that cannot repair in place (more than 256 separate proven runs would be left) refuses in one line
     /// and changes nothing on disk: the damaged state and the previous one stay byte for byte, so a second try does
     /// the same, and nothing unproven is ever written as a valid state. (A state rewritten before the check would
     /// be trusted by the next run.) Then `overwrite` starts over.
     @Test func fallbackThatCannotRepairChangesNothing() async throws {
         let f = try Fixture()
-        let piece = 1 << 20
-        let pieces = 514
-        let total = Int64(600 * piece)
-        // A sparse part file of zeros; the previous state records every piece, every odd one with a wrong checksum.
-        let fd = open(f.paths.part, O_RDWR | O_CREAT, 0o644)
-        #expect(fd >= 0 && ftruncate(fd, off_t(pieces * piece)) == 0)
-        close(fd)
-        var zeros = CRC32C()
-        [UInt8](repeating: 0, count: piece).withUnsafeBytes { zeros.update($0) }
-        let validators = Validators(
-            etag: Self.etag, lastModified: nil, date: nil, totalLength: total, acceptRanges: true)
-        let previous = DownloadState(
-            url: f.url, headers: [], checksum: nil, validators: validators,
-            segments: [Segment(start: 0, end: total, durable: Int64(pieces * piece))],
-            pieceSize: PieceLayout.pieceSize(forTotal: total),
-            pieces: (0..<pieces).map { $0 % 2 == 0 ? zeros.value : zeros.value ^ 1 },
-            bootID: BootID.current, liveNonce: "1234", updatedAt: 0)
-        try StateFile.write(previous, to: f.paths.previousState)
+        try StateFile.write(try Self.scatteredDamage(f, bootID: BootID.current), to: f.paths.previousState)
         try writeFile(f.paths.state, [UInt8](repeating: 0, count: 300))
         let before = (state: try readFile(f.paths.state), previous: try readFile(f.paths.previousState))
         f.serve(ServedFile.random(size: 1 << 20, seed: 80, etag: Self.etag))
@@ -491,22 +495,7 @@ import Testing
     /// byte for byte, and the next run checks again; `overwrite` starts over.
     @Test func rebootRepairThatCannotBeDoneChangesNothing() async throws {
         let f = try Fixture()
-        let piece = 1 << 20
-        let pieces = 514
-        let total = Int64(600 * piece)
-        let fd = open(f.paths.part, O_RDWR | O_CREAT, 0o644)
-        #expect(fd >= 0 && ftruncate(fd, off_t(pieces * piece)) == 0)
-        close(fd)
-        var zeros = CRC32C()
-        [UInt8](repeating: 0, count: piece).withUnsafeBytes { zeros.update($0) }
-        let state = DownloadState(
-            url: f.url, headers: [], checksum: nil,
-            validators: Validators(etag: Self.etag, lastModified: nil, date: nil, totalLength: total, acceptRanges: true),
-            segments: [Segment(start: 0, end: total, durable: Int64(pieces * piece))],
-            pieceSize: PieceLayout.pieceSize(forTotal: total),
-            pieces: (0..<pieces).map { $0 % 2 == 0 ? zeros.value : zeros.value ^ 1 },
-            bootID: "before-the-reboot", liveNonce: "1234", updatedAt: 0)
-        try StateFile.write(state, to: f.paths.state)
+        try StateFile.write(try Self.scatteredDamage(f, bootID: "before-the-reboot"), to: f.paths.state)
         let before = try readFile(f.paths.state)
         let file = ServedFile.random(size: 1 << 20, seed: 84, etag: Self.etag)
         f.serve(file)
