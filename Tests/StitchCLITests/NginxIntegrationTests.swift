@@ -258,4 +258,27 @@ struct NginxIntegrationTests {
         let line = try #require(lines.first)
         #expect(line.contains("\" 200 "), "a stale If-Range gets the whole new file: \(line)")
     }
+
+    /// Issue 10's corruption, as a new user met it: 40 MB, the automatic connection count, `--limit-rate 10M`.
+    /// The rate limiter's pause ended on the probing connection just as the probe decided to split; libcurl
+    /// dropped the bytes it held and the transfer went on, so every byte after about 1.1 MiB was shifted (exit 0).
+    /// Failed on every run before the fix (at 20 MB the automatic count is one connection: no probe).
+    @Test func automaticConnectionsWithARateLimitSaveTheExactFile() async throws {
+        let nginx = try await sharedNginx()
+        let name = "limited-\(UUID().uuidString).bin"
+        let bytes = ServedFile.randomBytes(count: 40_000_000, seed: 41)
+        try nginx.publish(name, bytes: bytes)
+        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(["get", nginx.httpURL(name), "-o", "f.bin", "--limit-rate", "10M", "-q"])
+        #expect(result.status == 0, "\(result)")
+        let saved = try #require(readBytes(sandbox.path("f.bin")))
+        #expect(saved.count == bytes.count)
+        if saved != bytes {
+            let first = saved.indices.first { $0 >= bytes.count || saved[$0] != bytes[$0] } ?? saved.count
+            Issue.record("the saved file differs from byte \(first) on")
+        }
+        #expect(sandbox.entries() == ["f.bin"])
+    }
 }

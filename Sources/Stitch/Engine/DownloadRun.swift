@@ -32,6 +32,8 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     private var verdict: HeadVerdict?
     private var setupError: DownloadError?
     private var sinkFailure: SinkFailure?
+    /// Set when the sink has refused this attempt's body (an abort): nothing more of it is written.
+    private var sinkClosed = false
     private var switchToResume = false
     private var alreadyComplete: DownloadResult?
     private var offset: Int64 = 0
@@ -111,6 +113,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             probe = nil
             setupError = nil
             sinkFailure = nil
+            sinkClosed = false
             switchToResume = false
             let before = store?.written(0) ?? 0
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
@@ -829,15 +832,20 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     }
 
     func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+        // A sink that has said stop takes nothing more of this response, whatever the transport does next: the
+        // bytes it would be offered are not the ones that follow `offset`.
+        if sinkClosed { return .abort }
         // The rate limit is shared by every connection (and download) holding the same limiter.
         if let limiter = options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
             return .pause(seconds: wait)
         }
-        return receive(bytes) ? .accepted : .abort
+        if receive(bytes) { return .accepted }
+        sinkClosed = true
+        return .abort
     }
 
     private func receive(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        guard let store, sinkFailure == nil else { return false }
+        guard let store, sinkFailure == nil, !segmentNow else { return false }
         if let checkpointer, checkpointer.hasFailed.load(ordering: .relaxed) {
             sinkFailure = .checkpoint
             return false

@@ -413,6 +413,16 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
     }
 
     func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+        // Once stopped, never again for this response (see DownloadRun.transferDidReceive).
+        if closed { return .abort }
+        let decision = decide(bytes)
+        if decision == .abort { closed = true }
+        return decision
+    }
+
+    private var closed = false
+
+    private func decide(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
         if transfer.stopped.load(ordering: .relaxed) || replace.load(ordering: .relaxed) || transfer.store.isBroken
             || transfer.checkpointer?.hasFailed.load(ordering: .relaxed) == true
         {

@@ -255,6 +255,8 @@ final class CurlTransfer: @unchecked Sendable {
             return raw.count
         case .abort: return 0
         case .receive:
+            // Once the delegate has said stop it is never asked again, whatever libcurl does next (see `resume`).
+            if delegateAborted { return 0 }
             guard headDelivered else { return raw.count }
             switch delegate.transferDidReceive(raw) {
             case .accepted:
@@ -408,19 +410,34 @@ final class CurlEventLoop: @unchecked Sendable {
             // Paused transfers whose time has come read again; the poll sleeps no longer than the next one.
             var timeout = 1000.0
             let now = monotonicNow()
+            var resumable: [(UnsafeMutableRawPointer, CurlTransfer)] = []
             for transfer in active.values {
                 guard let resumeAt = transfer.resumeAt, let easy = transfer.easy else { continue }
                 if resumeAt <= now {
-                    transfer.resumeAt = nil
-                    transfer.markActive()
-                    curl_easy_pause(easy, CURLPAUSE_CONT)
-                    timeout = 0
+                    resumable.append((easy, transfer))
                 } else {
                     timeout = min(timeout, (resumeAt - now) * 1000)
                 }
             }
+            for (easy, transfer) in resumable {
+                timeout = 0
+                resume(easy, transfer)
+            }
             var ready: Int32 = 0
             curl_multi_poll(multi, nil, 0, Int32(max(0, timeout.rounded(.up))), &ready)
+        }
+    }
+
+    /// Ends a pause the delegate asked for. libcurl hands back the bytes it held from inside `curl_easy_pause`;
+    /// if the delegate refuses them (aborts), libcurl frees the rest of what it held, returns the error from here
+    /// and would go on reading the socket as if nothing happened: the bytes after a hole would reach the delegate
+    /// as if they followed. Any error here ends the transfer (issue 10: a shifted file saved with exit 0).
+    private func resume(_ easy: UnsafeMutableRawPointer, _ transfer: CurlTransfer) {
+        transfer.resumeAt = nil
+        transfer.markActive()
+        let code = curl_easy_pause(easy, CURLPAUSE_CONT)
+        if code != CURLE_OK || transfer.delegateAborted {
+            finish(easy, outcome: transfer.outcome(for: code == CURLE_OK ? CURLE_WRITE_ERROR : code), code: code)
         }
     }
 
