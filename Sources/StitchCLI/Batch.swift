@@ -71,6 +71,10 @@ enum Batch {
         if let base = ProcessInfo.processInfo.environment["STITCH_RETRY_BASE_DELAY"], let value = Double(base) {
             configuration.retry.baseDelay = value  // for tests of the binary; not a user-facing option
         }
+        let tuning = TestTuning.fromEnvironment()
+        tuning.minimumSplitSize.map { configuration.minimumSplitSize = $0 }
+        tuning.singleConnectionRate.map { configuration.singleConnectionRate = $0 == 0 ? nil : $0 }
+        tuning.automaticConnectionStep.map { configuration.automaticConnectionStep = $0 }
         configuration.connections = options.connections
         configuration.transport.stallTimeout = options.timeout
         configuration.transport.connectTimeout = options.connectTimeout

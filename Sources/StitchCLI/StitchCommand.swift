@@ -144,6 +144,10 @@ struct StitchCommand {
         if let base = ProcessInfo.processInfo.environment["STITCH_RETRY_BASE_DELAY"], let value = Double(base) {
             downloadOptions.retry.baseDelay = value  // for tests of the binary; not a user-facing option
         }
+        let tuning = TestTuning.fromEnvironment()
+        tuning.minimumSplitSize.map { downloadOptions.minimumSplitSize = $0 }
+        tuning.singleConnectionRate.map { downloadOptions.singleConnectionRate = $0 == 0 ? nil : $0 }
+        tuning.automaticConnectionStep.map { downloadOptions.automaticConnectionStep = $0 }
 
         let signals = SignalCatcher()
         let task = Task { () -> Result<DownloadResult, any Error> in
@@ -307,5 +311,27 @@ final class SignalCatcher: @unchecked Sendable {
     func onSignal(_ action: @escaping @Sendable () -> Void) {
         handler.withLock { $0 = action }
         if received != 0 { action() }
+    }
+}
+
+/// Split thresholds that tests of the binary make small, so that small files reach every split path (the
+/// defaults are 1 MiB, 128 MiB/s and 16 MiB). Read from the environment; not user-facing options.
+///   STITCH_TEST_MINIMUM_SPLIT       bytes (DownloadOptions.minimumSplitSize)
+///   STITCH_TEST_SINGLE_CONNECTION_RATE  bytes per second; 0 turns the probe off (DownloadOptions.singleConnectionRate)
+///   STITCH_TEST_CONNECTION_STEP     bytes (DownloadOptions.automaticConnectionStep)
+struct TestTuning {
+    var minimumSplitSize: Int64?
+    var singleConnectionRate: Int64?
+    var automaticConnectionStep: Int64?
+
+    static func fromEnvironment() -> TestTuning {
+        let environment = ProcessInfo.processInfo.environment
+        func value(_ name: String, minimum: Int64) -> Int64? {
+            environment[name].flatMap { Int64($0) }.flatMap { $0 >= minimum ? $0 : nil }
+        }
+        return TestTuning(
+            minimumSplitSize: value("STITCH_TEST_MINIMUM_SPLIT", minimum: 1),
+            singleConnectionRate: value("STITCH_TEST_SINGLE_CONNECTION_RATE", minimum: 0),
+            automaticConnectionStep: value("STITCH_TEST_CONNECTION_STEP", minimum: 1))
     }
 }

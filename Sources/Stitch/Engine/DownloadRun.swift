@@ -590,7 +590,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
 
     /// Connections asked for (or chosen by size), before any grant.
     private func wantedLanes(for validators: Validators) -> Int {
-        let wanted = options.connections ?? Connections.automatic(forLength: validators.totalLength)
+        let wanted = options.connections ?? Connections.automatic(forLength: validators.totalLength, step: options.automaticConnectionStep)
         return max(1, min(wanted, options.maximumConnections ?? wanted))
     }
 

@@ -125,6 +125,10 @@ public struct DownloadOptions: Sendable {
     /// work for both ends. nil splits at the first response whatever the speed, as an explicit ``connections``
     /// always does.
     public var singleConnectionRate: Int64? = 128 << 20
+    /// The size one automatic connection is worth (``Connections/automaticStep``, 16 MiB): the automatic choice
+    /// is `length / step` connections, at most ``Connections/automaticMaximum``. Smaller values let tests reach
+    /// the split paths with small files.
+    public var automaticConnectionStep: Int64 = Connections.automaticStep
 
     public init() {}
 }
@@ -189,9 +193,9 @@ public enum Connections {
 
     /// The automatic choice: one connection per 16 MiB, at least 1 and at most 4. A small file is not worth
     /// the extra round trips; a large one gains from several connections when a server caps each one.
-    public static func automatic(forLength length: Int64?) -> Int {
+    public static func automatic(forLength length: Int64?, step: Int64 = automaticStep) -> Int {
         guard let length else { return 1 }
-        return Int(max(1, min(Int64(automaticMaximum), length / automaticStep)))
+        return Int(max(1, min(Int64(automaticMaximum), length / max(1, step))))
     }
 }
 

@@ -33,6 +33,11 @@ public actor DownloadManager {
         /// Connections per download unless added with a number; nil chooses by size.
         public var connections: Int?
         public var transport = TransportOptions()
+        /// When downloads split (``DownloadOptions/minimumSplitSize``, ``DownloadOptions/singleConnectionRate``,
+        /// ``DownloadOptions/automaticConnectionStep``): the engine's defaults; tests make them small.
+        public var minimumSplitSize = DownloadOptions().minimumSplitSize
+        public var singleConnectionRate = DownloadOptions().singleConnectionRate
+        public var automaticConnectionStep = DownloadOptions().automaticConnectionStep
 
         public init(downloadDirectory: String) {
             self.downloadDirectory = downloadDirectory
@@ -666,6 +671,9 @@ public actor DownloadManager {
         options.rateLimiter = rateLimiter
         options.connections = entry.options.connections ?? configuration.connections
         options.http2Streams = entry.options.http2Streams
+        options.minimumSplitSize = configuration.minimumSplitSize
+        options.singleConnectionRate = configuration.singleConnectionRate
+        options.automaticConnectionStep = configuration.automaticConnectionStep
         options.progressInterval = 0.1
         let hosts = self.hosts
         options.connectionGrant = { wanted in
