@@ -14,7 +14,7 @@ import Testing
 /// and the engine wrote the following bytes where the dropped ones belonged (a shifted file, exit 0).
 @Suite struct CurlPauseTests {
     /// Records every call; pauses or aborts as the script says, counting body calls.
-    final class ScriptedDelegate: TransferDelegate, @unchecked Sendable {
+    final class ScriptedDelegate: BodySink, @unchecked Sendable {
         struct Log {
             var received: [UInt8] = []
             var calls = 0
@@ -31,9 +31,7 @@ import Testing
             self.script = script
         }
 
-        func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition { .receive }
-
-        func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+        func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
             let afterPause = lastWasPause.exchange(false, ordering: .relaxed)
             return log.withLock { log in
                 if log.aborted {
@@ -57,8 +55,12 @@ import Testing
     static func perform(_ server: TestHTTPServer, _ delegate: ScriptedDelegate) async -> Result<Void, TransportError> {
         var options = TransportOptions()
         options.stallTimeout = 60
-        return await CurlTransport.shared.perform(
-            TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: options), delegate: delegate)
+        let started = await CurlTransport.shared.start(
+            TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: options))
+        switch started {
+        case .failure(let error): return .failure(error)
+        case .success(let response): return await response.receive(into: delegate)
+        }
     }
 
     /// Abort on the redelivery that ends a pause: the transfer ends at once as aborted, and the delegate sees

@@ -110,13 +110,17 @@ import Testing
         try f.expectComplete(result, file.data)
         #expect(await Self.settle(f.server))
         let asked = f.server.requests.dropFirst().compactMap(AskedRange.init)
-        #expect(asked.count == 5, "\(asked)")
+        // The stolen tail of the stalled segment. On a loaded machine a lane may also finish before another lane's
+        // first byte has arrived and steal from that one too (a request with no speed yet may be stolen from):
+        // more steals are allowed, each bounded by the slack.
         let split = 2 * Self.mib  // 100 000 + (3 MiB − 100 000) / 2, rounded up to a piece
-        #expect(asked.last == AskedRange(start: split, last: slow.last), "the steal: \(asked)")
+        #expect(asked.count >= 5, "\(asked)")
+        #expect(asked.dropFirst(4).contains(AskedRange(start: split, last: slow.last)), "the steal: \(asked)")
         Self.expectNested(asked, total: size)
+        let steals = Int64(asked.count - 4)
         let sent = Int64(f.server.bodyBytesSent)
         #expect(sent >= size)
-        #expect(sent <= size + SegmentedTransfer.stealSlack, "sent \(sent) for \(size)")
+        #expect(sent <= size + SegmentedTransfer.stealSlack * steals, "sent \(sent) for \(size), \(steals) steals")
         #expect(f.watch.retries.isEmpty && f.watch.restarts.isEmpty)
         print("SegmentedTests.steal: the victim's request sent \(sent - size) bytes past the split point")
     }

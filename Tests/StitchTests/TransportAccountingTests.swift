@@ -7,19 +7,23 @@ import Testing
 /// The per-transfer bookkeeping in `CurlTransfer` that decides a stall, an oversized head and a discarded body,
 /// fed header lines and body chunks directly (no network, no clock: `lastActivity` is compared, not waited for).
 @Suite struct TransportAccountingTests {
-    final class Delegate: TransferDelegate, @unchecked Sendable {
-        let disposition: BodyDisposition
-        init(_ disposition: BodyDisposition) { self.disposition = disposition }
-        func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition { disposition }
-        func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision { .accepted }
+    final class Sink: BodySink, @unchecked Sendable {
+        func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision { .accepted }
     }
 
-    static func transfer(_ disposition: BodyDisposition = .receive, minimum: Int = 1024) -> CurlTransfer {
+    enum Decision { case receive, discard }
+
+    static func transfer(minimum: Int = 1024) -> CurlTransfer {
         var options = TransportOptions()
         options.stallMinimumBytes = minimum
         return CurlTransfer(
-            request: TransportRequest(url: "http://127.0.0.1:1/x", headers: HTTPHeaders(), options: options),
-            delegate: Delegate(disposition))
+            request: TransportRequest(url: "http://127.0.0.1:1/x", headers: HTTPHeaders(), options: options))
+    }
+
+    /// The end of the head, and the engine's decision as the event loop applies it.
+    static func endHead(_ transfer: CurlTransfer, _ decision: Decision = .receive) {
+        header(transfer, "")
+        transfer.phase = decision == .receive ? .receiving(Sink()) : .discarding
     }
 
     @discardableResult
@@ -60,7 +64,7 @@ import Testing
         Self.header(t, "HTTP/1.1 200 OK")
         if let length { Self.header(t, "Content-Length: \(length)") }
         #expect(t.lastActivity == -1, "a few header bytes are not yet progress")
-        Self.header(t, "")
+        Self.endHead(t)
         #expect(t.lastActivity > 0, "the end of the head is progress")
         #expect(t.activityThreshold == threshold)
         guard threshold > 1 else { return }
@@ -74,9 +78,9 @@ import Testing
     /// A body the engine does not want (a redirect's, an error page) is read up to 64 KiB for the connection's
     /// sake, then the transfer ends — successfully: the head said everything.
     @Test func discardedBodiesAreCapped() {
-        let t = Self.transfer(.discard)
+        let t = Self.transfer()
         Self.header(t, "HTTP/1.1 503 Service Unavailable")
-        Self.header(t, "")
+        Self.endHead(t, .discard)
         var taken = 0
         while true {
             let n = Self.body(t, 4096)
@@ -89,5 +93,22 @@ import Testing
             Issue.record("a capped discard should end the transfer as done")
             return
         }
+    }
+
+    /// Body bytes that come before the engine has decided are held (libcurl pauses and offers them again), and
+    /// waiting for the decision is not a stall, however long it takes.
+    @Test func bodyWaitsForTheDecision() {
+        let t = Self.transfer()
+        Self.header(t, "HTTP/1.1 200 OK")
+        Self.header(t, "")
+        #expect(Self.body(t, 4096) == Int(CURL_WRITEFUNC_PAUSE))
+        #expect(t.pausedForDecision)
+        t.requestSent = true
+        t.lastActivity = -1_000_000
+        #expect(t.checkStall(), "the engine deciding counted as a stall")
+        t.phase = .receiving(Sink())
+        #expect(Self.body(t, 4096) == 4096)
+        t.lastActivity = -1_000_000
+        #expect(!t.checkStall(), "a silent transfer after the decision is a stall")
     }
 }

@@ -4,10 +4,13 @@ import Synchronization
 
 /// One call of ``Downloader/download(_:options:onEvent:)``: the attempt loop plus the transfer delegate.
 ///
-/// Threads: the engine's task runs `run()`; during each `transport.perform` the transport thread calls the
-/// delegate methods, and the engine task waits. The await on `perform` orders the two, so the mutable fields
-/// below are never touched by both at once. Progress readers use the atomics only.
-final class DownloadRun: TransferDelegate, @unchecked Sendable {
+/// Threads: the engine's task runs `run()`. Each attempt has two phases: the transport hands over the response
+/// head, and the engine decides what it means on the blocking pool (`decide`: it may open, reopen, preallocate or
+/// hash files, which must never hold up the transport's thread that every transfer shares); then, while the body
+/// streams, the transport thread calls `receive` (a `pwrite` and counters) and the engine task waits. The awaits
+/// order the three, so the mutable fields below are never touched by two at once. Progress readers use the
+/// atomics only.
+final class DownloadRun: BodySink, @unchecked Sendable {
     let request: DownloadRequest
     let options: DownloadOptions
     let transport: any HTTPTransport
@@ -119,7 +122,7 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
             let transportRequest = TransportRequest(
                 url: currentURL.absoluteString, headers: headers, options: options.transport)
-            let result = await transport.perform(transportRequest, delegate: self)
+            let result = await attempt(transportRequest)
             // Progress means new bytes saved: re-fetching the overlap window again and again is not progress, nor is
             // a trickle of bytes per connection. Counted over attempts, so a server that cuts every connection after
             // a few KiB still gets there, while one that sends a few bytes per connection runs out of retries.
@@ -713,9 +716,46 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
     private var splittingFailed: SplittingFailure?
     private var segmentedRestarts = 0
 
-    // MARK: TransferDelegate (transport thread)
+    // MARK: One attempt
 
-    func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition {
+    /// What the engine does with a response once it has judged its head.
+    enum HeadDecision: Sendable {
+        /// Stream the body into the sink.
+        case receive
+        /// Read and drop it (a redirect's, an error page), keeping the connection.
+        case discard
+        /// Close the transfer.
+        case abort
+    }
+
+    /// One request: the head, the decision (on the blocking pool), then the body.
+    private func attempt(_ request: TransportRequest) async -> Result<Void, TransportError> {
+        let response: any TransportResponse
+        switch await transport.start(request) {
+        case .failure(let error): return .failure(error)
+        case .success(let started): response = started
+        }
+        let decision: HeadDecision
+        do {
+            decision = try await offloaded { [self] () throws(DownloadError) in
+                options.headDecisionHook?()
+                return decide(response.head)
+            }
+        } catch {
+            setupError = error
+            decision = .abort
+        }
+        switch decision {
+        case .receive: return await response.receive(into: self)
+        case .discard: return await response.discard()
+        case .abort:
+            response.cancel()
+            return .failure(.abortedByDelegate)
+        }
+    }
+
+    /// Judges a response head and prepares the files for its body. Runs on the blocking pool.
+    private func decide(_ head: ResponseHead) -> HeadDecision {
         let verdict = ResumePolicy.evaluate(head, plan: plan, known: known)
         self.verdict = verdict
         switch verdict {
@@ -831,7 +871,9 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         return true
     }
 
-    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+    // MARK: BodySink (transport thread)
+
+    func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
         // A sink that has said stop takes nothing more of this response, whatever the transport does next: the
         // bytes it would be offered are not the ones that follow `offset`.
         if sinkClosed { return .abort }
@@ -839,12 +881,12 @@ final class DownloadRun: TransferDelegate, @unchecked Sendable {
         if let limiter = options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
             return .pause(seconds: wait)
         }
-        if receive(bytes) { return .accepted }
+        if write(bytes) { return .accepted }
         sinkClosed = true
         return .abort
     }
 
-    private func receive(_ bytes: UnsafeRawBufferPointer) -> Bool {
+    private func write(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard let store, sinkFailure == nil, !segmentNow else { return false }
         if let checkpointer, checkpointer.hasFailed.load(ordering: .relaxed) {
             sinkFailure = .checkpoint

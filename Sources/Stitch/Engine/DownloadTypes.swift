@@ -129,6 +129,9 @@ public struct DownloadOptions: Sendable {
     /// is `length / step` connections, at most ``Connections/automaticMaximum``. Smaller values let tests reach
     /// the split paths with small files.
     public var automaticConnectionStep: Int64 = Connections.automaticStep
+    /// Tests only: called on the blocking pool before the engine judges a response head (and does the disk work
+    /// that goes with it), so a test can hold one download's decision and watch the others go on.
+    var headDecisionHook: (@Sendable () -> Void)?
 
     public init() {}
 }

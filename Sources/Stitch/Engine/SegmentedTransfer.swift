@@ -261,8 +261,9 @@ final class SegmentedTransfer: Sendable {
             var transportOptions = options.transport
             transportOptions.separateConnection = !options.http2Streams
             register(sink, for: slot)
-            let result = await transport.perform(
-                TransportRequest(url: url.absoluteString, headers: headers, options: transportOptions), delegate: sink)
+            let result = await sink.perform(
+                TransportRequest(url: url.absoluteString, headers: headers, options: transportOptions),
+                on: transport)
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return }
             try Task.checkCancellation()
@@ -365,7 +366,7 @@ final class SegmentedTransfer: Sendable {
 
 /// The transfer delegate of one lane's request. Touched only on the transport thread during the request and by
 /// the lane after it (the await orders the two).
-final class LaneSink: TransferDelegate, @unchecked Sendable {
+final class LaneSink: BodySink, @unchecked Sendable {
     let transfer: SegmentedTransfer
     let slot: Int
     let plan: RequestPlan
@@ -390,7 +391,30 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
         self.known = known
     }
 
-    func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition {
+    /// One request for the lane's range: the head, the decision (on the blocking pool: it may read the partial
+    /// piece before `start` from disk), then the body into this sink.
+    func perform(_ request: TransportRequest, on transport: any HTTPTransport) async -> Result<Void, TransportError> {
+        let response: any TransportResponse
+        switch await transport.start(request) {
+        case .failure(let error): return .failure(error)
+        case .success(let started): response = started
+        }
+        let options = transfer.options
+        let decision =
+            (try? await offloaded { [self] () throws(DownloadError) in
+                options.headDecisionHook?()
+                return decide(response.head)
+            }) ?? .abort
+        switch decision {
+        case .receive: return await response.receive(into: self)
+        case .discard: return await response.discard()
+        case .abort:
+            response.cancel()
+            return .failure(.abortedByDelegate)
+        }
+    }
+
+    private func decide(_ head: ResponseHead) -> DownloadRun.HeadDecision {
         if transfer.stopped.load(ordering: .relaxed) { return .abort }
         let verdict = ResumePolicy.evaluate(head, plan: plan, known: known)
         self.verdict = verdict
@@ -412,8 +436,8 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
         }
     }
 
-    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        // Once stopped, never again for this response (see DownloadRun.transferDidReceive).
+    func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+        // Once stopped, never again for this response (see DownloadRun.receive).
         if closed { return .abort }
         let decision = decide(bytes)
         if decision == .abort { closed = true }
@@ -432,10 +456,10 @@ final class LaneSink: TransferDelegate, @unchecked Sendable {
         if let limiter = transfer.options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
             return .pause(seconds: wait)
         }
-        return receive(bytes) ? .accepted : .abort
+        return write(bytes) ? .accepted : .abort
     }
 
-    private func receive(_ bytes: UnsafeRawBufferPointer) -> Bool {
+    private func write(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard let end = transfer.store.end(slot) else { return false }
         let room = end - offset
         if room <= 0 {

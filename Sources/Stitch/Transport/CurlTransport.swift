@@ -19,37 +19,105 @@ public final class CurlTransport: HTTPTransport {
         loop = CurlEventLoop()
     }
 
-    public func perform(
-        _ request: TransportRequest,
-        delegate: any TransferDelegate
-    ) async -> Result<Void, TransportError> {
-        let transfer = CurlTransfer(request: request, delegate: delegate)
+    public func start(_ request: TransportRequest) async -> Result<any TransportResponse, TransportError> {
+        let transfer = CurlTransfer(request: request)
+        let loop = self.loop
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                transfer.continuation = continuation
+                transfer.headContinuation = continuation
                 loop.submit(.add(transfer))
             }
         } onCancel: {
             transfer.cancelRequested.store(true, ordering: .releasing)
             loop.submit(.cancel(transfer))
         }
-        // Everything the loop thread did for this transfer (the delegate's callbacks) happened before `complete`
-        // released this lock. The continuation orders it too, but when it is resumed before the task has
-        // suspended, the runtime's uninstrumented atomics are all there is, and ThreadSanitizer (seen in a
-        // loaded `stitch` process) reported the delegate's writes as races with the caller's reads.
+        // Everything the loop thread did for this transfer happened before it released this lock. The
+        // continuation orders it too, but when it is resumed before the task has suspended, the runtime's
+        // uninstrumented atomics are all there is, and ThreadSanitizer (seen in a loaded `stitch` process)
+        // reported the loop's writes as races with the caller's reads.
         transfer.completed.withLock { _ in }
+        return result.map { head in CurlResponse(transfer: transfer, head: head, loop: loop) }
+    }
+}
+
+/// A response of the libcurl transport whose head has arrived; the transfer stays paused until the engine
+/// attaches a sink, discards the body or cancels.
+final class CurlResponse: TransportResponse {
+    let head: ResponseHead
+    private let transfer: CurlTransfer
+    private let loop: CurlEventLoop
+    private let consumed = Atomic<Bool>(false)
+
+    init(transfer: CurlTransfer, head: ResponseHead, loop: CurlEventLoop) {
+        self.transfer = transfer
+        self.head = head
+        self.loop = loop
+    }
+
+    deinit {
+        if !consumed.load(ordering: .acquiring) { loop.submit(.cancel(transfer)) }
+    }
+
+    func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
+        await body(.receiving(sink))
+    }
+
+    func discard() async -> Result<Void, TransportError> {
+        await body(.discarding)
+    }
+
+    func cancel() {
+        guard !consumed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        loop.submit(.cancel(transfer))
+    }
+
+    private func body(_ phase: CurlTransfer.Phase) async -> Result<Void, TransportError> {
+        guard !consumed.exchange(true, ordering: .acquiringAndReleasing) else {
+            return .failure(TransportError(.other, "a response body can be read only once"))
+        }
+        let transfer = self.transfer
+        let loop = self.loop
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                loop.submit(.body(transfer, phase, continuation))
+            }
+        } onCancel: {
+            transfer.cancelRequested.store(true, ordering: .releasing)
+            loop.submit(.cancel(transfer))
+        }
+        transfer.completed.withLock { _ in }  // see CurlTransport.start
         return result
     }
 }
 
-/// The state of one easy handle. After `submit(.add)` it is touched only on the loop thread; the
-/// continuation is resumed exactly once, there.
+/// The state of one easy handle. After `submit(.add)` it is touched only on the loop thread; each continuation
+/// is resumed exactly once, there.
 final class CurlTransfer: @unchecked Sendable {
+    /// Where the response is, as far as the engine is concerned.
+    enum Phase {
+        /// Before the final head.
+        case awaitingHead
+        /// The head went to the engine; body bytes are held (the transfer is paused) until it decides.
+        case awaitingDecision
+        /// Body bytes go to the sink.
+        case receiving(any BodySink)
+        /// Body bytes are read and dropped, up to `maximumDiscardedBytes`.
+        case discarding
+    }
+
     let request: TransportRequest
-    let delegate: any TransferDelegate
-    var continuation: CheckedContinuation<Result<Void, TransportError>, Never>?
+    /// Resumed with the head (or the failure before it).
+    var headContinuation: CheckedContinuation<Result<ResponseHead, TransportError>, Never>?
+    /// Resumed when the body phase the engine chose has ended.
+    var bodyContinuation: CheckedContinuation<Result<Void, TransportError>, Never>?
+    /// The outcome of a transfer that ended while the engine was still deciding (an empty or short body, a
+    /// failure, a cancel), handed over when it decides.
+    var pendingOutcome: Result<Void, TransportError>?
+    var phase = Phase.awaitingHead
+    /// Set when the write callback paused the transfer because the engine had not decided yet.
+    var pausedForDecision = false
     let cancelRequested = Atomic<Bool>(false)
-    /// Set by the loop thread just before it resumes the continuation (see `perform`).
+    /// Taken by the loop thread while it resumes a continuation (see `CurlTransport.start`).
     let completed = Mutex<Bool>(false)
 
     var easy: UnsafeMutableRawPointer?
@@ -60,7 +128,7 @@ final class CurlTransfer: @unchecked Sendable {
     var status = 0
     var headers = HTTPHeaders()
     var headDelivered = false
-    var disposition = BodyDisposition.receive
+    /// Set when the sink stopped the transfer: it is never called again.
     var delegateAborted = false
     /// Bytes of response head so far (status lines included, interim 1xx heads too), and whether it outgrew the
     /// limit.
@@ -84,12 +152,11 @@ final class CurlTransfer: @unchecked Sendable {
     static let maximumDiscardedBytes = 64 << 10
     var requestSent = false
     var stalled = false
-    /// While paused by the delegate: when (monotonic seconds) to read again.
+    /// While paused by the sink: when (monotonic seconds) to read again.
     var resumeAt: Double?
 
-    init(request: TransportRequest, delegate: any TransferDelegate) {
+    init(request: TransportRequest) {
         self.request = request
-        self.delegate = delegate
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
     }
 
@@ -171,6 +238,7 @@ final class CurlTransfer: @unchecked Sendable {
             return true
         }
         if resumeAt != nil { return true }  // a pause we asked for is not a stall
+        if case .awaitingDecision = phase { return true }  // nor is the engine deciding (it may hash a file)
         if now - lastActivity > request.options.stallTimeout {
             stalled = true
             return false
@@ -224,11 +292,9 @@ final class CurlTransfer: @unchecked Sendable {
             if let length = headers["Content-Length"].flatMap({ Int($0) }), length >= 0 {
                 activityThreshold = max(1, min(activityThreshold, length))
             }
-            disposition = delegate.transferDidReceiveHead(ResponseHead(status: status, headers: headers))
-            if disposition == .abort {
-                delegateAborted = true
-                return false
-            }
+            // The engine decides on its own executor; body bytes wait (see `receiveBody`).
+            phase = .awaitingDecision
+            resumeHead(.success(ResponseHead(status: status, headers: headers)))
             return true
         }
         if line.first == " " || line.first == "\t" {
@@ -244,8 +310,14 @@ final class CurlTransfer: @unchecked Sendable {
     /// Body bytes: what libcurl's write callback returns (all taken, pause, or abort).
     func receiveBody(_ raw: UnsafeRawBufferPointer) -> Int {
         noteReceived(raw.count)
-        switch disposition {
-        case .discard:
+        switch phase {
+        case .awaitingHead:
+            return raw.count  // an interim response's body (none in practice)
+        case .awaitingDecision:
+            // libcurl keeps these bytes and offers them again when the engine attaches a sink.
+            pausedForDecision = true
+            return Int(CURL_WRITEFUNC_PAUSE)
+        case .discarding:
             discardedBytes += raw.count
             if discardedBytes > Self.maximumDiscardedBytes {
                 // An endless (or huge) error or redirect body: the head already said all the engine needs.
@@ -253,12 +325,10 @@ final class CurlTransfer: @unchecked Sendable {
                 return 0
             }
             return raw.count
-        case .abort: return 0
-        case .receive:
-            // Once the delegate has said stop it is never asked again, whatever libcurl does next (see `resume`).
-            if delegateAborted { return 0 }
-            guard headDelivered else { return raw.count }
-            switch delegate.transferDidReceive(raw) {
+        case .receiving(let sink):
+            // Once the sink has said stop it is never asked again, whatever libcurl does next (see `resume`).
+            if delegateAborted || !headDelivered { return 0 }
+            switch sink.receive(raw) {
             case .accepted:
                 return raw.count
             case .pause(let seconds):
@@ -271,11 +341,29 @@ final class CurlTransfer: @unchecked Sendable {
         }
     }
 
-    func complete(_ result: Result<Void, TransportError>) {
-        let continuation = self.continuation
-        self.continuation = nil
+    private func resumeHead(_ result: Result<ResponseHead, TransportError>) {
+        guard let continuation = headContinuation else { return }
+        headContinuation = nil
         completed.withLock { $0 = true }
-        continuation?.resume(returning: result)
+        continuation.resume(returning: result)
+    }
+
+    /// The transfer has ended (it is no longer in the multi handle): whoever waits learns how.
+    func complete(_ result: Result<Void, TransportError>) {
+        if headContinuation != nil {
+            let error: TransportError
+            switch result {
+            case .failure(let failure): error = failure
+            case .success: error = .protocolError("the server sent no complete response")
+            }
+            resumeHead(.failure(error))
+        } else if let continuation = bodyContinuation {
+            bodyContinuation = nil
+            completed.withLock { $0 = true }
+            continuation.resume(returning: result)
+        } else {
+            pendingOutcome = result
+        }
     }
 
     /// Maps libcurl's result to ours.
@@ -370,6 +458,8 @@ private let curlWriteCallback: stitch_curl_data_callback = { pointer, size, coun
 final class CurlEventLoop: @unchecked Sendable {
     enum Command {
         case add(CurlTransfer)
+        /// The engine's decision on a response whose head it has: read the body into a sink, or discard it.
+        case body(CurlTransfer, CurlTransfer.Phase, CheckedContinuation<Result<Void, TransportError>, Never>)
         case cancel(CurlTransfer)
     }
 
@@ -428,10 +518,10 @@ final class CurlEventLoop: @unchecked Sendable {
         }
     }
 
-    /// Ends a pause the delegate asked for. libcurl hands back the bytes it held from inside `curl_easy_pause`;
-    /// if the delegate refuses them (aborts), libcurl frees the rest of what it held, returns the error from here
-    /// and would go on reading the socket as if nothing happened: the bytes after a hole would reach the delegate
-    /// as if they followed. Any error here ends the transfer (issue 10: a shifted file saved with exit 0).
+    /// Ends a pause (the sink's, or the one while the engine decided). libcurl hands back the bytes it held from
+    /// inside `curl_easy_pause`; if the sink refuses them (aborts), libcurl frees the rest of what it held, returns
+    /// the error from here and would go on reading the socket as if nothing happened: the bytes after a hole would
+    /// reach the sink as if they followed. Any error here ends the transfer (issue 10: a shifted file saved with exit 0).
     private func resume(_ easy: UnsafeMutableRawPointer, _ transfer: CurlTransfer) {
         transfer.resumeAt = nil
         transfer.markActive()
@@ -458,6 +548,18 @@ final class CurlEventLoop: @unchecked Sendable {
             if code != CURLM_OK {
                 active[easy] = nil
                 transfer.complete(.failure(TransportError(.other, "curl_multi_add_handle failed")))
+            }
+        case .body(let transfer, let phase, let continuation):
+            transfer.bodyContinuation = continuation
+            guard let easy = transfer.easy, active[easy] != nil else {
+                // It ended while the engine decided: an empty body, a failure or a cancel.
+                transfer.complete(transfer.pendingOutcome ?? .failure(.cancelled))
+                return
+            }
+            transfer.phase = phase
+            if transfer.pausedForDecision {
+                transfer.pausedForDecision = false
+                resume(easy, transfer)
             }
         case .cancel(let transfer):
             guard let easy = transfer.easy, active[easy] != nil else { return }

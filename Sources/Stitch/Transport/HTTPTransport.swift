@@ -86,26 +86,16 @@ public struct ResponseHead: Sendable, Hashable {
     }
 }
 
-/// What to do with a response body once its head has been seen.
-public enum BodyDisposition: Sendable {
-    /// Hand every body byte to `transferDidReceive(_:)`.
-    case receive
-    /// Read and drop the body (error pages, redirects), keeping the connection reusable.
-    case discard
-    /// Stop the transfer now.
-    case abort
-}
-
-/// Receives a transfer's events. Every method is called on the transport's event-loop thread, one at a
-/// time and in order, so implementations must be quick and must not block.
-public protocol TransferDelegate: AnyObject, Sendable {
-    func transferDidReceiveHead(_ head: ResponseHead) -> BodyDisposition
+/// Receives a response's body bytes. Called on the transport's thread, one chunk at a time and in order, so it
+/// must be quick and must not block (a `pwrite` into the page cache and a little bookkeeping are fine; opening,
+/// syncing or hashing files is not: that belongs to the engine, before it attaches the sink).
+public protocol BodySink: AnyObject, Sendable {
     /// Body bytes in order: take them all, or none and pause (the same bytes come again after the pause), or
-    /// abort the transfer (the outcome is then `.abortedByDelegate`).
-    func transferDidReceive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision
+    /// stop the transfer (its outcome is then `.abortedByDelegate`). After `.abort` the sink is never called again.
+    func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision
 }
 
-/// What a delegate did with a chunk of body bytes.
+/// What a sink did with a chunk of body bytes.
 public enum ReceiveDecision: Sendable, Equatable {
     /// All bytes were taken.
     case accepted
@@ -115,13 +105,30 @@ public enum ReceiveDecision: Sendable, Equatable {
     case abort
 }
 
-/// Moves bytes: performs one request and streams its response to a delegate.
+/// A response whose final head has arrived. Its body waits — the transport reads no further — until the engine
+/// has decided, off the transport's thread, what the head means: then exactly one of ``receive(into:)``,
+/// ``discard()`` or ``cancel()``. A response dropped without any of them is cancelled.
+public protocol TransportResponse: AnyObject, Sendable {
+    /// The status line and header fields.
+    var head: ResponseHead { get }
+    /// Streams the body into `sink` and returns when the transfer has ended: the body is complete (`.success`),
+    /// the sink stopped it (`.abortedByDelegate`), it failed, or the calling task was cancelled (`.cancelled`).
+    func receive(into sink: any BodySink) async -> Result<Void, TransportError>
+    /// Reads and drops the body (a redirect's, an error page), up to a small limit, so the connection can be
+    /// reused. `.success` once it is read or the limit is reached.
+    func discard() async -> Result<Void, TransportError>
+    /// Ends the transfer without reading the body.
+    func cancel()
+}
+
+/// Moves bytes: performs one request in two phases, the response head first, then (as the engine decides) the
+/// body into a sink.
 ///
 /// No transport type from a C library appears here, so the engine can be driven by a fake in tests.
 public protocol HTTPTransport: Sendable {
-    /// Performs `request`, calling `delegate` on the transport's thread, and returns when the transfer
-    /// has ended. Cancelling the calling task stops the transfer and yields `TransportError.cancelled`.
-    func perform(_ request: TransportRequest, delegate: any TransferDelegate) async -> Result<Void, TransportError>
+    /// Sends `request` and returns once the final response head has arrived, or the transfer failed before it.
+    /// Cancelling the calling task stops the transfer and yields `TransportError.cancelled`.
+    func start(_ request: TransportRequest) async -> Result<any TransportResponse, TransportError>
 }
 
 /// Why a transfer ended without success.

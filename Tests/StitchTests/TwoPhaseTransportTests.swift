@@ -1,0 +1,110 @@
+import Dispatch
+import Foundation
+import StitchTestSupport
+import Synchronization
+import Testing
+
+@testable import Stitch
+
+/// The two-phase transport: a response head goes to the engine, which decides (and does any disk work) off the
+/// transport's thread while the body waits; every other transfer keeps moving meanwhile.
+@Suite struct TwoPhaseTransportTests {
+    /// A gate a test holds shut: `wait` blocks the calling thread until `open`.
+    final class Gate: Sendable {
+        private let entered = DispatchSemaphore(value: 0)
+        private let released = DispatchSemaphore(value: 0)
+        private let calls = Atomic<Int>(0)
+        /// Blocks the first caller until `open()`; later callers pass.
+        func pass() {
+            guard calls.add(1, ordering: .relaxed).oldValue == 0 else { return }
+            entered.signal()
+            released.wait()
+        }
+        func waitUntilEntered(seconds: Int) -> Bool { entered.wait(timeout: .now() + .seconds(seconds)) == .success }
+        func open() { released.signal() }
+    }
+
+    /// One download's head decision — where a resume check opens, reopens and hashes files — is held on the
+    /// blocking pool; another download over the same libcurl transport (the one thread every transfer shares)
+    /// runs to the end meanwhile, and the held one then completes byte for byte.
+    @Test(arguments: [false, true])
+    func otherTransfersGoOnWhileADecisionIsHeld(resuming: Bool) async throws {
+        let held = try Fixture()
+        let heldFile = ServedFile.random(size: 2 << 20, seed: 71, etag: "\"held\"")
+        if resuming {
+            // A partial to resume, so the held decision is a resume check.
+            held.serve(heldFile, faults: .onRequest(0, .dropAfter(700_000)))
+            var once = DownloadOptions.testing
+            once.retry.maxRetries = 0
+            await #expect(throws: DownloadError.self) { try await held.download(held.request(), options: once) }
+            #expect(fileExists(held.paths.state))
+            held.watch.resetEvents()
+        }
+        held.serve(heldFile)
+        let other = try Fixture()
+        let otherFile = ServedFile.random(size: 8 << 20, seed: 72, etag: "\"other\"")
+        other.serve(otherFile)
+
+        let gate = Gate()
+        var options = DownloadOptions.testing
+        options.headDecisionHook = { gate.pass() }
+        let heldTask = Task { try await held.download(held.request(), options: options) }
+        #expect(await blocking { gate.waitUntilEntered(seconds: 30) }, "the held download never got a head")
+
+        // Were the decision on the transport's thread, the other download could not move: a watchdog opens the
+        // gate after 60 s so that the test fails instead of hanging.
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(60))
+            gate.open()
+            return true
+        }
+        let result = try await other.download(other.request())
+        watchdog.cancel()
+        #expect((try? await watchdog.value) == nil, "the other download waited for the held decision")
+        try other.expectComplete(result, otherFile.data)
+        #expect(!fileExists(held.dest), "the held download finished without its decision")
+
+        gate.open()
+        let heldResult = try await heldTask.value
+        try held.expectComplete(heldResult, heldFile.data)
+        if resuming { #expect(heldResult.resumedFrom > 0, "\(heldResult)") }
+    }
+
+    /// A response dropped without a decision is cancelled (its connection closed), and the transport goes on.
+    @Test func aDroppedResponseIsCancelled() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 4 << 20, seed: 73, etag: "\"d\"")
+        server.serve("/file", file: file)
+        let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
+        do {
+            let started = await CurlTransport.shared.start(request)
+            guard case .success(let response) = started else {
+                Issue.record("\(started)")
+                return
+            }
+            #expect(response.head.status == 200)
+        }
+        // The next request still gets its whole body.
+        final class Collect: BodySink, @unchecked Sendable {
+            var bytes: [UInt8] = []
+            func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {
+                bytes.append(contentsOf: chunk)
+                return .accepted
+            }
+        }
+        let sink = Collect()
+        guard case .success(let response) = await CurlTransport.shared.start(request) else {
+            Issue.record("the second request failed")
+            return
+        }
+        let outcome = await response.receive(into: sink)
+        guard case .success = outcome else {
+            Issue.record("\(outcome)")
+            return
+        }
+        #expect(sink.bytes == file.data)
+        #expect(server.requests(for: "/file").count == 2)
+        #expect(server.bodyBytesSent < 2 * file.data.count, "the dropped response was read to its end")
+    }
+}
