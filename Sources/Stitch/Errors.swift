@@ -51,6 +51,8 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
         public static let tls = Code("tls")
         /// Network failures went on past the retry budget; the partial download is kept and resumable.
         public static let retriesExhausted = Code("retriesExhausted")
+        /// The host did not resolve, or refused or timed out every connection.
+        public static let network = Code("network")
         /// The server broke the protocol in a way that cannot be retried.
         public static let protocolViolation = Code("protocolViolation")
         /// The file kept changing on the server across restarts.

@@ -416,7 +416,9 @@ extension SegmentedCLITests {
         for request in requests where request.range != nil {
             #expect(request.header("If-Range") == etag, "run \(run): \(ranges)", sourceLocation: sourceLocation)
         }
-        guard let trusted, bytes(trusted) > 0 else {
+        // A state of several segments is resumed by ranges even when no byte of it is durable yet (a kill right
+        // after the split); only a single empty segment starts fresh.
+        guard let trusted, bytes(trusted) > 0 || trusted.count > 1 else {
             #expect(requests.first?.range == nil, "run \(run) starts fresh: \(ranges)", sourceLocation: sourceLocation)
             let allowed = Set(
                 initialSegments(size: size, lanes: lanes).map { "bytes=\($0.lowerBound)-\($0.upperBound - 1)" })

@@ -616,14 +616,32 @@ import Testing
         #expect(f.server.requests.last?.range == "bytes=1000000-")
     }
 
-    @Test func unreachableServerIsRetriedThenGivesUp() async throws {
+    /// A refused connection gets three tries within seconds (0.5 s, then 1 s between them), not the long backoff
+    /// of other failures; the error names the server and, with nothing saved, does not promise a resume.
+    @Test func unreachableServerIsTriedThreeTimesThenGivesUp() async throws {
         let f = try Fixture()
         let closed = try ClosedPort()  // bound but not listening: every connect is refused
         var request = f.request()
         request.url = "http://127.0.0.1:\(closed.port)/file.bin"
         let error = await #expect(throws: DownloadError.self) { try await f.download(request) }
-        #expect(error?.code == .retriesExhausted)
-        #expect(f.clock.sleeps.count == 5)
+        #expect(error?.code == .network)
+        #expect(f.clock.sleeps == [0.5, 1.0])
+        #expect(error?.message.contains("cannot connect to 127.0.0.1:\(closed.port)") == true, "\(String(describing: error))")
+        #expect(error?.message.contains("rerun") == false, "\(String(describing: error))")
+        #expect(error?.isResumable == false)
+        #expect(try f.leftovers().isEmpty)
+    }
+
+    /// A host that does not resolve is not tried again.
+    @Test func unresolvableHostFailsAtOnce() async throws {
+        let f = try Fixture()
+        var request = f.request()
+        request.url = "http://no-such-host.invalid/file.bin"
+        let error = await #expect(throws: DownloadError.self) { try await f.download(request) }
+        #expect(error?.code == .network)
+        #expect(f.clock.sleeps.isEmpty)
+        #expect(error?.message.contains("cannot resolve host no-such-host.invalid") == true, "\(String(describing: error))")
+        #expect(error?.message.contains("rerun") == false)
         #expect(try f.leftovers().isEmpty)
     }
 

@@ -74,7 +74,7 @@ import Testing
     @Test func aDroppedResponseIsCancelled() async throws {
         let server = try TestHTTPServer()
         defer { server.stop() }
-        let file = ServedFile.random(size: 4 << 20, seed: 73, etag: "\"d\"")
+        let file = ServedFile.random(size: 32 << 20, seed: 73, etag: "\"d\"")
         server.serve("/file", file: file)
         let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
         do {
@@ -105,6 +105,7 @@ import Testing
         }
         #expect(sink.bytes == file.data)
         #expect(server.requests(for: "/file").count == 2)
-        #expect(server.bodyBytesSent < 2 * file.data.count, "the dropped response was read to its end")
+        // The kernel's socket buffers take a few MiB of the dropped response before the connection closes.
+        #expect(server.bodyBytesSent <= file.data.count + (16 << 20), "the dropped response was read to its end")
     }
 }

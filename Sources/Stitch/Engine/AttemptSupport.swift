@@ -28,16 +28,3 @@ struct RedirectChain {
     /// A retry starts again from the original URL (redirect targets may expire).
     mutating func reset() { visited = [] }
 }
-
-extension TransportError {
-    /// What a failed transfer means for the download: the reason to give for a retry, or the error that ends it
-    /// (TLS failures and non-retryable transport errors). `abortIsRetryable`: a transfer stopped by its own
-    /// delegate for a reason the caller already handled is retried too.
-    func retryReason(abortIsRetryable: Bool = false) throws(DownloadError) -> String {
-        if isTLS { throw DownloadError(.tls, "TLS error: \(message)", cause: self) }
-        guard isRetryable || (abortIsRetryable && isAbortedByDelegate) else {
-            throw DownloadError(.protocolViolation, message, cause: self, resumable: true)
-        }
-        return message
-    }
-}

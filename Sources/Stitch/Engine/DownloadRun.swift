@@ -100,9 +100,8 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             closeEvents()
         }
 
-        var failures = 0
-        var savedSinceReset: Int64 = 0
-        var redirects = RedirectChain(limit: options.maxRedirects)
+        var machine = AttemptStateMachine(
+            startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects, scope: .download)
         while true {
             if Task.isCancelled { throw try interrupted() }
             if let store, store.snapshot.segments.count > 1 || segmentNow || resplit(store) {
@@ -120,110 +119,62 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             switchToResume = false
             let before = store?.written(0) ?? 0
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
+            currentURL = machine.url
             let transportRequest = TransportRequest(
                 url: currentURL.absoluteString, headers: headers, options: options.transport)
             let result = await attempt(transportRequest)
-            // Progress means new bytes saved: re-fetching the overlap window again and again is not progress, nor is
-            // a trickle of bytes per connection. Counted over attempts, so a server that cuts every connection after
-            // a few KiB still gets there, while one that sends a few bytes per connection runs out of retries.
-            if let written = store?.written(0), written > before {
-                savedSinceReset += written - before
-                if savedSinceReset >= Int64(options.retry.minimumProgress) {
-                    failures = 0
-                    savedSinceReset = 0
-                }
-            }
 
+            // What only the single connection's sequence has: a store that could not be made, a finished file or a
+            // partial found once the name was known, the switch to several connections.
             if let setupError { throw setupError }
             if let alreadyComplete { return alreadyComplete }
             if segmentNow { continue }
             if switchToResume {
-                currentURL = startURL
-                redirects.reset()
+                machine.resetURL()
                 continue
             }
             if case .failure(let error) = result, error.isCancelled || Task.isCancelled { throw try interrupted() }
+            if case .accept = verdict, restarts > options.maxRestarts { throw unstable() }
+            if case .restartWithBody = verdict, restarts > options.maxRestarts { throw unstable() }
 
-            var retryReason: String?
-            var retryAfter: String?
-            switch verdict {
-            case .redirect(let location):
-                let next = try redirects.follow(location, from: currentURL)
-                emit(.redirected(to: next.absoluteString))
-                currentURL = next
+            let written = store?.written(0) ?? 0
+            let report = AttemptReport(
+                verdict: verdict, result: result, sink: sinkOutcome(), written: written,
+                end: limit, saved: max(0, written - before),
+                durable: store?.durable.load(ordering: .acquiring) ?? 0)
+            switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
+            case .requestAgain:
                 continue
+            case .follow(let next):
+                emit(.redirected(to: next.absoluteString))
             case .restart(let reason):
                 try restart(reason)
-                continue
+                machine.resetURL()
             case .complete:
                 return try await finish()
-            case .fail(let status):
-                throw DownloadError(
-                    .httpStatus, "HTTP \(status) \(statusText(status)) from \(currentURL.absoluteString)",
-                    httpStatus: status, resumable: store != nil)
-            case .retry(let status, let after):
-                retryReason = "HTTP \(status) \(statusText(status))"
-                retryAfter = after
-            case .malformed(let why):
-                retryReason = why
-            case .accept, .restartWithBody:
-                if restarts > options.maxRestarts {
-                    throw unstable()
-                }
-                switch sinkFailure {
-                case .overlapMismatch(let at):
-                    try restart(.overlapMismatch(offset: at))
-                    continue
-                case .write(let errno):
-                    try? store?.checkpoint()
-                    throw DownloadError.io("cannot write", path: store?.paths.part ?? "", errno)
-                case .checkpoint:
-                    throw checkpointer?.error ?? DownloadError(.io, "cannot save download state")
-                case .tooLong:
-                    retryReason = "the server sent more data than it announced"
-                case nil:
-                    switch result {
-                    case .success:
-                        if let limit, offset < limit {
-                            retryReason = "the connection closed at \(offset) of \(limit) bytes"
-                        } else {
-                            return try await finish()
-                        }
-                    case .failure(let error):
-                        retryReason = try error.retryReason()
-                    }
-                }
-            case nil:
-                guard case .failure(let error) = result else {
-                    throw DownloadError(.protocolViolation, "no response from \(currentURL.absoluteString)")
-                }
-                retryReason = try error.retryReason()
-            }
-
-            // A retry: from the original URL (redirect targets may expire), from the current offset.
-            failures += 1
-            let reason = retryReason ?? "unknown failure"
-            if failures > options.retry.maxRetries {
+            case .interrupted:
+                throw try interrupted()
+            case .fail(let error):
                 try? store?.checkpoint()
-                if case .retry(let status, _) = verdict {
-                    throw DownloadError(
-                        .httpStatus,
-                        "HTTP \(status) \(statusText(status)) from \(currentURL.absoluteString) after \(options.retry.maxRetries) retries",
-                        httpStatus: status, resumable: store != nil)
-                }
-                let saved = store.map { " (\($0.durable.load(ordering: .acquiring)) bytes saved)" } ?? ""
-                throw DownloadError(
-                    .retriesExhausted,
-                    "giving up after \(options.retry.maxRetries) retries: \(reason); rerun to resume\(saved)",
-                    resumable: true)
+                throw error
+            case .wait(let delay, let attempt, let of, let reason):
+                emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
+                await checkpointOffPool()
+                do { try await clock.sleep(seconds: delay) } catch { throw try interrupted() }
             }
-            let delay = options.retry.delay(
-                attempt: failures, retryAfter: retryAfter, now: clock.now(), jitter: Double.random(in: 0...1))
-            emit(.retrying(attempt: failures, maxRetries: options.retry.maxRetries, delay: delay, reason: reason))
-            await checkpointOffPool()
-            do { try await clock.sleep(seconds: delay) } catch { throw try interrupted() }
-            currentURL = startURL
-            redirects.reset()
+        }
+    }
+
+    /// The sink's trouble in this attempt, in the words of the state machine.
+    private func sinkOutcome() -> AttemptReport.SinkOutcome {
+        switch sinkFailure {
+        case nil: return .none
+        case .overlapMismatch(let at): return .overlapMismatch(at: at)
+        case .write(let errno):
+            return .storageFailed(DownloadError.io("cannot write", path: store?.paths.part ?? "", errno))
+        case .checkpoint:
+            return .storageFailed(checkpointer?.error ?? DownloadError(.io, "cannot save download state"))
+        case .tooLong: return .tooLong
         }
     }
 
@@ -737,7 +688,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         }
         let decision: HeadDecision
         do {
-            decision = try await offloaded { [self] () throws(DownloadError) in
+            decision = try await offloadedDecision { [self] () throws(DownloadError) in
                 options.headDecisionHook?()
                 return decide(response.head)
             }
@@ -811,7 +762,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             return .abort
         case .complete, .redirect, .retry, .fail:
             return .discard
-        case .malformed:
+        case .malformed, .refused:
             return .abort
         }
     }
@@ -965,4 +916,11 @@ func statusText(_ status: Int) -> String {
 /// Not cancellable: once started, the work completes.
 func offloaded<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
     try await BlockingPool.shared.run(work)
+}
+
+/// Runs a response-head decision (and the disk work it may need) on ``BlockingPool/decisions``.
+func offloadedDecision<T: Sendable>(
+    _ work: @escaping @Sendable () throws(DownloadError) -> T
+) async throws(DownloadError) -> T {
+    try await BlockingPool.decisions.run(work)
 }

@@ -53,6 +53,12 @@ public struct RetryPolicy: Sendable, Hashable {
     public var maxDelay: Double = 60
     /// `Retry-After` values above this are clamped to it.
     public var maxRetryAfter: Double = 600
+    /// Tries in all for a connection that is refused or times out (a server that is down, a wrong port): a few
+    /// within seconds, not the long backoff of ``maxRetries``.
+    public var maxConnectTries = 3
+    /// The wait before the second try of a refused connection; it doubles for each further try (0.5 s and 1 s:
+    /// three tries within two seconds).
+    public var connectRetryDelay: Double = 0.5
 
     public init() {}
 

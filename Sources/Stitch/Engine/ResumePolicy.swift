@@ -65,6 +65,9 @@ enum HeadVerdict: Sendable, Hashable {
     /// A response that contradicts itself (e.g. a Content-Length unlike its Content-Range) without saying the
     /// file changed: not taken, tried again.
     case malformed(String)
+    /// A body framed so that it can never be taken as the file's bytes (encoded despite `identity`, conflicting
+    /// lengths): the same server sends the same again, so it is not tried again.
+    case refused(String)
     case fail(status: Int)
 }
 
@@ -136,7 +139,7 @@ enum ResumePolicy {
         let status = head.status
         // Checked first: an encoded or ambiguously framed body is never taken as the file's bytes.
         if status == 200 || status == 206, let problem = bodyFramingProblem(head.headers) {
-            return .malformed(problem)
+            return .refused(problem)
         }
         switch status {
         case 301, 302, 303, 307, 308:

@@ -243,10 +243,8 @@ final class SegmentedTransfer: Sendable {
 
     /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures.
     private func fetch(_ slot: Int) async throws {
-        var failures = 0
-        var savedSinceReset: Int64 = 0
-        var url = startURL
-        var redirects = RedirectChain(limit: options.maxRedirects)
+        var machine = AttemptStateMachine(
+            startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects, scope: .connection)
         while !stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
             if let failure = checkpointer?.error ?? (store.isBroken ? brokenError : nil) {
@@ -262,95 +260,52 @@ final class SegmentedTransfer: Sendable {
             transportOptions.separateConnection = !options.http2Streams
             register(sink, for: slot)
             let result = await sink.perform(
-                TransportRequest(url: url.absoluteString, headers: headers, options: transportOptions),
+                TransportRequest(url: machine.url.absoluteString, headers: headers, options: transportOptions),
                 on: transport)
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return }
             try Task.checkCancellation()
-            // As in DownloadRun: new bytes count over attempts until they reach `minimumProgress`.
-            if store.written(slot) > start {
-                savedSinceReset += store.written(slot) - start
-                if savedSinceReset >= Int64(options.retry.minimumProgress) {
-                    failures = 0
-                    savedSinceReset = 0
-                }
-            }
 
-            var reason: String
-            var retryAfter: String?
+            // Every verdict that means the bytes cannot be trusted stops every lane: the download restarts.
             switch sink.verdict {
-            case .redirect(let location):
-                do {
-                    url = try redirects.follow(location, from: url)
-                } catch {
-                    halt(.failure(error))
-                    return
-                }
+            case .restart(let why), .restartWithBody(let why, _):
+                halt(.restart(why))
+                return
+            default:
+                break
+            }
+            var outcome = AttemptReport.SinkOutcome.none
+            if let failure = sink.failure {
+                outcome = .storageFailed(DownloadError.io("cannot write", path: store.paths.part, failure))
+            } else if sink.reachedEnd {
+                outcome = .reachedEnd  // the loop re-reads the end: done, or shrunk by a split
+            } else if sink.replace.load(ordering: .acquiring) {
+                emit(.notice("replacing a slow connection"))
+                outcome = .replaced  // not a failure: ask again on a new connection
+            } else if case .failure(let error) = result, error.isAbortedByDelegate, case .accept = sink.verdict {
+                // The sink stopped for the run's sake (a halt, a broken store, a failed checkpoint): the loop's
+                // checks above say which; never a failure of its own.
                 continue
+            }
+            let written = store.written(slot)
+            let report = AttemptReport(
+                verdict: sink.verdict, result: result, sink: outcome, written: written, end: store.end(slot) ?? end,
+                saved: max(0, written - start), durable: store.durable.load(ordering: .acquiring))
+            switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
+            case .requestAgain, .follow, .complete:
+                continue  // the loop re-reads the end: done, or more to ask for
             case .restart(let why):
                 halt(.restart(why))
                 return
-            case .restartWithBody(let why, _):
-                halt(.restart(why))
+            case .interrupted:
+                throw CancellationError()
+            case .fail(let error):
+                halt(.failure(error))
                 return
-            case .complete:
-                return
-            case .fail(let status):
-                halt(.failure(DownloadError(
-                    .httpStatus, "HTTP \(status) \(statusText(status)) from \(url.absoluteString)", httpStatus: status,
-                    resumable: true)))
-                return
-            case .retry(let status, let after):
-                reason = "HTTP \(status) \(statusText(status))"
-                retryAfter = after
-            case .malformed(let why):
-                reason = why
-            case .accept:
-                if let failure = sink.failure {
-                    halt(.failure(DownloadError.io("cannot write", path: store.paths.part, failure)))
-                    return
-                }
-                if sink.reachedEnd { continue }  // the loop re-reads the end: done, or shrunk by a split
-                if sink.replace.load(ordering: .acquiring) {
-                    emit(.notice("replacing a slow connection"))
-                    continue  // not a failure: ask again on a new connection
-                }
-                switch result {
-                case .success:
-                    if store.written(slot) >= end { continue }
-                    reason = "the connection closed at \(store.written(slot)) before \(end)"
-                case .failure(let error):
-                    if error.isCancelled { throw CancellationError() }
-                    do { reason = try error.retryReason(abortIsRetryable: true) } catch {
-                        halt(.failure(error))
-                        return
-                    }
-                }
-            case nil:
-                guard case .failure(let error) = result else {
-                    halt(.failure(DownloadError(.protocolViolation, "no response from \(url.absoluteString)")))
-                    return
-                }
-                if error.isCancelled { throw CancellationError() }
-                do { reason = try error.retryReason() } catch {
-                    halt(.failure(error))
-                    return
-                }
+            case .wait(let delay, let attempt, let of, let reason):
+                emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
+                try await clock.sleep(seconds: delay)
             }
-            failures += 1
-            if failures > options.retry.maxRetries {
-                halt(.failure(DownloadError(
-                    .retriesExhausted,
-                    "giving up after \(options.retry.maxRetries) retries on one connection: \(reason); rerun to resume",
-                    resumable: true)))
-                return
-            }
-            let delay = options.retry.delay(
-                attempt: failures, retryAfter: retryAfter, now: clock.now(), jitter: Double.random(in: 0...1))
-            emit(.retrying(attempt: failures, maxRetries: options.retry.maxRetries, delay: delay, reason: reason))
-            try await clock.sleep(seconds: delay)
-            url = startURL
-            redirects.reset()
         }
     }
 
@@ -401,7 +356,7 @@ final class LaneSink: BodySink, @unchecked Sendable {
         }
         let options = transfer.options
         let decision =
-            (try? await offloaded { [self] () throws(DownloadError) in
+            (try? await offloadedDecision { [self] () throws(DownloadError) in
                 options.headDecisionHook?()
                 return decide(response.head)
             }) ?? .abort
@@ -431,7 +386,7 @@ final class LaneSink: BodySink, @unchecked Sendable {
             return .abort
         case .complete, .redirect, .retry, .fail:
             return .discard
-        case .malformed:
+        case .malformed, .refused:
             return .abort
         }
     }

@@ -9,6 +9,10 @@ import Synchronization
 /// and stay for the life of the process.
 final class BlockingPool: Sendable {
     static let shared = BlockingPool(maximumThreads: 16)
+    /// For the engine's response-head decisions (open, reopen, preallocate, hash a prefix): kept apart from the
+    /// syncs of `shared`, so a burst of finishing downloads on a slow disk cannot hold every transfer's next
+    /// decision behind them.
+    static let decisions = BlockingPool(maximumThreads: 16)
 
     private let maximumThreads: Int
     private let condition = NSCondition()

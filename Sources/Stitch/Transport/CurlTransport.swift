@@ -375,7 +375,8 @@ final class CurlTransfer: @unchecked Sendable {
         if delegateAborted { return .failure(.abortedByDelegate) }
         if discardCapped && headDelivered { return .success(()) }
         if headTooLarge {
-            return .failure(TransportError(.other, "the response headers exceed \(Self.maximumHeadBytes >> 10) KiB"))
+            return .failure(
+                TransportError(.malformedResponse, "the response headers exceed \(Self.maximumHeadBytes >> 10) KiB"))
         }
         if stalled {
             let seconds = String(format: "%g", request.options.stallTimeout)
@@ -387,7 +388,14 @@ final class CurlTransfer: @unchecked Sendable {
         let kind: TransportError.Code
         switch code {
         case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY: kind = .resolve
-        case CURLE_COULDNT_CONNECT: kind = .connect
+        case CURLE_COULDNT_CONNECT:
+            kind = .connect
+            // libcurl's words ("Failed to connect to H port P after 0 ms: Couldn't connect to server") say less
+            // than the system's ("Connection refused").
+            var osErrno = 0
+            if stitch_easy_getinfo_long(easy, CURLINFO_OS_ERRNO, &osErrno) == CURLE_OK, osErrno != 0 {
+                message = String(cString: strerror(Int32(osErrno))).lowercased()
+            }
         case CURLE_OPERATION_TIMEDOUT: kind = headDelivered ? .stalled : .connectTimeout
         case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CONNECT_ERROR, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER,
             CURLE_SSL_CACERT_BADFILE, CURLE_SSL_ENGINE_NOTFOUND, CURLE_SSL_ENGINE_SETFAILED,
@@ -398,7 +406,13 @@ final class CurlTransfer: @unchecked Sendable {
         case CURLE_RECV_ERROR, CURLE_SEND_ERROR, CURLE_GOT_NOTHING, CURLE_HTTP2, CURLE_HTTP2_STREAM,
             CURLE_HTTP3, CURLE_QUIC_CONNECT_ERROR:
             kind = .network
-        case CURLE_WEIRD_SERVER_REPLY, CURLE_BAD_CONTENT_ENCODING: kind = .protocolError
+        case CURLE_WEIRD_SERVER_REPLY, CURLE_BAD_CONTENT_ENCODING:
+            kind = .malformedResponse
+            message = "the server's response is malformed: \(message)"
+        case CURLE_OUT_OF_MEMORY where !headDelivered:
+            // libcurl 7.88 rejects a header line over 100 KB with this code ("Rejected … bytes header").
+            kind = .malformedResponse
+            if detail.isEmpty { message = "the server sent a response header libcurl refuses (too long)" }
         case CURLE_ABORTED_BY_CALLBACK: kind = .cancelled
         default: kind = .other
         }

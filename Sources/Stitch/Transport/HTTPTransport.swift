@@ -144,6 +144,9 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
         case partialBody
         case network
         case protocolError
+        /// A response the transport refuses outright (a NUL in a header, a head too large, a body coding it cannot
+        /// undo): the same server would send the same again.
+        case malformedResponse
         case other
     }
 
@@ -175,7 +178,7 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
     /// TLS failures and cancellation are final; everything else may succeed on another try.
     public var isRetryable: Bool {
         switch code {
-        case .cancelled, .abortedByDelegate, .tls, .other: return false
+        case .cancelled, .abortedByDelegate, .tls, .other, .malformedResponse: return false
         case .resolve, .connect, .connectTimeout, .stalled, .partialBody, .network, .protocolError: return true
         }
     }
