@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Loopback nginx for Stitch integration tests (and bench/run.sh, bench/segmented.sh).
+# Loopback nginx for Stitch integration tests (and bench/run.sh, bench/segmented.sh, bench/uneven.sh).
 #
 #   scripts/nginx.sh start DIR   # create DIR, cert, test files, start nginx
 #   scripts/nginx.sh stop DIR    # stop it (safe to call twice / if never started)
@@ -19,6 +19,19 @@
 #   NGINX_THROTTLE_PORT   plain HTTP with limit_rate NGINX_THROTTLE_RATE per request
 #   NGINX_THROTTLE_RATE   the rate, as given
 #   NGINX_THROTTLE_CHUNK  its sendfile_max_chunk, only when NGINX_THROTTLE_CHUNK is set
+# only when NGINX_UNEVEN=1 (after those):
+#   NGINX_UNEVEN_PORT         plain HTTP whose limit_rate depends on the connection: a connection whose
+#                             serial number ($connection) ends in one of NGINX_UNEVEN_SLOW_DIGITS gets
+#                             NGINX_UNEVEN_SLOW_RATE, every other one NGINX_UNEVEN_FAST_RATE (fixed for
+#                             the connection's life, each keep-alive request gets it again)
+#   NGINX_UNEVEN_SLOW_RATE, NGINX_UNEVEN_FAST_RATE, NGINX_UNEVEN_SLOW_DIGITS, NGINX_UNEVEN_CHUNK
+#                             the settings, as used (defaults filled in)
+# only when NGINX_CONNLIMIT is set (after those):
+#   NGINX_CONNLIMIT_PORT      plain HTTP with `limit_conn` NGINX_CONNLIMIT per client address:
+#                             requests beyond that many in progress at once get 503 (limit_conn_status)
+#   NGINX_CONNLIMIT           that number, as given
+#   NGINX_CONNLIMIT_RATE, NGINX_CONNLIMIT_CHUNK   its limit_rate and sendfile_max_chunk, only when
+#                             NGINX_CONNLIMIT_RATE is set
 # DIR/www holds small.bin (1 MiB random), medium.bin (16 MiB random),
 # empty.bin (0 bytes) and SHA256SUMS (check with `cd DIR/www && sha256sum -c SHA256SUMS`).
 # Files already present with the right size are kept (a second `start` after
@@ -34,6 +47,17 @@
 #   NGINX_THROTTLE_CHUNK=256k sendfile_max_chunk of that port: nginx sends up to this much
 #                             per write before each pause, so it is the unthrottled burst at the
 #                             start of every request (default: nginx's own, 2m)
+#   NGINX_UNEVEN=1            adds the uneven port (default: none). Its knobs:
+#     NGINX_UNEVEN_SLOW_RATE=2m     limit_rate of the slow connections
+#     NGINX_UNEVEN_FAST_RATE=20m    limit_rate of the others
+#     NGINX_UNEVEN_SLOW_DIGITS=147  last digits of $connection that make a connection slow: with 147,
+#                                   3 in 10 (any 8 consecutive connections hold 2 or 3 slow ones)
+#     NGINX_UNEVEN_CHUNK=256k       its sendfile_max_chunk (limit_rate_after is 0), so a request gets
+#                                   at most this much before its first pause instead of nginx's 2m
+#   NGINX_CONNLIMIT=2         adds the connection-limited port allowing this many concurrent requests
+#                             (so connections) per client address, 503 for the rest (default: none)
+#   NGINX_CONNLIMIT_RATE=20m  limit_rate per connection on that port (default: none, unthrottled)
+#   NGINX_CONNLIMIT_CHUNK=256k   its sendfile_max_chunk when NGINX_CONNLIMIT_RATE is set (default 256k)
 #   NGINX_START_TIMEOUT=15    seconds to wait for nginx to answer
 #
 # Runs as root (workers then run as root too, so a mode-700 mktemp DIR is fine)
@@ -322,7 +346,46 @@ EOF
     }
 EOF
     fi
-    printf '}\n' >>"$dir/nginx.conf"
+}
+
+# write_uneven_conf DIR PORT SLOW_RATE FAST_RATE SLOW_DIGITS CHUNK: appends the uneven port.
+write_uneven_conf() {
+    cat >>"$1/nginx.conf" <<EOF
+
+    # Uneven link: the rate is chosen per connection, by the last digit of its serial number.
+    map \$connection \$stitch_uneven_rate {
+        "~[$5]\$" $3;
+        default $4;
+    }
+
+    server {
+        listen 127.0.0.1:$2;
+        server_name localhost 127.0.0.1;
+        root $1/www;
+        limit_rate \$stitch_uneven_rate;
+        limit_rate_after 0;
+        sendfile_max_chunk $6;
+    }
+EOF
+}
+
+# write_connlimit_conf DIR PORT N [RATE CHUNK]: appends the connection-limited port.
+write_connlimit_conf() {
+    cat >>"$1/nginx.conf" <<EOF
+
+    # At most N requests in progress per client address; the rest get 503.
+    limit_conn_zone \$binary_remote_addr zone=stitch_connlimit:1m;
+
+    server {
+        listen 127.0.0.1:$2;
+        server_name localhost 127.0.0.1;
+        root $1/www;
+        limit_conn stitch_connlimit $3;
+        limit_conn_status 503;${4:+
+        limit_rate $4;
+        sendfile_max_chunk $5;}
+    }
+EOF
 }
 
 # N (default 3) distinct random ports below Linux's default ephemeral range
@@ -346,15 +409,34 @@ throttle_env() {
     [[ -z ${2:-} ]] || printf 'NGINX_THROTTLE_CHUNK=%s\n' "$2"
 }
 
-# True when the nginx for DIR answers on every port: DIR HTTP HTTPS SLOW EXPIRED WRONG_HOST [THROTTLE].
+# The NGINX_UNEVEN_* settings lines of ports.env (not the port) for SLOW FAST DIGITS CHUNK.
+uneven_env() {
+    printf 'NGINX_UNEVEN_SLOW_RATE=%s\nNGINX_UNEVEN_FAST_RATE=%s\nNGINX_UNEVEN_SLOW_DIGITS=%s\nNGINX_UNEVEN_CHUNK=%s\n' "$@"
+}
+
+# The NGINX_CONNLIMIT settings lines of ports.env (not the port) for N [RATE CHUNK].
+connlimit_env() {
+    printf 'NGINX_CONNLIMIT=%s\n' "$1"
+    [[ -z ${2:-} ]] || printf 'NGINX_CONNLIMIT_RATE=%s\nNGINX_CONNLIMIT_CHUNK=%s\n' "$2" "$3"
+}
+
+# True when the nginx for DIR answers on every port: DIR HTTP HTTPS SLOW EXPIRED WRONG_HOST [EXTRA...],
+# EXTRA being the optional plain-HTTP ports in use (throttled, uneven, connection-limited).
 all_answer() {
+    local p
     [[ -n $(running_pid "$1") ]] && http_ok "$2" && http_ok "$4" && port_busy "$3" && port_busy "$5" &&
-        port_busy "$6" && { [[ -z ${7:-} ]] || http_ok "$7"; }
+        port_busy "$6" || return 1
+    for p in "${@:7}"; do
+        http_ok "$p" || return 1
+    done
 }
 
 do_start() {
     local dir=$1 nginx rate timeout pid attempt http https slow i ok
     local trate tchunk throttle="" expired wronghost nports=5
+    local uneven_on uslow ufast udigits uchunk uneven=""
+    local climit crate cchunk connlimit=""
+    local -a ports extra=()
     nginx=$(find_nginx)
     rate=${NGINX_SLOW_RATE:-2m}
     [[ $rate =~ ^[0-9]+[kKmMgG]?$ ]] || die "bad NGINX_SLOW_RATE=$rate (want e.g. 2m, 500k)"
@@ -362,11 +444,40 @@ do_start() {
     tchunk=${NGINX_THROTTLE_CHUNK:-}
     if [[ -n $trate ]]; then
         [[ $trate =~ ^[0-9]+[kKmMgG]?$ ]] || die "bad NGINX_THROTTLE_RATE=$trate (want e.g. 20m, 500k)"
-        nports=6
+        nports=$((nports + 1))
     fi
     if [[ -n $tchunk ]]; then
         [[ -n $trate ]] || die "NGINX_THROTTLE_CHUNK needs NGINX_THROTTLE_RATE"
         [[ $tchunk =~ ^[1-9][0-9]*[kKmMgG]?$ ]] || die "bad NGINX_THROTTLE_CHUNK=$tchunk (want e.g. 256k)"
+    fi
+    uneven_on=${NGINX_UNEVEN:-}
+    [[ -z $uneven_on || $uneven_on == [01] ]] || die "bad NGINX_UNEVEN=$uneven_on (want 1 or 0)"
+    [[ $uneven_on == 1 ]] || uneven_on=""
+    uslow=${NGINX_UNEVEN_SLOW_RATE:-2m}
+    ufast=${NGINX_UNEVEN_FAST_RATE:-20m}
+    udigits=${NGINX_UNEVEN_SLOW_DIGITS:-147}
+    uchunk=${NGINX_UNEVEN_CHUNK:-256k}
+    if [[ -n $uneven_on ]]; then
+        [[ $uslow =~ ^[1-9][0-9]*[kKmMgG]?$ ]] || die "bad NGINX_UNEVEN_SLOW_RATE=$uslow (want e.g. 2m, 500k)"
+        [[ $ufast =~ ^[1-9][0-9]*[kKmMgG]?$ ]] || die "bad NGINX_UNEVEN_FAST_RATE=$ufast (want e.g. 20m)"
+        [[ $udigits =~ ^[0-9]{1,10}$ ]] || die "bad NGINX_UNEVEN_SLOW_DIGITS=$udigits (want last digits, e.g. 147)"
+        [[ $uchunk =~ ^[1-9][0-9]*[kKmMgG]?$ ]] || die "bad NGINX_UNEVEN_CHUNK=$uchunk (want e.g. 256k)"
+        nports=$((nports + 1))
+    fi
+    climit=${NGINX_CONNLIMIT:-}
+    crate=${NGINX_CONNLIMIT_RATE:-}
+    cchunk=""
+    if [[ -n $climit ]]; then
+        [[ $climit =~ ^[1-9][0-9]*$ ]] || die "bad NGINX_CONNLIMIT=$climit (want a positive integer)"
+        nports=$((nports + 1))
+    fi
+    if [[ -n $crate ]]; then
+        [[ -n $climit ]] || die "NGINX_CONNLIMIT_RATE needs NGINX_CONNLIMIT"
+        [[ $crate =~ ^[1-9][0-9]*[kKmMgG]?$ ]] || die "bad NGINX_CONNLIMIT_RATE=$crate (want e.g. 20m)"
+        cchunk=${NGINX_CONNLIMIT_CHUNK:-256k}
+        [[ $cchunk =~ ^[1-9][0-9]*[kKmMgG]?$ ]] || die "bad NGINX_CONNLIMIT_CHUNK=$cchunk (want e.g. 256k)"
+    elif [[ -n ${NGINX_CONNLIMIT_CHUNK:-} ]]; then
+        die "NGINX_CONNLIMIT_CHUNK needs NGINX_CONNLIMIT_RATE"
     fi
     timeout=${NGINX_START_TIMEOUT:-15}
 
@@ -376,13 +487,15 @@ do_start() {
         http=$(sed -n 's/^NGINX_HTTP_PORT=//p' "$dir/ports.env")
         # An older ports.env (no TLS failure ports) means an nginx started by an older script.
         if [[ -n $http ]] && http_ok "$http" && grep -q '^NGINX_TLS_WRONG_HOST_PORT=' "$dir/ports.env"; then
-            # A throttled port with other settings (or none) needs a restart.
-            if [[ -z $trate || $(grep -E '^NGINX_THROTTLE_(RATE|CHUNK)=' "$dir/ports.env") == "$(throttle_env "$trate" "$tchunk")" ]]; then
+            # An optional port asked for with other settings (or missing) needs a restart.
+            if [[ (-z $trate || $(grep -E '^NGINX_THROTTLE_(RATE|CHUNK)=' "$dir/ports.env") == "$(throttle_env "$trate" "$tchunk")") &&
+                (-z $uneven_on || $(grep -E '^NGINX_UNEVEN_(SLOW_RATE|FAST_RATE|SLOW_DIGITS|CHUNK)=' "$dir/ports.env") == "$(uneven_env "$uslow" "$ufast" "$udigits" "$uchunk")") &&
+                (-z $climit || $(grep -E '^NGINX_CONNLIMIT(_RATE|_CHUNK)?=' "$dir/ports.env") == "$(connlimit_env "$climit" "$crate" "$cchunk")") ]]; then
                 note "nginx already running for $dir (pid $pid)"
                 cat "$dir/ports.env"
                 return 0
             fi
-            note "nginx running for $dir (pid $pid) has other throttle settings; restarting it"
+            note "nginx running for $dir (pid $pid) has other throttle, uneven or connection-limit settings; restarting it"
         fi
     fi
     [[ -z $pid ]] || do_stop "$dir"
@@ -399,8 +512,18 @@ do_start() {
 
     ok=""
     for ((attempt = 1; attempt <= 8; attempt++)); do
-        read -r http https slow expired wronghost throttle < <(pick_ports "$nports")
+        read -r -a ports < <(pick_ports "$nports")
+        http=${ports[0]} https=${ports[1]} slow=${ports[2]} expired=${ports[3]} wronghost=${ports[4]}
+        ports=("${ports[@]:5}")
+        extra=()
+        throttle="" uneven="" connlimit=""
+        if [[ -n $trate ]]; then throttle=${ports[0]} && ports=("${ports[@]:1}") && extra+=("$throttle"); fi
+        if [[ -n $uneven_on ]]; then uneven=${ports[0]} && ports=("${ports[@]:1}") && extra+=("$uneven"); fi
+        if [[ -n $climit ]]; then connlimit=${ports[0]} && extra+=("$connlimit"); fi
         write_conf "$dir" "$http" "$https" "$slow" "$rate" "$expired" "$wronghost" "$throttle" "$trate" "$tchunk"
+        [[ -z $uneven ]] || write_uneven_conf "$dir" "$uneven" "$uslow" "$ufast" "$udigits" "$uchunk"
+        [[ -z $connlimit ]] || write_connlimit_conf "$dir" "$connlimit" "$climit" "$crate" "$cchunk"
+        printf '}\n' >>"$dir/nginx.conf"
         rm -f "$dir/nginx.pid"
         : >"$dir/logs/start.log"
         # nginx binds all listen sockets before daemonizing, so a zero exit
@@ -424,15 +547,16 @@ do_start() {
 
     # Wait until the master wrote its pid and every port answers.
     for ((i = 0; i < timeout * 10; i++)); do
-        if all_answer "$dir" "$http" "$https" "$slow" "$expired" "$wronghost" "$throttle"; then
+        if all_answer "$dir" "$http" "$https" "$slow" "$expired" "$wronghost" "${extra[@]}"; then
             break
         fi
         sleep 0.1
     done
-    if ! all_answer "$dir" "$http" "$https" "$slow" "$expired" "$wronghost" "$throttle"; then
+    if ! all_answer "$dir" "$http" "$https" "$slow" "$expired" "$wronghost" "${extra[@]}"; then
         tail -n 20 "$dir/logs/error.log" >&2 2>/dev/null || true
         do_stop "$dir"
-        die "nginx did not answer on 127.0.0.1:$http/$https/$slow${throttle:+/$throttle} within ${timeout}s"
+        i=$(IFS=/ && printf '%s' "${extra[*]}")
+        die "nginx did not answer on 127.0.0.1:$http/$https/$slow${i:+/$i} within ${timeout}s"
     fi
 
     cat >"$dir/ports.env.tmp" <<EOF
@@ -452,8 +576,14 @@ EOF
     if [[ -n $throttle ]]; then
         { printf 'NGINX_THROTTLE_PORT=%s\n' "$throttle" && throttle_env "$trate" "$tchunk"; } >>"$dir/ports.env.tmp"
     fi
+    if [[ -n $uneven ]]; then
+        { printf 'NGINX_UNEVEN_PORT=%s\n' "$uneven" && uneven_env "$uslow" "$ufast" "$udigits" "$uchunk"; } >>"$dir/ports.env.tmp"
+    fi
+    if [[ -n $connlimit ]]; then
+        { printf 'NGINX_CONNLIMIT_PORT=%s\n' "$connlimit" && connlimit_env "$climit" "$crate" "$cchunk"; } >>"$dir/ports.env.tmp"
+    fi
     mv -f "$dir/ports.env.tmp" "$dir/ports.env"
-    note "nginx running (pid $(running_pid "$dir")): http=$http https+h2=$https slow($rate/s)=$slow${throttle:+ throttled($trate/s${tchunk:+, chunk $tchunk})=$throttle} www=$dir/www"
+    note "nginx running (pid $(running_pid "$dir")): http=$http https+h2=$https slow($rate/s)=$slow${throttle:+ throttled($trate/s${tchunk:+, chunk $tchunk})=$throttle}${uneven:+ uneven($uslow/s on conn serials ending in [$udigits], else $ufast/s, chunk $uchunk)=$uneven}${connlimit:+ connlimit($climit per address, 503${crate:+, $crate/s, chunk $cchunk})=$connlimit} www=$dir/www"
     cat "$dir/ports.env"
 }
 
