@@ -78,11 +78,12 @@ import Testing
             "bytesTransferred \(result.bytesTransferred) after a segmented download")
     }
 
-    /// A steal: lane 0 stalls after 100 KB while the other three finish their 3 MiB; a free lane then takes the
-    /// upper half of lane 0's remainder, split on a piece boundary (2 MiB). Once the stealing request has arrived the
-    /// stall is released: the victim stops at the split, the thief's request asks only for the stolen tail, and
-    /// what the victim's request sent past the split point is bounded by the steal slack.
-    @Test func idleLaneStealsHalfOfTheSlowestSegmentOnAPieceBoundary() async throws {
+    /// The end game: lane 0 stalls after 100 KB while the other three finish their 3 MiB; idle lanes then take
+    /// over what lane 0 has left (once its silence is measured, nearly all of it, and its connection is replaced
+    /// rather than left to its stall timeout). Every byte of the stalled segment after the 100 KB is asked for
+    /// again, no other segment is, and what cut-short requests sent past their split points stays within the
+    /// steal slack per steal.
+    @Test func idleLanesTakeOverAStalledSegment() async throws {
         let f = try Fixture()
         let size: Int64 = 12 << 20
         let minimumSplit: Int64 = 256 << 10
@@ -96,33 +97,32 @@ import Testing
                 AskedRange(request) == slow && once.first() ? .stallAfter(100_000, then: .resume) : .none
             })
         let request = f.request()
-        let task = Task { try await f.download(request, options: Self.options(lanes: 4, minimumSplit: minimumSplit)) }
+        var options = Self.options(lanes: 4, minimumSplit: minimumSplit)
+        options.transport.stallTimeout = 60  // the end game, not the stall timeout, must end the stall
+        let task = Task { try await f.download(request, options: options) }
         let server = f.server
         // The whole-file response stalls first (after its head), then lane 0.
         #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
         #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
-        // 1 whole-file request + 4 lanes + 1 steal.
-        let stolen = await blocking { server.waitForRequests(6, timeout: .seconds(30)) }
-        #expect(stolen, "no lane stole from the stalled segment: \(server.requests.map(\.range))")
-        server.releaseStalls()
         let result = try await task.value
+        server.releaseStalls()
 
         try f.expectComplete(result, file.data)
         #expect(await Self.settle(f.server))
         let asked = f.server.requests.dropFirst().compactMap(AskedRange.init)
-        // The stolen tail of the stalled segment. On a loaded machine a lane may also finish before another lane's
-        // first byte has arrived and steal from that one too (a request with no speed yet may be stolen from):
-        // more steals are allowed, each bounded by the slack.
-        let split = 2 * Self.mib  // 100 000 + (3 MiB − 100 000) / 2, rounded up to a piece
         #expect(asked.count >= 5, "\(asked)")
-        #expect(asked.dropFirst(4).contains(AskedRange(start: split, last: slow.last)), "the steal: \(asked)")
+        for segment in segments.dropFirst() {
+            #expect(asked.count(where: { $0 == segment }) == 1, "segment \(segment) asked once: \(asked)")
+        }
+        let taken = asked.dropFirst(4).filter { $0.start >= slow.start && $0.start <= slow.last! }
+        #expect(taken.map(\.start).min() == slow.start + 100_000, "the stalled segment's rest: \(taken)")
+        #expect(taken.contains { $0.last == slow.last }, "\(taken)")
         Self.expectNested(asked, total: size)
-        let steals = Int64(asked.count - 4)
+        let steals = Int64(taken.count)
         let sent = Int64(f.server.bodyBytesSent)
         #expect(sent >= size)
         #expect(sent <= size + SegmentedTransfer.stealSlack * steals, "sent \(sent) for \(size), \(steals) steals")
-        #expect(f.watch.retries.isEmpty && f.watch.restarts.isEmpty)
-        print("SegmentedTests.steal: the victim's request sent \(sent - size) bytes past the split point")
+        #expect(f.watch.retries.isEmpty && f.watch.restarts.isEmpty, "\(f.watch.events)")
     }
 
     /// A lane steals only from a request that would take at least a second more at its speed so far; one with no
@@ -153,16 +153,18 @@ import Testing
         print("SegmentedTests.16 lanes over 12 MiB: \(asked.count) requests \(asked)")
         let oneMiB = (0..<12).map { AskedRange(start: Int64($0) * Self.mib, last: Int64($0 + 1) * Self.mib - 1) }
         #expect(Self.segments(total: size, lanes: 16, minimumSplit: Self.mib) == oneMiB)
-        #expect(asked.count == 12 && Set(asked) == Set(oneMiB), "requests: \(asked)")
+        // Each part once; on a slow machine idle lanes may then take over ends of parts still running.
+        #expect(asked.count >= 12 && Set(asked.prefix(12)) == Set(oneMiB), "requests: \(asked)")
     }
 
     // MARK: 2. A fault on one lane
 
-    /// One fault on the first request of one lane (of 4, each 2 MiB, too short to steal from). The download
-    /// completes byte-exact; that lane alone asks again, from where its bytes stop, once; the other lanes ask once
-    /// each; nothing restarts (a 206 whose Content-Length contradicts its Content-Range is retried, not a restart);
-    /// and no byte is sent twice (a reset may lose what was in flight; a response refused at its head may have
-    /// pushed part of its body into the socket).
+    /// One fault on the first request of one lane (of 4, each 2 MiB). The download completes byte-exact; the
+    /// other lanes' segments are asked for once each; the faulty segment's bytes are all asked for again from where
+    /// its bytes stop — by its own lane's retry or by idle lanes that take over its rest (the end game); nothing
+    /// restarts (a 206 whose Content-Length contradicts its Content-Range is retried, not a restart); and nothing
+    /// is sent twice beyond what a cut-short request had in flight. A 503 on the lane while the others receive
+    /// retires that connection (the server refuses an extra one) instead of waiting out its Retry-After.
     @Test(arguments: LaneFault.allCases)
     func faultOnOneLaneRetriesOnlyThatLane(_ kind: LaneFault) async throws {
         let f = try Fixture()
@@ -184,35 +186,43 @@ import Testing
         try f.expectComplete(result, file.data)
         #expect(await Self.settle(f.server))
         let requests = f.server.requests
-        #expect(requests.count == 6, "1 whole-file + 4 lanes + 1 retry: \(requests.map(\.range))")
         let asked = requests.dropFirst().compactMap(AskedRange.init)
         for segment in segments where segment != target {
             #expect(asked.count(where: { $0 == segment }) == 1, "lane \(segment) asked once: \(asked)")
         }
         let onTarget = asked.filter { $0.start >= target.start && $0.start <= target.last! }
-        try #require(onTarget.count == 2, "the faulty lane asked twice: \(asked)")
+        try #require(onTarget.count >= 2, "the faulty segment asked again: \(asked)")
         #expect(onTarget[0] == target)
-        let retry = onTarget[1]
-        #expect(retry.last == target.last)
+        // What was written before the fault is not asked for again (a reset may lose what was in flight).
+        let again = onTarget.dropFirst()
+        let resumedAt = again.map(\.start).min()!
         switch kind {
         case .drop, .shortBody, .stall:
-            #expect(retry.start == target.start + cut, "retry \(retry)")
-            #expect(f.server.bodyBytesSent == Int(size))
+            #expect(resumedAt == target.start + cut, "asked again: \(again)")
         case .reset:
-            // A reset may destroy bytes the kernel had received: anything up to the cut is fine.
-            #expect(retry.start >= target.start && retry.start <= target.start + cut, "retry \(retry)")
-            #expect(f.server.bodyBytesSent <= Int(size + cut))
-        case .unavailable:
-            #expect(retry.start == target.start, "retry \(retry)")
-            #expect(f.server.bodyBytesSent == Int(size))
-            #expect(f.clock.sleeps == [2], "Retry-After honoured")
+            #expect(resumedAt >= target.start && resumedAt <= target.start + cut, "asked again: \(again)")
+        case .unavailable, .wrongContentLength:
+            #expect(resumedAt == target.start, "refused at the head, nothing written: \(again)")
+        }
+        #expect(again.contains { $0.last == target.last }, "the segment's end asked for: \(again)")
+        let steals = Int64(again.count - 1)
+        let slack = SegmentedTransfer.stealSlack * steals
+        switch kind {
+        case .drop, .shortBody, .stall, .unavailable:
+            #expect(f.server.bodyBytesSent <= Int(size + slack), "sent \(f.server.bodyBytesSent)")
+        case .reset:
+            #expect(f.server.bodyBytesSent <= Int(size + cut + slack))
         case .wrongContentLength:
-            #expect(retry.start == target.start, "refused at the head, nothing written: retry \(retry)")
-            #expect(f.server.bodyBytesSent <= Int(size + target.end(in: size) - target.start))
+            #expect(f.server.bodyBytesSent <= Int(size + target.end(in: size) - target.start + slack))
         }
         #expect(requests.dropFirst().allSatisfy { $0.header("If-Range") == Self.etag })
-        #expect(f.watch.retries.count == 1)
-        #expect(f.clock.sleeps.count == 1)
+        if kind == .unavailable {
+            #expect(f.watch.retries.isEmpty, "a refused extra connection is retired, not retried")
+            #expect(f.watch.notices.contains { $0.contains("refused an extra connection") }, "\(f.watch.notices)")
+        } else {
+            #expect(f.watch.retries.count <= 1)
+        }
+        #expect(f.clock.sleeps.count <= 1)
         #expect(f.watch.restarts.isEmpty)
     }
 
@@ -359,7 +369,8 @@ import Testing
 
         try f.expectComplete(result, file.data)
         let ranged = f.server.requests.dropFirst()
-        #expect(ranged.count == 4)
+        #expect(ranged.count >= 4, "four segments, and on a slow machine steals of their ends")
+        Self.expectNested(ranged.compactMap(AskedRange.init), total: 8 << 20)
         #expect(ranged.allSatisfy { $0.range != nil && $0.header("If-Range") == modified })
         #expect(f.watch.notices.isEmpty)
         // The first response is aborted at its head; what the server had pushed into the socket by then is lost.

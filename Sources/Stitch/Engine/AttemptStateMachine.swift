@@ -102,6 +102,9 @@ struct AttemptStateMachine: Sendable {
     /// The decision after a request ended as `report` says.
     mutating func attemptEnded(_ report: AttemptReport, now: Int64, jitter: Double) -> AttemptAction {
         noteProgress(report.saved)
+        // A request the engine cut short itself (a split, a replaced connection) is not an interruption.
+        if case .reachedEnd = report.sink { return .requestAgain }
+        if case .replaced = report.sink { return .requestAgain }
         if case .failure(let error) = report.result, error.isCancelled { return .interrupted }
 
         switch report.sink {

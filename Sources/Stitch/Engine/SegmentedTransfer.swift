@@ -5,11 +5,19 @@ import Synchronization
 /// Fetches the unfinished segments of one download over several connections at once.
 ///
 /// Each *lane* is a task that claims a segment, requests exactly its bytes (`Range: bytes=N-M` with `If-Range`),
-/// writes them with `pwrite` at their offsets and records them in the segment's live-record slot. A lane whose
-/// segment is done takes half of the largest remaining one (work stealing), split on a piece boundary, so no
-/// byte is fetched twice except on retry. Every 206 is checked against the validators and the range asked for;
-/// one mismatch stops every lane and the download restarts from zero. A failing lane retries its own segment with
-/// backoff while the others go on.
+/// writes them with `pwrite` at their offsets and records them in the segment's live-record slot. Every 206 is
+/// checked against the validators and the range asked for; one mismatch stops every lane and the download
+/// restarts from zero. A failing lane retries its own segment with backoff while the others go on.
+///
+/// Uneven links (a CDN whose edges differ, servers that cap some connections): a monitor samples every lane ten
+/// times a second. A connection slower than a quarter of its peers' median over the last half second is noticed
+/// within about half a second and replaced by a new one (the lane asks again from where it got to). A lane whose
+/// segment is done takes over the end of the segment that would finish last (work stealing): the split point is
+/// chosen from the two speeds so that both end together, and may fall inside a piece, so the slowest connection
+/// keeps only what it will finish by then — the end game. What a cut-short request had in flight past the split
+/// is received and dropped (at most ``stealSlack`` per steal, counted in ``discarded``). A lane refused with 429 or
+/// 503, or out of retries, while other lanes are receiving is retired: the download goes on with fewer
+/// connections.
 ///
 /// Threads: lanes run on the engine's task group; their sinks on the transport thread. Shared state is behind one
 /// lock; the sinks read only the stop flag (an atomic) and their segment's end (the store's lock).
@@ -40,11 +48,18 @@ final class SegmentedTransfer: Sendable {
         var stop: Stop?
         /// The sink of each running request, by segment, so a slow one can be told to make way.
         var sinks: [Int: LaneSink] = [:]
-        /// Seconds in a row each segment's connection has been much slower than the others.
-        var slowSeconds: [Int: Int] = [:]
-        var lastWritten: [Int: Int64] = [:]
+        /// The monitor's samples of each running request: (monotonic seconds, written offset), newest last.
+        var samples: [Int: [(Double, Int64)]] = [:]
+        /// Each running request's speed (bytes/s) over the last ``speedWindow``, once it has a window to judge.
+        var speeds: [Int: Double] = [:]
+        /// Samples in a row each segment's connection has been much slower than its peers.
+        var slowTicks: [Int: Int] = [:]
         /// Connections replaced so far; capped so that a server slow for everyone cannot cause churn.
         var replacements = 0
+        /// Lanes still working (not retired).
+        var activeLanes = 0
+        /// The last speeds of requests that ended (the newest eight): what a new request may expect.
+        var recentSpeeds: [Double] = []
     }
 
     enum Stop: Sendable {
@@ -54,8 +69,20 @@ final class SegmentedTransfer: Sendable {
 
     /// Bytes a running request may have in flight (socket buffers) when its range is cut short.
     static let stealSlack: Int64 = 2 << 20
-    /// A segment whose connection will finish it sooner than this is left alone by idle lanes.
-    static let stealMinimumSeconds = 1.0
+    /// A segment whose connection will finish it sooner than this is left alone by idle lanes (a new request
+    /// costs a round trip or two).
+    static let stealMinimumSeconds = 0.2
+    /// The smallest tail worth a request of its own, and the alignment of a split that falls inside a piece.
+    static let stealGranule: Int64 = 64 << 10
+    /// How often the monitor samples the lanes, and the window a speed is measured over.
+    static let monitorInterval = 0.1
+    static let speedWindow = 0.5
+    /// A speed needs at least this much of a window.
+    static let minimumSpeedWindow = 0.2
+    /// A connection this many times slower than its peers' median is slow...
+    static let slowFactor = 4.0
+    /// ...and replaced after this many samples in a row (with the window, noticed within about half a second).
+    static let slowTicksToReplace = 2
 
     private let shared = Mutex(Shared())
     let stopped = Atomic<Bool>(false)
@@ -63,6 +90,8 @@ final class SegmentedTransfer: Sendable {
     let received = Atomic<Int64>(0)
     private let sinceCheckpoint = Atomic<Int64>(0)
     private let finishedLanes = Atomic<Int>(0)
+    /// Body bytes received past a split point and dropped (fetched twice: the price of steals and replacements).
+    let discarded = Atomic<Int64>(0)
 
     init(
         store: PartStore, known: Validators, ifRange: String, startURL: URL, request: DownloadRequest,
@@ -87,6 +116,7 @@ final class SegmentedTransfer: Sendable {
     /// Runs the lanes until every segment is complete, a restart is needed, or a failure ends the download.
     /// - Throws: ``DownloadError``, or `CancellationError` when the task is cancelled.
     func run() async throws -> Outcome {
+        shared.withLock { $0.activeLanes = lanes }
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<lanes {
                 group.addTask {
@@ -94,11 +124,11 @@ final class SegmentedTransfer: Sendable {
                     try await self.lane()
                 }
             }
-            if lanes > 2 {
+            if lanes > 1 {
                 group.addTask {
                     while self.finishedLanes.load(ordering: .acquiring) < self.lanes, !Task.isCancelled {
-                        try? await Task.sleep(for: .seconds(1))
-                        self.replaceSlowConnections()
+                        try? await Task.sleep(for: .milliseconds(Int64(Self.monitorInterval * 1000)))
+                        self.monitor(now: monotonicNow())
                     }
                 }
             }
@@ -128,7 +158,7 @@ final class SegmentedTransfer: Sendable {
         stopped.store(true, ordering: .releasing)
     }
 
-    /// The next segment for a lane: an unowned unfinished one, else half of the largest remaining one.
+    /// The next segment for a lane: an unowned unfinished one, else the end of the segment that would finish last.
     private func claim() -> Int? {
         shared.withLock { state -> Int? in
             guard state.stop == nil else { return nil }
@@ -140,30 +170,85 @@ final class SegmentedTransfer: Sendable {
                 state.owned.insert(free)
                 return free
             }
-            let pieceSize = store.pieceSize
-            let minimum = max(options.minimumSplitSize, 1)
-            let victims = state.owned.compactMap { slot -> (Int, Int64, Int64)? in
-                guard let end = segments[slot].end else { return nil }
-                return (slot, segments[slot].durable, end)
-            }
-            // The victim's request still runs to its old end, so what the server already sent past the split
-            // point is received and dropped: only a remainder well above that in-flight slack is worth halving,
-            // and only one that would take its connection a while yet (a steal costs a new request and closes
-            // the victim's connection; lanes about to finish anyway gain nothing).
             let now = monotonicNow()
-            let worthIt = victims.filter { slot, written, end in
-                end - written >= 2 * minimum + Self.stealSlack
-                    && secondsLeft(state.sinks[slot], written: written, end: end, now: now) >= Self.stealMinimumSeconds
+            if options.rateLimiter != nil { return stealByHalves(&state, segments: segments, now: now) }
+            let known = state.speeds.values.sorted()
+            let median = known.isEmpty ? nil : known[known.count / 2]
+            // The victim: the segment that would take longest to finish. A request with a measured speed is judged
+            // by it; one too young to measure is presumed fine; one that has brought nothing measurable for a
+            // window, or a segment whose lane waits to retry, may never finish.
+            var best: (slot: Int, written: Int64, end: Int64, speed: Double?, left: Double)?
+            for slot in state.owned {
+                guard let end = segments[slot].end else { continue }
+                let written = segments[slot].durable
+                let remaining = end - written
+                let speed = state.speeds[slot]
+                if speed == nil, let sink = state.sinks[slot], now - sink.startedAt < Self.speedWindow { continue }
+                // Worth a request only if the tail is well above what the victim has in flight when cut short.
+                let inFlight = speed.map { min(Double(Self.stealSlack), $0 * 0.1) } ?? Double(Self.stealSlack)
+                guard Double(remaining) >= Double(2 * Self.stealGranule) + inFlight else { continue }
+                let left = speed.map { $0 > 0 ? Double(remaining) / $0 : .infinity } ?? .infinity
+                guard left >= Self.stealMinimumSeconds else { continue }
+                if best == nil || left > best!.left || (left == best!.left && remaining > best!.end - best!.written) {
+                    best = (slot, written, end, speed, left)
+                }
             }
-            guard let (victim, written, end) = worthIt.max(by: { $0.2 - $0.1 < $1.2 - $1.1 }) else { return nil }
-            // Split in the middle, on a piece boundary when the piece fits (so each piece has one writer).
-            var at = written + (end - written) / 2
-            let alignment = pieceSize <= (end - written) / 2 ? pieceSize : minimum
+            guard let victim = best else { return nil }
+            let remaining = victim.end - victim.written
+            let pieceSize = store.pieceSize
+            var at: Int64
+            let thief = median.flatMap { $0 > 0 ? $0 : nil } ?? state.recentSpeeds.sorted().dropFirst(state.recentSpeeds.count / 2).first
+            var replaceVictim = false
+            if let victimSpeed = victim.speed, victimSpeed * Self.slowFactor < (thief ?? 0) || victimSpeed == 0 {
+                // Stalled, or far slower than a new connection would be: the thief takes all but a granule, and the
+                // victim's connection is replaced so that it does not sit on that granule until its stall timeout.
+                at = victim.written + 1
+                replaceVictim = true
+            } else if let victimSpeed = victim.speed, let thiefSpeed = thief, victimSpeed + thiefSpeed > 0 {
+                // Both end together: the victim keeps its share at the two speeds, and at least what it has in flight.
+                let keep = Double(remaining) * victimSpeed / (victimSpeed + thiefSpeed)
+                let inFlight = min(Double(Self.stealSlack), victimSpeed * 0.1) + Double(Self.stealGranule)
+                at = victim.written + Int64(max(keep, inFlight))
+            } else {
+                // Nothing to weigh (no speeds yet, or a lane waiting to retry): halves.
+                at = victim.written + remaining / 2
+            }
+            // On a piece boundary when the tail is large (each piece then has one writer); else on a granule.
+            let alignment = victim.end - at >= 2 * pieceSize ? pieceSize : Self.stealGranule
             at = (at + alignment - 1) / alignment * alignment
-            guard at > written, at < end, let slot = store.split(victim, at: at) else { return nil }
+            guard at > victim.written, at <= victim.end - Self.stealGranule,
+                let slot = store.split(victim.slot, at: at)
+            else { return nil }
             state.owned.insert(slot)
+            if replaceVictim, let sink = state.sinks[victim.slot] {
+                sink.replaceNow()
+                state.replacements += 1
+            }
             return slot
         }
+    }
+
+    /// Under a rate limit the lanes are slow on purpose and their speeds say nothing: an idle lane takes half of the
+    /// largest remainder that would take its connection at least ``stealMinimumSeconds`` more (at its speed since
+    /// its request began) and is well above the in-flight slack, split on a piece boundary when the piece fits.
+    private func stealByHalves(_ state: inout Shared, segments: [Segment], now: Double) -> Int? {
+        let pieceSize = store.pieceSize
+        let minimum = max(options.minimumSplitSize, 1)
+        let victims = state.owned.compactMap { slot -> (Int, Int64, Int64)? in
+            guard let end = segments[slot].end else { return nil }
+            return (slot, segments[slot].durable, end)
+        }
+        let worthIt = victims.filter { slot, written, end in
+            end - written >= 2 * minimum + Self.stealSlack
+                && secondsLeft(state.sinks[slot], written: written, end: end, now: now) >= Self.stealMinimumSeconds
+        }
+        guard let (victim, written, end) = worthIt.max(by: { $0.2 - $0.1 < $1.2 - $1.1 }) else { return nil }
+        var at = written + (end - written) / 2
+        let alignment = pieceSize <= (end - written) / 2 ? pieceSize : minimum
+        at = (at + alignment - 1) / alignment * alignment
+        guard at > written, at < end, let slot = store.split(victim, at: at) else { return nil }
+        state.owned.insert(slot)
+        return slot
     }
 
     /// How long the request on a segment would take to reach `end` at its speed so far; infinite when it has no
@@ -180,46 +265,68 @@ final class SegmentedTransfer: Sendable {
         return Double(end - written) / (Double(done) / elapsed)
     }
 
-    /// Once a second: a connection under a quarter of the median speed for three seconds in a row is dropped and
-    /// its lane asks again on a new connection (a slow path or an overloaded server behind a balancer).
-    private func replaceSlowConnections() {
+    /// Ten times a second: each running request's speed over the last half second; a connection slower than a
+    /// quarter of its peers' median for two samples in a row is dropped and its lane asks again on a new
+    /// connection (a slow path, a capped connection, an overloaded server behind a balancer). Not under a rate
+    /// limit, which makes connections slow on purpose.
+    private func monitor(now: Double) {
         let segments = store.writtenSegments
         shared.withLock { state in
-            guard options.rateLimiter == nil, state.replacements < lanes * 2 else { return }
-            var speeds: [Int: Int64] = [:]
             for (slot, sink) in state.sinks where slot < segments.count && sink.receiving {
-                let now = segments[slot].durable
-                // The first second of a response is its baseline, not a sample: connecting and the first byte
-                // are not slowness.
-                if let before = state.lastWritten[slot] { speeds[slot] = now - before }
-                state.lastWritten[slot] = now
+                var samples = state.samples[slot, default: []]
+                samples.append((now, segments[slot].durable))
+                // Keep the newest sample at least a window old, so the window is always covered.
+                while samples.count > 2, now - samples[1].0 >= Self.speedWindow { samples.removeFirst() }
+                state.samples[slot] = samples
+                if let first = samples.first, now - first.0 >= Self.minimumSpeedWindow {
+                    state.speeds[slot] = Double(samples.last!.1 - first.1) / (now - first.0)
+                }
             }
-            guard speeds.count >= 3 else { return }
-            let sorted = speeds.values.sorted()
-            let median = sorted[sorted.count / 2]
-            guard median >= 64 * 1024 else { return }
-            for (slot, speed) in speeds {
-                if speed * 4 < median {
-                    state.slowSeconds[slot, default: 0] += 1
-                    if state.slowSeconds[slot, default: 0] >= 3, let sink = state.sinks[slot] {
-                        sink.replace.store(true, ordering: .releasing)
+            guard options.rateLimiter == nil, state.replacements < lanes * 2, state.speeds.count >= 2 else { return }
+            for (slot, speed) in state.speeds {
+                let peers = state.speeds.filter { $0.key != slot }.map(\.value).sorted()
+                let median = peers[peers.count / 2]
+                guard let sink = state.sinks[slot], let end = segments[slot].end, median >= 256 * 1024 else { continue }
+                // Worth a new connection only with something left to fetch.
+                if speed * Self.slowFactor < median, end - segments[slot].durable >= 4 * Self.stealGranule {
+                    state.slowTicks[slot, default: 0] += 1
+                    if state.slowTicks[slot, default: 0] >= Self.slowTicksToReplace, state.replacements < lanes * 2 {
+                        sink.replaceNow()
                         state.replacements += 1
-                        state.slowSeconds[slot] = 0
-                        state.lastWritten[slot] = nil
+                        state.slowTicks[slot] = nil
+                        state.samples[slot] = nil
+                        state.speeds[slot] = nil
                     }
                 } else {
-                    state.slowSeconds[slot] = 0
+                    state.slowTicks[slot] = nil
                 }
             }
         }
     }
 
+    /// Retires the calling lane if the download can go on without it: another lane is still working and one is
+    /// receiving now. Returns whether it did.
+    private func retire() -> Bool {
+        shared.withLock { state in
+            guard state.activeLanes > 1, state.sinks.values.contains(where: \.receiving) else { return false }
+            state.activeLanes -= 1
+            return true
+        }
+    }
+
+    private var activeLanes: Int { shared.withLock { $0.activeLanes } }
+
     private func register(_ sink: LaneSink?, for slot: Int) {
         shared.withLock { state in
+            if sink == nil, let last = state.speeds[slot] {
+                state.recentSpeeds.append(last)
+                if state.recentSpeeds.count > 8 { state.recentSpeeds.removeFirst() }
+            }
             state.sinks[slot] = sink
             if sink == nil {
-                state.lastWritten[slot] = nil
-                state.slowSeconds[slot] = nil
+                state.samples[slot] = nil
+                state.speeds[slot] = nil
+                state.slowTicks[slot] = nil
             }
         }
     }
@@ -231,28 +338,42 @@ final class SegmentedTransfer: Sendable {
     // MARK: One lane
 
     private func lane() async throws {
-        while !stopped.load(ordering: .acquiring), let slot = claim() {
+        while !stopped.load(ordering: .acquiring) {
+            guard let slot = claim() else {
+                // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
+                if store.writtenSegments.allSatisfy(\.isComplete) { return }
+                do {
+                    try await Task.sleep(for: .milliseconds(Int64(Self.monitorInterval * 1000)))
+                } catch {
+                    return
+                }
+                continue
+            }
             defer { release(slot) }
             do {
-                try await fetch(slot)
+                if try await fetch(slot) == .retired { return }
             } catch is CancellationError where stopped.load(ordering: .acquiring) {
                 return  // cancelled because another lane halted the run: that halt is the outcome
             }
         }
     }
 
-    /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures.
-    private func fetch(_ slot: Int) async throws {
+    /// How a lane's work on one segment ended.
+    private enum LaneEnd { case done, retired }
+
+    /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures; or gives it back and
+    /// retires the lane when the server refuses this connection while others carry on.
+    private func fetch(_ slot: Int) async throws -> LaneEnd {
         var machine = AttemptStateMachine(
             startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects, scope: .connection)
         while !stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
             if let failure = checkpointer?.error ?? (store.isBroken ? brokenError : nil) {
                 halt(.failure(failure))
-                return
+                return .done
             }
             let start = store.written(slot)
-            guard let end = store.end(slot), start < end else { return }
+            guard let end = store.end(slot), start < end else { return .done }
             let plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
             let sink = LaneSink(transfer: self, slot: slot, plan: plan, known: known)
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
@@ -263,14 +384,14 @@ final class SegmentedTransfer: Sendable {
                 TransportRequest(url: machine.url.absoluteString, headers: headers, options: transportOptions),
                 on: transport)
             register(nil, for: slot)
-            if stopped.load(ordering: .acquiring) { return }
+            if stopped.load(ordering: .acquiring) { return .done }
             try Task.checkCancellation()
 
             // Every verdict that means the bytes cannot be trusted stops every lane: the download restarts.
             switch sink.verdict {
             case .restart(let why), .restartWithBody(let why, _):
                 halt(.restart(why))
-                return
+                return .done
             default:
                 break
             }
@@ -296,18 +417,35 @@ final class SegmentedTransfer: Sendable {
                 continue  // the loop re-reads the end: done, or more to ask for
             case .restart(let why):
                 halt(.restart(why))
-                return
+                return .done
             case .interrupted:
                 throw CancellationError()
             case .fail(let error):
+                // Out of retries (or refused) while other connections bring the file: this one is not needed.
+                if error.code == .retriesExhausted || error.code == .network || error.httpStatus.map(Self.isRefusal) == true,
+                    retire()
+                {
+                    emit(.notice("\(error.message); continuing with \(activeLanes) connection(s)"))
+                    return .retired
+                }
                 halt(.failure(error))
-                return
+                return .done
             case .wait(let delay, let attempt, let of, let reason):
+                // A server that refuses extra connections (429, 503; nginx limit_conn) gets fewer of them.
+                if case .retry(let status, _) = sink.verdict, Self.isRefusal(status), retire() {
+                    emit(.notice(
+                        "the server refused an extra connection (\(reason)); continuing with \(activeLanes)"))
+                    return .retired
+                }
                 emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
                 try await clock.sleep(seconds: delay)
             }
         }
+        return .done
     }
+
+    /// Statuses with which a server turns away a connection it will not serve now.
+    static func isRefusal(_ status: Int) -> Bool { status == 429 || status == 503 }
 
     /// Called by sinks for every chunk written: checkpoint pokes by volume.
     fileprivate func wrote(_ count: Int) {
@@ -335,6 +473,15 @@ final class LaneSink: BodySink, @unchecked Sendable {
     let startedAt = monotonicNow()
     /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
     let replace = Atomic<Bool>(false)
+    /// The response being received, so that a stalled one can be cut off (no bytes come to notice `replace`).
+    private let response = Mutex<(any TransportResponse)?>(nil)
+
+    /// Stops this request so the lane asks again on a new connection: at the next chunk, and at once if the
+    /// connection has gone silent.
+    func replaceNow() {
+        replace.store(true, ordering: .releasing)
+        response.withLock { $0 }?.cancel()
+    }
     /// The head was accepted and the body is flowing (what the slow-connection monitor may judge).
     var receiving: Bool { receivingFlag.load(ordering: .relaxed) }
     private let receivingFlag = Atomic<Bool>(false)
@@ -354,6 +501,9 @@ final class LaneSink: BodySink, @unchecked Sendable {
         case .failure(let error): return .failure(error)
         case .success(let started): response = started
         }
+        self.response.withLock { $0 = response }
+        defer { self.response.withLock { $0 = nil } }
+        if replace.load(ordering: .acquiring) { response.cancel() }
         let options = transfer.options
         let decision =
             (try? await offloadedDecision { [self] () throws(DownloadError) in
@@ -418,10 +568,12 @@ final class LaneSink: BodySink, @unchecked Sendable {
         guard let end = transfer.store.end(slot) else { return false }
         let room = end - offset
         if room <= 0 {
+            transfer.discarded.add(Int64(bytes.count), ordering: .relaxed)
             reachedEnd = true
             return false
         }
         let count = Int(min(Int64(bytes.count), room))
+        if count < bytes.count { transfer.discarded.add(Int64(bytes.count - count), ordering: .relaxed) }
         let data = UnsafeRawBufferPointer(rebasing: bytes[0..<count])
         if let error = transfer.store.write(data, at: offset) {
             failure = error

@@ -67,7 +67,8 @@ final class CurlResponse: TransportResponse {
     }
 
     func cancel() {
-        guard !consumed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        // Also while the body streams: `receive(into:)` then returns `.cancelled`.
+        consumed.store(true, ordering: .releasing)
         loop.submit(.cancel(transfer))
     }
 

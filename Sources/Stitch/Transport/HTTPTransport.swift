@@ -117,7 +117,8 @@ public protocol TransportResponse: AnyObject, Sendable {
     /// Reads and drops the body (a redirect's, an error page), up to a small limit, so the connection can be
     /// reused. `.success` once it is read or the limit is reached.
     func discard() async -> Result<Void, TransportError>
-    /// Ends the transfer without reading the body.
+    /// Ends the transfer without reading (the rest of) the body: before a decision, or while ``receive(into:)``
+    /// runs (which then returns `.cancelled`).
     func cancel()
 }
 
