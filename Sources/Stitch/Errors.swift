@@ -83,19 +83,54 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
     public let httpStatus: Int?
     /// Whether a rerun of the same command continues from the saved state.
     public let isResumable: Bool
+    /// What the user can do about it, if anything: the CLI renders it as a flag, a daemon in its own words.
+    public let remedy: Remedy?
+
+    /// What can be done about an error, in no interface's words (no command-line flag appears in a message).
+    public enum Remedy: Sendable, Hashable, CustomStringConvertible {
+        /// Allow the download to replace what is in the way (`stitch get --overwrite`).
+        case overwrite(Purpose)
+        /// Run the same download again: it resumes from what was saved.
+        case rerun(Purpose)
+
+        /// What taking the remedy achieves.
+        public enum Purpose: Sendable, Hashable, CustomStringConvertible {
+            case replace, startOver, downloadAgain, resume
+
+            /// "to replace it", "to start over", …
+            public var description: String {
+                switch self {
+                case .replace: return "to replace it"
+                case .startOver: return "to start over"
+                case .downloadAgain: return "to download it again"
+                case .resume: return "to resume"
+                }
+            }
+        }
+
+        /// Words for any interface: "allow overwriting to replace it", "run it again to resume".
+        public var description: String {
+            switch self {
+            case .overwrite(let purpose): return "allow overwriting \(purpose)"
+            case .rerun(let purpose): return "run it again \(purpose)"
+            }
+        }
+    }
 
     init(
         _ code: Code, _ message: String, cause: (any Error & Sendable)? = nil, httpStatus: Int? = nil,
-        resumable: Bool = false
+        resumable: Bool = false, remedy: Remedy? = nil
     ) {
         self.code = code
         self.message = message
         self.cause = cause
         self.httpStatus = httpStatus
         self.isResumable = resumable
+        self.remedy = remedy
     }
 
-    public var description: String { message }
+    /// The message, and the remedy in general words.
+    public var description: String { message + (remedy.map { "; \($0)" } ?? "") }
 
     static func io(_ what: String, path: String, _ errno: Errno) -> DownloadError {
         DownloadError(.io, "\(what) \(path): \(errno)", cause: errno, resumable: true)

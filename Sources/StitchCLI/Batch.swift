@@ -209,7 +209,9 @@ enum Batch {
         if unfinished > 0 { line += ", \(unfinished) unfinished" }
         output.message(line, always: failedCount > 0)
         for (url, message) in invalid { output.message("  failed \(url): \(message)", always: true) }
-        for (url, failure) in failures { output.message("  failed \(url): \(failure.message)", always: true) }
+        for (url, failure) in failures {
+            output.message("  failed \(url): \(failure.commandLineMessage)", always: true)
+        }
         output.json("summary", ["completed": completed, "failed": failedCount, "unfinished": unfinished])
         if failedCount == 0 && unfinished == 0 { return .success }
         if failures.contains(where: { $0.failure.code == .io }) { return .io }
@@ -344,8 +346,11 @@ final class BatchView: Sendable {
                 case .failed(let failure):
                     state.running.remove(id)
                     state.failed += 1
-                    line = "stitch: failed \(url): \(failure.message)"
-                    json = ("error", ["id": "\(id)", "url": url, "code": "\(failure.code)", "message": failure.message])
+                    line = "stitch: failed \(url): \(failure.commandLineMessage)"
+                    json = (
+                        "error",
+                        ["id": "\(id)", "url": url, "code": "\(failure.code)", "message": failure.commandLineMessage]
+                    )
                 default:
                     state.running.remove(id)
                 }

@@ -111,9 +111,10 @@ struct StitchCommand {
                     url: saved.url, destination: .file(resumePath), headers: headers,
                     checksum: options.checksum ?? saved.checksum, overwrite: options.overwrite)
             } catch let error as DownloadError {
-                output.error(error.message)
+                output.error(error.commandLineMessage)
                 output.json(
-                    "error", ["code": "\(error.code)", "message": error.message, "resumable": error.isResumable])
+                    "error",
+                    ["code": "\(error.code)", "message": error.commandLineMessage, "resumable": error.isResumable])
                 return ExitStatus(for: error)
             } catch {
                 output.error("\(error)")
@@ -186,8 +187,9 @@ struct StitchCommand {
             }
             return .success
         case .failure(let error as DownloadError):
-            output.error(error.message)
-            output.json("error", ["code": "\(error.code)", "message": error.message, "resumable": error.isResumable])
+            output.error(error.commandLineMessage)
+            output.json(
+                "error", ["code": "\(error.code)", "message": error.commandLineMessage, "resumable": error.isResumable])
             if error.code == .cancelled {
                 return signals.received == SIGTERM ? .terminated : .interrupted
             }
@@ -226,8 +228,9 @@ struct StitchCommand {
             }
             return report.damagedPieces.isEmpty ? .success : .failure
         } catch let error as DownloadError {
-            output.error(error.message)
-            output.json("error", ["code": "\(error.code)", "message": error.message, "resumable": error.isResumable])
+            output.error(error.commandLineMessage)
+            output.json(
+                "error", ["code": "\(error.code)", "message": error.commandLineMessage, "resumable": error.isResumable])
             return ExitStatus(for: error)
         } catch {
             output.error("\(error)")
@@ -334,4 +337,27 @@ struct TestTuning {
             singleConnectionRate: value("STITCH_TEST_SINGLE_CONNECTION_RATE", minimum: 0),
             automaticConnectionStep: value("STITCH_TEST_CONNECTION_STEP", minimum: 1))
     }
+}
+
+extension DownloadError.Remedy {
+    /// The command line's words for a remedy: the flag to pass, or the command to run again.
+    var commandLineWords: String {
+        switch self {
+        case .overwrite(let purpose): return "pass --overwrite \(purpose)"
+        case .rerun(let purpose): return "rerun \(purpose)"
+        }
+    }
+}
+
+/// A library message with its remedy in the command line's words.
+func commandLineMessage(_ message: String, _ remedy: DownloadError.Remedy?) -> String {
+    remedy.map { "\(message); \($0.commandLineWords)" } ?? message
+}
+
+extension DownloadError {
+    var commandLineMessage: String { StitchCLI.commandLineMessage(message, remedy) }
+}
+
+extension DownloadFailure {
+    var commandLineMessage: String { StitchCLI.commandLineMessage(message, remedy) }
 }

@@ -32,7 +32,7 @@ import Testing
         case .restart(let reason): return "restart: \(reason)"
         case .complete: return "complete"
         case .wait(let seconds, let attempt, let of, let reason): return "wait \(seconds) (\(attempt)/\(of)): \(reason)"
-        case .fail(let error): return "fail \(error.code): \(error.message)"
+        case .fail(let error): return "fail \(error.code): \(error)"
         case .interrupted: return "interrupted"
         }
     }
@@ -134,7 +134,7 @@ import Testing
         #expect(Self.step(&machine, stalled) == "wait 1.0 (2/3): no data in 30 s")
         #expect(Self.step(&machine, stalled) == "wait 2.0 (3/3): no data in 30 s")
         let whose = scope == .connection ? " on one connection" : ""
-        let saved = durable > 0 ? "; rerun to resume (5000 bytes saved)" : ""
+        let saved = durable > 0 ? "; 5000 bytes saved; run it again to resume" : ""
         #expect(Self.step(&machine, stalled) == "fail retriesExhausted: giving up after 3 retries\(whose): no data in 30 s\(saved)")
     }
 
@@ -173,7 +173,7 @@ import Testing
         saved.durable = 100_000
         #expect(
             Self.step(&machine, saved)
-                == "fail network: cannot connect to example.test: connection refused (3 tries); rerun to resume (100000 bytes saved)")
+                == "fail network: cannot connect to example.test: connection refused (3 tries); 100000 bytes saved; run it again to resume")
     }
 
     /// No failure a retry could not change is retried: each ends at its first occurrence.

@@ -598,6 +598,26 @@ import Testing
         #expect(try readFile(paths.part) == Array(data[0..<350_000]))
     }
 
+    /// A store that goes away releases its lock even while another copy of its descriptor is open — as in a
+    /// child being spawned by another thread between its fork and its exec (the cause of a flaky
+    /// "being downloaded by another stitch run" in this suite under load).
+    @Test func releasedStoreUnlocksDespiteACopiedDescriptor() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let total = Int(PartStore.smallFileLimit) + 400_000
+        var store: PartStore? = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: Int64(total)).validators)
+        try store!.checkpoint(force: true)
+        let copy = dup(store!.fd)  // what a forked child holds until it execs
+        #expect(copy >= 0)
+        defer { close(copy) }
+        store = nil
+        let state = try #require(try StateFile.read(paths.state))
+        let reopened = try PartStore.reopen(paths: paths, state: state)
+        #expect(reopened.1.bytes == 0)
+    }
+
     /// A file up to the small-file limit starts with only its part file: no state file, no live record (stale
     /// ones from an earlier run are removed). Its first checkpoint writes the state file with what is durable; a
     /// crash after it resumes from there (no live record: only the durable extent); finishing leaves only the file.

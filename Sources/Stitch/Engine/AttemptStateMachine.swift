@@ -68,7 +68,8 @@ enum AttemptAction: Sendable {
 ///   Everything else (a dropped connection, a stall, 408/429/5xx, a body that ended early) is retried with
 ///   exponential backoff (or `Retry-After`), up to `RetryPolicy/maxRetries` times without progress: a request
 ///   that saves `RetryPolicy/minimumProgress` bytes (counted over attempts) resets the count.
-/// - Giving up says "rerun to resume" only when bytes were saved, so that a rerun has something to resume.
+/// - Giving up offers a rerun (``DownloadError/Remedy/rerun(_:)``) only when bytes were saved, so that a rerun has
+///   something to resume.
 struct AttemptStateMachine: Sendable {
     /// Whose requests these are, for the words of a failure.
     enum Scope: Sendable { case download, connection }
@@ -213,10 +214,10 @@ struct AttemptStateMachine: Sendable {
             connectFailures += 1
             let tries = max(1, policy.maxConnectTries)
             if connectFailures >= tries {
-                let saved = report.durable > 0 ? "; rerun to resume (\(report.durable) bytes saved)" : ""
+                let saved = report.durable > 0 ? "; \(report.durable) bytes saved" : ""
                 return .fail(DownloadError(
                     .network, "cannot connect to \(host): \(error.message) (\(tries) tries)\(saved)", cause: error,
-                    resumable: report.durable > 0))
+                    resumable: report.durable > 0, remedy: report.durable > 0 ? .rerun(.resume) : nil))
             }
             let delay = policy.connectRetryDelay * Double(1 << min(connectFailures - 1, 10))
             resetURL()
@@ -244,10 +245,10 @@ struct AttemptStateMachine: Sendable {
                     httpStatus: status, resumable: report.durable > 0))
             }
             let whose = scope == .connection ? " on one connection" : ""
-            let saved = report.durable > 0 ? "; rerun to resume (\(report.durable) bytes saved)" : ""
+            let saved = report.durable > 0 ? "; \(report.durable) bytes saved" : ""
             return .fail(DownloadError(
                 .retriesExhausted, "giving up after \(policy.maxRetries) retries\(whose): \(reason)\(saved)",
-                resumable: report.durable > 0))
+                resumable: report.durable > 0, remedy: report.durable > 0 ? .rerun(.resume) : nil))
         }
         var retryAfter: String?
         if case .status(_, let after) = cause { retryAfter = after }

@@ -197,8 +197,8 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             } else {
                 guard request.overwrite else {
                     throw DownloadError(
-                        .unusableState, "\(error.message); the partial data is kept — pass --overwrite to start over",
-                        cause: error)
+                        .unusableState, "\(error.message); the partial data is kept", cause: error,
+                        remedy: .overwrite(.startOver))
                 }
                 try discardLeftovers(paths)
                 state = nil
@@ -220,14 +220,14 @@ final class DownloadRun: BodySink, @unchecked Sendable {
                 }
                 throw DownloadError(
                     .unusableState,
-                    "\(paths.part) belongs to a download of \(state.url); pass --overwrite to replace it")
+                    "\(paths.part) belongs to a download of \(state.url)", remedy: .overwrite(.replace))
             }
             // A file that appeared at the destination while the partial waited is not ours to replace.
             if destinationExists && !request.overwrite {
                 throw DownloadError(
                     .destinationExists,
-                    "\(paths.destination) already exists; pass --overwrite to replace it "
-                        + "(the partial download beside it is kept)")
+                    "\(paths.destination) already exists (the partial download beside it is kept)",
+                    remedy: .overwrite(.replace))
             }
             var state = state
             if state.url != request.url {
@@ -279,7 +279,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         if let done = try completedResult(paths) { return done }
         if request.overwrite { return nil }
         throw DownloadError(
-            .destinationExists, "\(paths.destination) already exists; pass --overwrite to replace it")
+            .destinationExists, "\(paths.destination) already exists", remedy: .overwrite(.replace))
     }
 
     /// The result for a destination this run's URL already completed, if it is that; with a checksum asked
@@ -294,8 +294,8 @@ final class DownloadRun: BodySink, @unchecked Sendable {
                 if request.overwrite { return nil }  // download it again and replace it
                 throw DownloadError(
                     .checksumMismatch,
-                    "\(paths.destination) is already downloaded but does not match \(expected) (it has \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest))); pass --overwrite to download it again"
-                )
+                    "\(paths.destination) is already downloaded but does not match \(expected) (it has \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest)))",
+                    remedy: .overwrite(.downloadAgain))
             }
         }
         emit(.destinationResolved(paths.destination))
@@ -383,8 +383,8 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         try? store?.checkpoint()
         let saved = store?.durable.load(ordering: .acquiring) ?? 0
         return DownloadError(
-            .cancelled, "interrupted; \(saved) bytes saved — rerun the same command to resume",
-            resumable: store != nil)
+            .cancelled, "interrupted; \(saved) bytes saved", resumable: store != nil,
+            remedy: store != nil ? .rerun(.resume) : nil)
     }
 
     private func finish() async throws -> DownloadResult {
@@ -397,8 +397,8 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         let bytes = store.writtenBytes
         if let total = known?.totalLength, bytes != total {
             throw DownloadError(
-                .protocolViolation, "have \(bytes) bytes but the server said the file has \(total); rerun to resume",
-                resumable: true)
+                .protocolViolation, "have \(bytes) bytes but the server said the file has \(total)",
+                resumable: true, remedy: .rerun(.resume))
         }
         // Every byte was written, so the file has no hole: one means another program cut the file under the run
         // and the bytes it lost read as zeros. They are marked as not downloaded, never renamed into place.
@@ -420,8 +420,8 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             }
             throw DownloadError(
                 .io,
-                "\(store.paths.part) lost \(lost) bytes while downloading (another program truncated it); nothing was saved at \(store.paths.destination) — rerun to fetch them again",
-                resumable: true)
+                "\(store.paths.part) lost \(lost) bytes while downloading (another program truncated it); nothing was saved at \(store.paths.destination)",
+                resumable: true, remedy: .rerun(.downloadAgain))
         }
         var verified: ExpectedChecksum?
         if let expected = request.checksum, let hasher {

@@ -98,17 +98,24 @@ public struct DownloadFailure: Error, Sendable, Hashable, CustomStringConvertibl
     public var isResumable: Bool
     /// The HTTP status involved, if any.
     public var httpStatus: Int?
+    /// What can be done about it (``DownloadError/remedy``); not kept in the catalog.
+    public var remedy: DownloadError.Remedy?
 
-    public init(code: DownloadError.Code, message: String, isResumable: Bool = true, httpStatus: Int? = nil) {
+    public init(
+        code: DownloadError.Code, message: String, isResumable: Bool = true, httpStatus: Int? = nil,
+        remedy: DownloadError.Remedy? = nil
+    ) {
         self.code = code
         self.message = message
         self.isResumable = isResumable
         self.httpStatus = httpStatus
+        self.remedy = remedy
     }
 
     init(_ error: DownloadError) {
         self.init(
-            code: error.code, message: error.message, isResumable: error.isResumable, httpStatus: error.httpStatus)
+            code: error.code, message: error.message, isResumable: error.isResumable, httpStatus: error.httpStatus,
+            remedy: error.remedy)
     }
 
     /// Stopped by ``DownloadManager/cancel(_:)``.

@@ -89,6 +89,10 @@ final class PartStore: @unchecked Sendable {
     }
 
     deinit {
+        // Unlocked explicitly, not by the close: a process that forks (posix_spawn from another thread) shares this
+        // open file description with the child until the child's exec, and the lock lives as long as any copy —
+        // a reopen in that window found the download "being downloaded by another stitch run".
+        _ = flock(fd, LOCK_UN)
         close(fd)
         ends.deallocate()
     }
@@ -559,7 +563,8 @@ final class PartStore: @unchecked Sendable {
                 segments.append(Segment(start: interval.0, end: end, durable: interval.1))
             }
             guard segments.count <= LiveRecord.slotCount else {
-                throw DownloadError(.unusableState, "too many damaged pieces to repair in place; pass --overwrite")
+                throw DownloadError(
+                    .unusableState, "too many damaged pieces to repair in place", remedy: .overwrite(.startOver))
             }
             var next = state
             next.segments = segments
@@ -712,7 +717,7 @@ final class PartStore: @unchecked Sendable {
             var info = stat()
             if fstat(fd, &info) == 0, info.st_nlink == 0 {
                 throw DownloadError(
-                    .io, "\(paths.part) was deleted while downloading; rerun to download it again", resumable: true)
+                    .io, "\(paths.part) was deleted while downloading", resumable: true, remedy: .rerun(.downloadAgain))
             }
             guard rename(paths.part, paths.destination) == 0 else {
                 throw .io("cannot rename into place", path: paths.destination, .current)

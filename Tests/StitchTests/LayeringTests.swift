@@ -1,0 +1,49 @@
+import Foundation
+import Testing
+
+@testable import Stitch
+
+/// Rules about where things live in the library's sources, checked on the sources themselves.
+@Suite struct LayeringTests {
+    static let library = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().appendingPathComponent("Sources/Stitch")
+
+    /// Every Swift file of the library, with its path relative to Sources/Stitch and its lines.
+    static func sources() throws -> [(path: String, lines: [Substring])] {
+        let names = try FileManager.default.subpathsOfDirectory(atPath: library.path)
+        return try names.filter { $0.hasSuffix(".swift") }.sorted().map { name in
+            let text = try String(contentsOf: library.appendingPathComponent(name), encoding: .utf8)
+            return (name, text.split(separator: "\n", omittingEmptySubsequences: false))
+        }
+    }
+
+    /// No command-line flag in a library message: errors carry a typed remedy (`DownloadError.Remedy`) that the CLI
+    /// renders as a flag and a daemon in its own words.
+    @Test func noCommandLineFlagsInLibraryStrings() throws {
+        let sources = try Self.sources()
+        #expect(sources.count > 20, "found \(sources.count) sources under \(Self.library.path)")
+        var found: [String] = []
+        for (path, lines) in sources {
+            for (number, line) in lines.enumerated() {
+                let code = line.trimmingCharacters(in: .whitespaces)
+                if code.hasPrefix("//") { continue }  // comments may name flags
+                // A string literal holding `--word`.
+                guard let quote = code.firstIndex(of: "\""), code[quote...].contains("--") else { continue }
+                let literal = code[quote...]
+                if literal.range(of: #"--[a-z]"#, options: .regularExpression) != nil {
+                    found.append("\(path):\(number + 1): \(code)")
+                }
+            }
+        }
+        #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
+    }
+
+    /// Remedies render in general words in the library and in the CLI's words there (checked in the CLI tests).
+    @Test func remediesHaveGeneralWords() {
+        let error = DownloadError(.destinationExists, "/x already exists", remedy: .overwrite(.replace))
+        #expect(error.description == "/x already exists; allow overwriting to replace it")
+        #expect(error.message == "/x already exists")
+        let rerun = DownloadError(.cancelled, "interrupted; 5 bytes saved", resumable: true, remedy: .rerun(.resume))
+        #expect(rerun.description == "interrupted; 5 bytes saved; run it again to resume")
+    }
+}
