@@ -64,7 +64,7 @@ let package = Package(
         ),
         .target(
             name: "StitchTestSupport",
-            dependencies: ["CStitchSystem"],
+            dependencies: ["CStitchSystem", "Stitch"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -283,7 +283,8 @@ import Testing
         sockets[1].send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
         #expect(await blocking { server.waitForStall() && server.waitForStall() })
         #expect(server.activeRequests == 2)
-        #expect(server.openConnections == 3)
+        // The idle third connection is counted once the server has accepted it (later, on a loaded machine).
+        #expect(await blocking { waitUntil { server.openConnections == 3 } }, "\(server.openConnections) open")
         #expect(server.maxActiveRequests == 2)
         #expect(server.maxActivePaths == 1)
         #expect(server.maxActiveRequests(for: "/a") == 2)

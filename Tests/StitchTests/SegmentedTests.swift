@@ -217,8 +217,11 @@ import Testing
         }
         #expect(requests.dropFirst().allSatisfy { $0.header("If-Range") == Self.etag })
         if kind == .unavailable {
-            #expect(f.watch.retries.isEmpty, "a refused extra connection is retired, not retried")
-            #expect(f.watch.notices.contains { $0.contains("refused an extra connection") }, "\(f.watch.notices)")
+            // Retired when another lane is receiving at that moment (the usual case); on a very slow machine the
+            // others may not have started yet, and the lane waits out the Retry-After instead.
+            let retired = f.watch.notices.contains { $0.contains("refused an extra connection") }
+            #expect(retired != (f.watch.retries.count == 1), "\(f.watch.notices), \(f.watch.retries)")
+            if !retired { #expect(f.clock.sleeps == [2], "Retry-After honoured") }
         } else {
             #expect(f.watch.retries.count <= 1)
         }
@@ -471,26 +474,44 @@ import Testing
         #expect(await Self.settle(f.server))
         let resumed = Array(f.server.requests[requestsBefore...])
         let have = zip(segments, stops).reduce(Int64(0)) { $0 + $1.1 - $1.0.start }
+        // On a slow machine idle lanes may also take over the end of a running request (the end game): such a
+        // steal lies within one asked range and costs at most the steal slack.
+        var steals = 0
         if saved.count == 1 && after == 1 {
             #expect(resumed.map(\.range) == ["bytes=\(stops[0])-"])
         } else if saved.count == 1 {
             // Split again: the ranges start at the saved offset and tile the rest of the file, none re-asked.
-            let asked = resumed.compactMap(AskedRange.init).sorted { $0.start < $1.start }
-            #expect(asked.count == resumed.count && asked.count == after, "\(resumed.map(\.range))")
+            let all = resumed.compactMap(AskedRange.init)
+            #expect(all.count == resumed.count, "\(resumed.map(\.range))")
+            let asked = Array(all.prefix(after)).sorted { $0.start < $1.start }
+            #expect(asked.count == after, "\(resumed.map(\.range))")
             #expect(asked.first?.start == stops[0])
             #expect(asked.last?.last.map { $0 + 1 } == size)
             #expect(zip(asked, asked.dropFirst()).allSatisfy { $0.last.map { $0 + 1 } == $1.start }, "\(asked)")
+            Self.expectNested(all, total: size)
+            steals = all.count - after
         } else {
             let expected = saved.map { AskedRange(start: $0.durable, last: $0.end! - 1) }
             let asked = resumed.compactMap(AskedRange.init)
-            #expect(asked.count == resumed.count && asked.count == expected.count, "\(resumed.map(\.range))")
-            #expect(Set(asked) == Set(expected), "resumed \(asked), saved \(expected)")
-            // A lane that finishes a segment lets its response end and asks for the next on the same connection.
-            let connections = Set(resumed.map(\.connectionID)).count
-            #expect(connections <= min(after, saved.count), "\(connections) connections for \(after) lanes")
+            #expect(asked.count == resumed.count, "\(resumed.map(\.range))")
+            #expect(Set(asked.filter(expected.contains)) == Set(expected), "resumed \(asked), saved \(expected)")
+            #expect(asked.filter(expected.contains).count == expected.count, "a rest asked twice: \(asked)")
+            for steal in asked where !expected.contains(steal) {
+                #expect(
+                    expected.contains { $0.start < steal.start && steal.last! <= $0.last! },
+                    "\(steal) is not within a saved segment's rest: \(asked)")
+            }
+            steals = asked.count - expected.count
+            if steals == 0 {
+                // A lane that finishes a segment lets its response end and asks for the next on the same connection.
+                let connections = Set(resumed.map(\.connectionID)).count
+                #expect(connections <= min(after, saved.count), "\(connections) connections for \(after) lanes")
+            }
         }
         #expect(resumed.allSatisfy { $0.header("If-Range") == Self.etag })
-        #expect(Int64(f.server.bodyBytesSent - sentBefore) == size - have, "only the missing bytes are sent")
+        let sent = Int64(f.server.bodyBytesSent - sentBefore)
+        #expect(sent >= size - have && sent <= size - have + SegmentedTransfer.stealSlack * Int64(steals),
+            "only the missing bytes are sent (and what \(steals) steals cost): \(sent) for \(size - have)")
         #expect(result.resumedFrom == have)
         #expect(f.watch.resumes.map(\.from) == [have])
         #expect(f.watch.restarts.isEmpty)

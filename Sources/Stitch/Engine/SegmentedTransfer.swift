@@ -72,6 +72,10 @@ final class SegmentedTransfer: Sendable {
     /// A segment whose connection will finish it sooner than this is left alone by idle lanes (a new request
     /// costs a round trip or two).
     static let stealMinimumSeconds = 0.2
+    /// The same for a victim at least ``bufferFillingSpeed`` fast and not slow next to its thief.
+    static let stealMinimumSecondsFast = 1.0
+    /// A speed at which a connection may outrun the client's writes, so that its socket buffers fill.
+    static let bufferFillingSpeed: Double = 48 * 1024 * 1024
     /// The smallest tail worth a request of its own, and the alignment of a split that falls inside a piece.
     static let stealGranule: Int64 = 64 << 10
     /// How often the monitor samples the lanes, and the window a speed is measured over.
@@ -178,6 +182,8 @@ final class SegmentedTransfer: Sendable {
             // by it; one too young to measure is presumed fine; one that has brought nothing measurable for a
             // window, or a segment whose lane waits to retry, may never finish.
             var best: (slot: Int, written: Int64, end: Int64, speed: Double?, left: Double)?
+            let recent = state.recentSpeeds.sorted()
+            let thiefEstimate = median.flatMap { $0 > 0 ? $0 : nil } ?? (recent.isEmpty ? nil : recent[recent.count / 2])
             for slot in state.owned {
                 guard let end = segments[slot].end else { continue }
                 let written = segments[slot].durable
@@ -188,7 +194,13 @@ final class SegmentedTransfer: Sendable {
                 let inFlight = speed.map { min(Double(Self.stealSlack), $0 * 0.1) } ?? Double(Self.stealSlack)
                 guard Double(remaining) >= Double(2 * Self.stealGranule) + inFlight else { continue }
                 let left = speed.map { $0 > 0 ? Double(remaining) / $0 : .infinity } ?? .infinity
-                guard left >= Self.stealMinimumSeconds else { continue }
+                // A connection faster than the client can write may have its socket buffers full (megabytes); cutting
+                // it short wastes all of that: worth it only for a long tail. A slower one (a capped connection, a
+                // far edge), or one slow next to its thief, holds little in flight: that is what the end game is for.
+                let fast = speed.map { victimSpeed in
+                    victimSpeed >= Self.bufferFillingSpeed && !(thiefEstimate.map { victimSpeed * 2 < $0 } ?? false)
+                } ?? false
+                guard left >= (fast ? Self.stealMinimumSecondsFast : Self.stealMinimumSeconds) else { continue }
                 if best == nil || left > best!.left || (left == best!.left && remaining > best!.end - best!.written) {
                     best = (slot, written, end, speed, left)
                 }
@@ -197,7 +209,7 @@ final class SegmentedTransfer: Sendable {
             let remaining = victim.end - victim.written
             let pieceSize = store.pieceSize
             var at: Int64
-            let thief = median.flatMap { $0 > 0 ? $0 : nil } ?? state.recentSpeeds.sorted().dropFirst(state.recentSpeeds.count / 2).first
+            let thief = thiefEstimate
             var replaceVictim = false
             if let victimSpeed = victim.speed, victimSpeed * Self.slowFactor < (thief ?? 0) || victimSpeed == 0 {
                 // Stalled, or far slower than a new connection would be: the thief takes all but a granule, and the
@@ -318,9 +330,19 @@ final class SegmentedTransfer: Sendable {
 
     private func register(_ sink: LaneSink?, for slot: Int) {
         shared.withLock { state in
-            if sink == nil, let last = state.speeds[slot] {
-                state.recentSpeeds.append(last)
-                if state.recentSpeeds.count > 8 { state.recentSpeeds.removeFirst() }
+            if sink == nil {
+                // What a new request may expect: this one's speed over its last window, or (too short a request
+                // for a window) over its whole life.
+                let finished = state.sinks[slot]
+                let whole = finished.flatMap { sink -> Double? in
+                    let elapsed = monotonicNow() - sink.startedAt
+                    let bytes = sink.offset - sink.plan.resumeOffset
+                    return elapsed > 0.01 && bytes >= Self.stealGranule ? Double(bytes) / elapsed : nil
+                }
+                if let last = state.speeds[slot] ?? whole {
+                    state.recentSpeeds.append(last)
+                    if state.recentSpeeds.count > 8 { state.recentSpeeds.removeFirst() }
+                }
             }
             state.sinks[slot] = sink
             if sink == nil {

@@ -1,0 +1,242 @@
+import Foundation
+public import Stitch
+import Synchronization
+
+/// An in-memory `HTTPTransport` for engine tests: no sockets, no libcurl. It serves one file the way nginx does
+/// (`Range`, `If-Range` against its ETag or Last-Modified, `Content-Range`, `Accept-Ranges`) and misbehaves as the
+/// test's script says, request by request: a temporary status, a body cut off after some bytes, a range ignored, a
+/// new version of the file, a pause that lets the test interrupt the download at an exact byte count. Bodies are
+/// delivered in chunks of the script's sizes, honouring the sink's pauses and aborts.
+///
+/// ```swift
+/// let transport = ScriptedTransport(file: .random(size: 1 << 20, seed: 1, etag: "\"a\"")) { request, index in
+///     index == 0 ? .serve(chunks: 4096...65536, cutAfter: 300_000) : .serve()
+/// }
+/// let result = try await Downloader(transport: transport).download(request)
+/// ```
+public final class ScriptedTransport: HTTPTransport, Sendable {
+    /// What the script makes of one request.
+    public enum Answer: Sendable {
+        /// Serve it as nginx would, in chunks whose sizes are drawn from `chunks`; end the body with a network
+        /// error after `cutAfter` body bytes, if given.
+        case serve(chunks: ClosedRange<Int> = 16_384...65_536, cutAfter: Int? = nil)
+        /// Serve it, then hold the body after `bytes` bytes until the download is cancelled (`onHold` is called
+        /// once the bytes are delivered: the test interrupts the download there).
+        case hold(after: Int)
+        /// Answer with this status and an empty body.
+        case status(Int, retryAfter: String? = nil)
+        /// Ignore the `Range` header: the whole file with 200.
+        case wholeFile
+        /// Publish `next` before answering (the file changed on the server), then serve.
+        case newVersion(ServedFile)
+    }
+
+    /// A request as the transport saw it.
+    public struct Seen: Sendable {
+        public var range: String?
+        public var ifRange: String?
+        public var status: Int
+        /// Body bytes delivered for it.
+        public var delivered: Int
+    }
+
+    private struct State {
+        var file: ServedFile
+        var requests: [Seen] = []
+        var random: SplitMix64
+    }
+
+    private let state: Mutex<State>
+    private let script: @Sendable (_ request: TransportRequest, _ index: Int) -> Answer
+    /// Called (on the delivering task) when a `.hold` answer has delivered its bytes.
+    public let onHold: @Sendable () -> Void
+
+    /// - Parameters:
+    ///   - file: what is served at any URL, until a `.newVersion` answer replaces it.
+    ///   - seed: drives the chunk sizes.
+    ///   - script: the answer to the `index`-th request (from 0).
+    public init(
+        file: ServedFile, seed: UInt64 = 1, onHold: @escaping @Sendable () -> Void = {},
+        script: @escaping @Sendable (_ request: TransportRequest, _ index: Int) -> Answer
+    ) {
+        state = Mutex(State(file: file, random: SplitMix64(seed: seed)))
+        self.script = script
+        self.onHold = onHold
+    }
+
+    /// The file now served.
+    public var file: ServedFile { state.withLock { $0.file } }
+    /// Every request so far, in order.
+    public var requests: [Seen] { state.withLock { $0.requests } }
+    /// Body bytes delivered over all requests.
+    public var bytesDelivered: Int { state.withLock { $0.requests.reduce(0) { $0 + $1.delivered } } }
+
+    public func start(_ request: TransportRequest) async -> Result<any TransportResponse, TransportError> {
+        if Task.isCancelled { return .failure(.cancelled) }
+        let (index, file) = state.withLock { state -> (Int, ServedFile) in
+            (state.requests.count, state.file)
+        }
+        var answer = script(request, index)
+        var served = file
+        if case .newVersion(let next) = answer {
+            state.withLock { $0.file = next }
+            served = next
+            answer = .serve()
+        }
+        let range = request.headers["Range"]
+        let ifRange = request.headers["If-Range"]
+        let head: ResponseHead
+        var body: Range<Int> = 0..<0
+        switch answer {
+        case .status(let status, let retryAfter):
+            var headers = HTTPHeaders([("Content-Length", "0")])
+            if let retryAfter { headers.add(name: "Retry-After", value: retryAfter) }
+            head = ResponseHead(status: status, headers: headers)
+        case .serve, .hold, .wholeFile, .newVersion:
+            let honoured = !Self.isWhole(answer) && served.acceptRanges && Self.validatorMatches(ifRange, served)
+            if honoured, let range, let asked = Self.parse(range, count: served.data.count) {
+                body = asked
+                head = ResponseHead(status: 206, headers: Self.headers(for: served, body: asked, partial: true))
+            } else if honoured, range != nil {
+                head = ResponseHead(
+                    status: 416, headers: HTTPHeaders([("Content-Range", "bytes */\(served.data.count)"), ("Content-Length", "0")]))
+            } else {
+                body = 0..<served.data.count
+                head = ResponseHead(status: 200, headers: Self.headers(for: served, body: body, partial: false))
+            }
+        }
+        let chunkSizes: ClosedRange<Int>
+        var cutAfter: Int?
+        var holdAfter: Int?
+        switch answer {
+        case .serve(let chunks, let cut):
+            chunkSizes = chunks
+            cutAfter = cut
+        case .hold(let after):
+            chunkSizes = 16_384...65_536
+            holdAfter = after
+        default:
+            chunkSizes = 16_384...65_536
+        }
+        let seed = state.withLock { state -> UInt64 in
+            state.requests.append(Seen(range: range, ifRange: ifRange, status: head.status, delivered: 0))
+            return state.random.next()
+        }
+        return .success(
+            ScriptedResponse(
+                head: head, data: served.data, body: body, chunkSizes: chunkSizes, cutAfter: cutAfter,
+                holdAfter: holdAfter, seed: seed, transport: self, index: index))
+    }
+
+    fileprivate func delivered(_ count: Int, index: Int) {
+        state.withLock { $0.requests[index].delivered += count }
+    }
+
+    private static func isWhole(_ answer: Answer) -> Bool {
+        if case .wholeFile = answer { return true }
+        return false
+    }
+
+    private static func validatorMatches(_ ifRange: String?, _ file: ServedFile) -> Bool {
+        guard let ifRange else { return true }
+        if let etag = file.etag, !etag.hasPrefix("W/") { return ifRange == etag }
+        if let modified = file.lastModified { return ifRange == modified }
+        return false
+    }
+
+    /// `bytes=a-` or `bytes=a-b` within `count` bytes; nil when not satisfiable.
+    private static func parse(_ header: String, count: Int) -> Range<Int>? {
+        guard header.hasPrefix("bytes=") else { return nil }
+        let parts = header.dropFirst(6).split(separator: "-", omittingEmptySubsequences: false)
+        guard parts.count == 2, let first = Int(parts[0]), first < count else { return nil }
+        let last = parts[1].isEmpty ? count - 1 : min(Int(parts[1]) ?? count - 1, count - 1)
+        guard last >= first else { return nil }
+        return first..<(last + 1)
+    }
+
+    private static func headers(for file: ServedFile, body: Range<Int>, partial: Bool) -> HTTPHeaders {
+        // A Date well after Last-Modified: what makes Last-Modified a strong validator (RFC 9110 §8.8.2.2).
+        var headers = HTTPHeaders([("Content-Length", "\(body.count)"), ("Date", ServedFile.httpDateNow())])
+        if partial {
+            headers.add(name: "Content-Range", value: "bytes \(body.lowerBound)-\(body.upperBound - 1)/\(file.data.count)")
+        }
+        if let etag = file.etag { headers.add(name: "ETag", value: etag) }
+        if let modified = file.lastModified { headers.add(name: "Last-Modified", value: modified) }
+        if file.acceptRanges { headers.add(name: "Accept-Ranges", value: "bytes") }
+        return headers
+    }
+}
+
+/// One response of ``ScriptedTransport``.
+final class ScriptedResponse: TransportResponse, Sendable {
+    let head: ResponseHead
+    private let data: [UInt8]
+    private let body: Range<Int>
+    private let chunkSizes: ClosedRange<Int>
+    private let cutAfter: Int?
+    private let holdAfter: Int?
+    private let seed: UInt64
+    private let transport: ScriptedTransport
+    private let index: Int
+    private let cancelled = Atomic<Bool>(false)
+
+    init(
+        head: ResponseHead, data: [UInt8], body: Range<Int>, chunkSizes: ClosedRange<Int>, cutAfter: Int?,
+        holdAfter: Int?, seed: UInt64, transport: ScriptedTransport, index: Int
+    ) {
+        self.head = head
+        self.data = data
+        self.body = body
+        self.chunkSizes = chunkSizes
+        self.cutAfter = cutAfter
+        self.holdAfter = holdAfter
+        self.seed = seed
+        self.transport = transport
+        self.index = index
+    }
+
+    func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
+        var random = SplitMix64(seed: seed)
+        var offset = body.lowerBound
+        var sent = 0
+        var held = false
+        while offset < body.upperBound {
+            if Task.isCancelled || cancelled.load(ordering: .acquiring) { return .failure(.cancelled) }
+            if let cutAfter, sent >= cutAfter { return .failure(.partialBody("the scripted connection closed early")) }
+            if let holdAfter, sent >= holdAfter, !held {
+                held = true
+                transport.onHold()
+                while !Task.isCancelled && !cancelled.load(ordering: .acquiring) {
+                    try? await Task.sleep(for: .milliseconds(1))
+                }
+                return .failure(.cancelled)
+            }
+            var count = min(Int.random(in: chunkSizes, using: &random), body.upperBound - offset)
+            if let cutAfter { count = min(count, max(1, cutAfter - sent)) }
+            if let holdAfter, !held { count = min(count, max(1, holdAfter - sent)) }
+            let decision = data.withUnsafeBytes { bytes in
+                sink.receive(UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + count)]))
+            }
+            switch decision {
+            case .accepted:
+                offset += count
+                sent += count
+                transport.delivered(count, index: index)
+            case .pause(let seconds):
+                try? await Task.sleep(for: .milliseconds(Int64(max(1, seconds * 1000))))
+            case .abort:
+                return .failure(.abortedByDelegate)
+            }
+            await Task.yield()
+        }
+        return .success(())
+    }
+
+    func discard() async -> Result<Void, TransportError> {
+        cancelled.load(ordering: .acquiring) ? .failure(.cancelled) : .success(())
+    }
+
+    func cancel() {
+        cancelled.store(true, ordering: .releasing)
+    }
+}
