@@ -444,8 +444,8 @@ import Testing
         // The server's listener, plus at most one pooled keep-alive connection (both of its ends are ours).
         #expect(after.sockets <= before.sockets + 2, "sockets: \(before.sockets) before, \(after.sockets) after")
         let seconds = (ContinuousClock.now - started).seconds
+        // How long it took is printed, not asserted (bench/ measures speed; a loaded machine is slow).
         print("pause/resume × \(cycles): \(String(format: "%.1f", seconds)) s; fds \(before.total) → \(after.total)")
-        #expect(seconds < 60)
     }
 
     // MARK: 5. Persistence

@@ -214,7 +214,7 @@ import Testing
             #expect(!fileExists(f.dest))
         } else {
             // Dripping for longer than two stall timeouts and two attempts' worth: still on its first request.
-            #expect(await blocking { waitUntil(timeout: 20) { server.bodyBytesSent >= 60 } })
+            #expect(await blocking { waitUntil(timeout: 60) { server.bodyBytesSent >= 60 } })
             #expect(server.requests.count == 1)
             task.cancel()
             _ = try? await task.value

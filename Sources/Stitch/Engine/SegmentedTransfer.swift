@@ -296,9 +296,14 @@ final class SegmentedTransfer: Sendable {
             }
             guard options.rateLimiter == nil, state.replacements < lanes * 2, state.speeds.count >= 2 else { return }
             for (slot, speed) in state.speeds {
+                // The live table: a connection replaced earlier in this loop is no longer anyone's peer.
                 let peers = state.speeds.filter { $0.key != slot }.map(\.value).sorted()
+                guard !peers.isEmpty else { continue }
                 let median = peers[peers.count / 2]
-                guard let sink = state.sinks[slot], let end = segments[slot].end, median >= 256 * 1024 else { continue }
+                // `segments` was read before the lock: a slot split off since then is judged at the next sample.
+                guard slot < segments.count, let sink = state.sinks[slot], let end = segments[slot].end,
+                    median >= 256 * 1024
+                else { continue }
                 // Worth a new connection only with something left to fetch.
                 if speed * Self.slowFactor < median, end - segments[slot].durable >= 4 * Self.stealGranule {
                     state.slowTicks[slot, default: 0] += 1
