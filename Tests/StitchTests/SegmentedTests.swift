@@ -12,9 +12,10 @@ import Testing
 /// destination before the end. Faults fire on byte counts or on explicit signals (a stall reached, a request
 /// received, the live record showing the bytes written), never after a sleep.
 ///
-/// Sizes: 8–12 MiB, so pieces are 1 MiB. With the default `minimumSplitSize` (1 MiB) a lane steals only from a
-/// segment with at least 2 × 1 MiB + 2 MiB (the steal slack) left, so 8 MiB over 4 lanes (2 MiB each) never steals
-/// and the requests are exactly predictable; the tests about stealing lower `minimumSplitSize` to 256 KiB.
+/// Sizes: 8–12 MiB, so pieces are 1 MiB. On a fast machine the lanes finish their segments before any has a speed
+/// to judge (a request is measured over 0.2–0.5 s) or a second left, so the initial split is exactly predictable;
+/// on a slow one idle lanes may also take over ends of running requests (the end game), and tests allow such
+/// steals where they are not the subject: within an asked range, each costing at most the steal slack.
 @Suite struct SegmentedTests {
     static let etag = "\"seg-v1\""
     static let mib: Int64 = 1 << 20
@@ -117,7 +118,9 @@ import Testing
         let taken = asked.dropFirst(4).filter { $0.start >= slow.start && $0.start <= slow.last! }
         #expect(taken.map(\.start).min() == slow.start + 100_000, "the stalled segment's rest: \(taken)")
         #expect(taken.contains { $0.last == slow.last }, "\(taken)")
-        Self.expectNested(asked, total: size)
+        // Every request lies within the stalled segment's rest (a replaced connection may ask again from the same
+        // offset, so they need not nest strictly).
+        #expect(taken.allSatisfy { $0.start >= slow.start + 100_000 && $0.last! <= slow.last! }, "\(taken)")
         let steals = Int64(taken.count)
         let sent = Int64(f.server.bodyBytesSent)
         #expect(sent >= size)

@@ -67,8 +67,10 @@ final class SegmentedTransfer: Sendable {
         case failure(DownloadError)
     }
 
-    /// Bytes a running request may have in flight (socket buffers) when its range is cut short.
-    static let stealSlack: Int64 = 2 << 20
+    /// Bytes a running request may have in flight (socket buffers) when its range is cut short: what the client's
+    /// receive buffer and the server's send buffer hold, up to a few MiB on Linux's defaults (seen here: up to about
+    /// 3 MiB on loopback with the machine loaded).
+    static let stealSlack: Int64 = 4 << 20
     /// A segment whose connection will finish it sooner than this is left alone by idle lanes (a new request
     /// costs a round trip or two).
     static let stealMinimumSeconds = 0.2
