@@ -15,9 +15,12 @@ import Testing
 /// (so automatic = 4 connections at 8 MB, 1 at 1.5 MB) and a 32 MiB/s probe (loopback nginx keeps one connection;
 /// a rate limit or a capped server makes it split). Interruptions fire when the process has written a third of the
 /// file (its `wchar`), never after a sleep. Each case checks: exit 0 at the end, the file byte-exact, only the file
-/// left, If-Range on every ranged request when there is a validator, one connection where one is due, nothing the
-/// interrupted run saved fetched again, the bytes the server sent within docs/overlap.md's bound, and with a rate
-/// well below the link the achieved rate within 5 % (judged after each run's first second).
+/// left, If-Range on every ranged request when there is a validator (none without), one connection where one is due,
+/// segments where `-c 3`/`-c 8` or a per-connection cap call for them, nothing the interrupted run saved fetched again
+/// (server log, and the last run's own `transferred`), the bytes the server sent within docs/overlap.md's bound, and
+/// with a rate well below the link the achieved rate within 5 % (judged after each run's first second). A download
+/// too fast to interrupt (loopback nginx, SIGINT) is retried with earlier interruption points, then checked as
+/// uninterrupted; the summary names those cases.
 ///
 /// Cases run side by side, 16 at a time over all matrix tests (STITCH_MATRIX_CONCURRENCY); rate-limited ones, the
 /// longest (6–8 s), first. STITCH_MATRIX_ONLY=substring runs only the cases whose slug contains it.
@@ -105,6 +108,9 @@ enum MatrixReport {
         let uninterrupted = outcomes.filter { $0.matrixCase.interruption != .none && !$0.interrupted }
         if !uninterrupted.isEmpty {
             print("  finished before every interruption attempt: " + uninterrupted.map(\.matrixCase.slug).joined(separator: ", "))
+        }
+        for outcome in outcomes where !outcome.notes.isEmpty {
+            print("  \(outcome.matrixCase.slug): " + outcome.notes.joined(separator: "; "))
         }
         if ProcessInfo.processInfo.environment["STITCH_MATRIX_VERBOSE"] != nil {
             for outcome in outcomes {
