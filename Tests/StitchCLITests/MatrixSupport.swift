@@ -740,11 +740,12 @@ enum MatrixRunner {
         }
     }
 
-    /// Interruption points, in bytes written by the process: a third of the file; if the download finished before
+    /// Interruption points, in bytes written by the process: a quarter of the file (so that the rerun of a rate-limited
+    /// case lasts long enough to be judged); if the download finished before
     /// the signal landed (loopback nginx moves a few MiB in milliseconds), a sixteenth, then 4 KiB (the state file
     /// and the first data; `wchar` also counts libcurl's 8-byte wake-ups, about 24 bytes before the first response).
     static func thresholds(_ matrixCase: MatrixCase) -> [Int] {
-        matrixCase.interruption == .none ? [0] : [matrixCase.bytes / 3, matrixCase.bytes / 16, 4 << 10]
+        matrixCase.interruption == .none ? [0] : [matrixCase.bytes / 4, matrixCase.bytes / 16, 4 << 10]
     }
 
     /// Runs a case; one whose only failures are timing-dependent (a rate, a probe's verdict against the test server)

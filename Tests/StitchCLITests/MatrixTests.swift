@@ -13,7 +13,7 @@ import Testing
 ///
 /// The knobs make the small files reach every path (MatrixKnobs): a 768 KiB minimum split, a 1 MiB connection step
 /// (so automatic = 4 connections at 8 MB, 1 at 1.5 MB) and a 32 MiB/s probe (loopback nginx keeps one connection;
-/// a rate limit or a capped server makes it split). Interruptions fire when the process has written a third of the
+/// a rate limit or a capped server makes it split). Interruptions fire when the process has written a quarter of the
 /// file (its `wchar`), never after a sleep. Each case checks: exit 0 at the end, the file byte-exact, only the file
 /// left, If-Range on every ranged request when there is a validator (none without), one connection where one is due,
 /// segments where `-c 3`/`-c 8` or a per-connection cap call for them, nothing the interrupted run saved fetched again
