@@ -38,7 +38,8 @@ struct MatrixTests {
         MatrixReport.summarize(server.rawValue, outcomes, seconds: (ContinuousClock.now - started) / .seconds(1))
     }
 
-    /// Issue 10 as a new user met it: a shifted file saved with exit 0 (fixed); the rate was also about 30 % low.
+    /// Issue 10 as a new user met it: a shifted file saved with exit 0 (fixed); it was also reported slow (5.5 s
+    /// instead of 3.8 s), which the rate check judges.
     @Test func issue10FortyMegabytesAutomaticConnectionsLimitRate10M() async throws {
         let cases = Self.selected([MatrixCase.issue10])
         let started = ContinuousClock.now
