@@ -184,7 +184,7 @@ final class ConnectionHandler {
         case .redirect(let code, let location)?:
             return sendSimple(code, headers: [("Location", location)], isHead: isHead, keepAlive: keepAlive)
         case .raw(let bytes, let then)?:
-            return sendRaw(bytes, then: then, plan: plan, keepAlive: keepAlive, path: request.path)
+            return sendRaw(bytes, then: then, plan: plan, keepAlive: keepAlive, path: request.path, serial: request.serial)
         case nil:
             break
         }
@@ -225,16 +225,17 @@ final class ConnectionHandler {
 
     /// Sends `bytes` verbatim as the whole response, applying the plan's cut and pacing to the bytes after the
     /// head (see ``Fault/raw(_:then:)``).
-    private func sendRaw(_ bytes: [UInt8], then: AfterStall, plan: ResponsePlan, keepAlive: Bool, path: String)
-        -> CloseMode?
-    {
+    private func sendRaw(
+        _ bytes: [UInt8], then: AfterStall, plan: ResponsePlan, keepAlive: Bool, path: String, serial: Int? = nil
+    ) -> CloseMode? {
         let bodyStart = Self.headEnd(of: bytes) ?? 0
         if plan.cut == nil, bodyStart == bytes.count {
             core.endResponse(connectionID: id)  // the head is the whole response
         }
         guard sendAll(fd, Array(bytes[0..<bodyStart])) else { return .abrupt }
         let outcome = sendBody(
-            bytes, slice: bodyStart..<bytes.count, chunked: false, cut: plan.cut, throttle: plan.throttle, path: path)
+            bytes, slice: bodyStart..<bytes.count, chunked: false, cut: plan.cut, throttle: plan.throttle, path: path,
+            serial: serial)
         switch outcome {
         case .complete: return then == .resume && keepAlive ? nil : .graceful
         case .cut(let mode): return mode
@@ -330,11 +331,18 @@ final class ConnectionHandler {
         if isHead || (slice.isEmpty && !plan.chunked && plan.cut == nil && plan.claimedLength == nil) {
             core.endResponse(connectionID: id)  // the headers are the whole response
         }
+        let bodySlice = isHead ? slice.lowerBound..<slice.lowerBound : slice
+        core.state.withLock { state in
+            state.responses[request.serial] = ServedResponse(
+                request: request, status: status, bodyStart: bodySlice.lowerBound, bodyLength: bodySlice.count,
+                bodyBytesSent: 0)
+        }
         guard sendAll(fd, Array((lines.joined(separator: "\r\n") + "\r\n\r\n").utf8)) else { return .abrupt }
 
         let outcome = sendBody(
-            file.data, slice: isHead ? slice.lowerBound..<slice.lowerBound : slice,
-            chunked: plan.chunked && !isHead, cut: plan.cut, throttle: plan.throttle, path: request.path)
+            file.data, slice: bodySlice,
+            chunked: plan.chunked && !isHead, cut: plan.cut, throttle: plan.throttle, path: request.path,
+            serial: request.serial)
         switch outcome {
         case .complete: return closeAfter ? .graceful : nil
         case .cut(let mode): return mode
@@ -352,7 +360,7 @@ final class ConnectionHandler {
     private func sendBody(
         _ data: [UInt8], slice: Range<Int>, chunked: Bool,
         cut initialCut: (after: Int, action: ResponsePlan.CutAction)?,
-        throttle: Int?, path: String
+        throttle: Int?, path: String, serial: Int? = nil
     ) -> BodyOutcome {
         let length = slice.count
         let rate = throttle.flatMap { $0 > 0 ? $0 : nil }
@@ -387,7 +395,7 @@ final class ConnectionHandler {
                 if chunked {
                     guard sendAll(fd, Array("\(String(count, radix: 16))\r\n".utf8), more: true) else { return .failed }
                 }
-                guard sendCounted(piece, path: path, more: chunked) else { return .failed }
+                guard sendCounted(piece, path: path, serial: serial, more: chunked) else { return .failed }
                 if chunked {
                     guard sendAll(fd, [13, 10]) else { return .failed }
                 }
@@ -408,13 +416,14 @@ final class ConnectionHandler {
 
     /// Sends body bytes, keeping the server's body counters exact (counted before each `send`
     /// so a client that has the bytes always sees them counted; unaccepted bytes are taken back).
-    private func sendCounted(_ bytes: UnsafeRawBufferPointer, path: String, more: Bool) -> Bool {
+    private func sendCounted(_ bytes: UnsafeRawBufferPointer, path: String, serial: Int? = nil, more: Bool) -> Bool {
         sendAll(
             fd, bytes, more: more,
             willSend: { count in
                 core.state.withLock { state in
                     state.bodyBytes += count
                     state.bodyBytesPerPath[path, default: 0] += count
+                    if let serial { state.responses[serial]?.bodyBytesSent += count }
                 }
             },
             didSend: { attempted, accepted in
@@ -422,6 +431,7 @@ final class ConnectionHandler {
                 core.state.withLock { state in
                     state.bodyBytes -= attempted - accepted
                     state.bodyBytesPerPath[path, default: 0] -= attempted - accepted
+                    if let serial { state.responses[serial]?.bodyBytesSent -= attempted - accepted }
                 }
             })
     }

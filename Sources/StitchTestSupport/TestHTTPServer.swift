@@ -132,6 +132,16 @@ public final class TestHTTPServer: Sendable {
         core.state.withLock { $0.bodyBytesPerPath[path] ?? 0 }
     }
 
+    /// The file responses sent for `path` (query ignored), in the order their requests arrived: what each
+    /// request was answered with (status, the body's slice of the file) and how many of those body bytes were
+    /// handed to the kernel (see ``bodyBytesSent``). Requests answered otherwise (404, 416, redirects, faults that
+    /// replace the response) have none.
+    public func responses(for path: String) -> [ServedResponse] {
+        core.state.withLock { state in
+            state.responses.values.filter { $0.request.path == path }.sorted { $0.request.serial < $1.request.serial }
+        }
+    }
+
     /// The number of TCP connections accepted so far.
     public var connectionCount: Int {
         core.state.withLock { $0.nextConnectionID }
@@ -244,6 +254,19 @@ public final class TestHTTPServer: Sendable {
     }
 }
 
+/// One file response of ``TestHTTPServer`` (see ``TestHTTPServer/responses(for:)``).
+public struct ServedResponse: Sendable {
+    /// The request it answered.
+    public var request: RecordedRequest
+    /// 200 or 206 (or whatever a ``Fault/wrongContentRange(_:)`` made it).
+    public var status: Int
+    /// Where its body starts in the file, and how many bytes it was to carry (0 for HEAD).
+    public var bodyStart: Int
+    public var bodyLength: Int
+    /// Body bytes handed to the kernel so far (exact once the server is idle; see ``TestHTTPServer/bodyBytesSent``).
+    public var bodyBytesSent: Int
+}
+
 // MARK: - Core
 
 /// What a path serves.
@@ -264,6 +287,8 @@ struct ServerState: Sendable {
     var requestsPerPath: [String: Int] = [:]
     var bodyBytes = 0
     var bodyBytesPerPath: [String: Int] = [:]
+    /// File responses by request serial.
+    var responses: [Int: ServedResponse] = [:]
     /// Live connection descriptors by connection id (shut down by `stop`).
     var connections: [Int: Int32] = [:]
     var maxOpenConnections = 0
