@@ -235,8 +235,8 @@ final class SegmentedTransfer: Sendable {
             else { return nil }
             state.owned.insert(slot)
             if replaceVictim, let sink = state.sinks[victim.slot] {
+                // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
                 sink.replaceNow()
-                state.replacements += 1
             }
             return slot
         }
@@ -429,7 +429,7 @@ final class SegmentedTransfer: Sendable {
                 outcome = .storageFailed(DownloadError.io("cannot write", path: store.paths.part, failure))
             } else if sink.reachedEnd {
                 outcome = .reachedEnd  // the loop re-reads the end: done, or shrunk by a split
-            } else if sink.replace.load(ordering: .acquiring) {
+            } else if sink.replace.load(ordering: .acquiring), Self.endedByUs(result) {
                 emit(.notice("replacing a slow connection"))
                 outcome = .replaced  // not a failure: ask again on a new connection
             } else if case .failure(let error) = result, error.isAbortedByDelegate, case .accept = sink.verdict {
@@ -471,6 +471,15 @@ final class SegmentedTransfer: Sendable {
             }
         }
         return .done
+    }
+
+    /// Whether a request ended because the engine stopped it (a replacement cut it off, or its sink said stop),
+    /// rather than failing on its own (which is counted and retried with backoff even if a replacement was asked).
+    static func endedByUs(_ result: Result<Void, TransportError>) -> Bool {
+        switch result {
+        case .success: return false
+        case .failure(let error): return error.isCancelled || error.isAbortedByDelegate
+        }
     }
 
     /// Statuses with which a server turns away a connection it will not serve now.

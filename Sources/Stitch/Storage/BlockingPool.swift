@@ -27,15 +27,22 @@ final class BlockingPool: Sendable {
 
     /// Runs `work` on one of the pool's threads and returns its result.
     func run<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
+        // The work's writes (an engine decision sets the download's fields) are ordered before the caller's reads
+        // by this lock as well as by the continuation: ThreadSanitizer sees the lock (see `CurlTransport.start`).
+        let handoff = Mutex(false)
         let result: Result<T, DownloadError> = await withCheckedContinuation { continuation in
             submit {
+                let outcome: Result<T, DownloadError>
                 do throws(DownloadError) {
-                    continuation.resume(returning: .success(try work()))
+                    outcome = .success(try work())
                 } catch {
-                    continuation.resume(returning: .failure(error))
+                    outcome = .failure(error)
                 }
+                handoff.withLock { $0 = true }
+                continuation.resume(returning: outcome)
             }
         }
+        handoff.withLock { _ in }
         return try result.get()
     }
 

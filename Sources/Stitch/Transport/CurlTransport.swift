@@ -572,6 +572,8 @@ final class CurlEventLoop: @unchecked Sendable {
                 return
             }
             transfer.phase = phase
+            // However long the decision took, the stall clock starts now.
+            transfer.markActive()
             if transfer.pausedForDecision {
                 transfer.pausedForDecision = false
                 resume(easy, transfer)
