@@ -396,8 +396,8 @@ import Testing
         var options = DownloadOptions.testing
         options.connections = nil
         options.singleConnectionRate = fastEnough ? 1 : Int64.max
-        // Segments of 16 MiB with 8 MiB as the smallest part: no lane can steal (it needs 2 × 8 + 2 MiB), so the
-        // requests are exactly the split.
+        // Segments of 16 MiB with 8 MiB as the smallest part. On a loaded machine an idle lane may take over the
+        // end of a slow one: such a request lies within the split's ranges and comes after them.
         options.minimumSplitSize = 8 << 20
         let result = try await f.download(f.request(), options: options)
 
@@ -410,8 +410,10 @@ import Testing
             #expect(f.watch.notices.contains { $0.contains("not splitting") }, "\(f.watch.notices)")
             #expect(f.server.bodyBytesSent == Int(size))
         } else {
-            let asked = requests.dropFirst().compactMap(AskedRange.init).sorted { $0.start < $1.start }
-            #expect(asked.count == requests.count - 1 && asked.count == Connections.automatic(forLength: size))
+            let all = requests.dropFirst().compactMap(AskedRange.init)
+            #expect(all.count == requests.count - 1 && all.count >= Connections.automatic(forLength: size))
+            Self.expectNested(all, total: size)
+            let asked = all.prefix(Connections.automatic(forLength: size)).sorted { $0.start < $1.start }
             let probed = try #require(asked.first?.start)
             #expect(probed > 0 && probed <= DownloadRun.probeBytes + (1 << 20), "split from \(probed)")
             #expect(asked.last?.last.map { $0 + 1 } == size)
