@@ -116,15 +116,20 @@ import Testing
             #expect(asked.count(where: { $0 == segment }) == 1, "segment \(segment) asked once: \(asked)")
         }
         let taken = asked.dropFirst(4).filter { $0.start >= slow.start && $0.start <= slow.last! }
-        #expect(taken.map(\.start).min() == slow.start + 100_000, "the stalled segment's rest: \(taken)")
+        // The rest from where lane 0's bytes stop: at 100 KB, or earlier when the machine was too slow to read them
+        // before the stalled connection was replaced (what it held in its socket is fetched again).
+        let resumedAt = try #require(taken.map(\.start).min(), "the stalled segment's rest: \(taken)")
+        #expect(resumedAt <= slow.start + 100_000, "the stalled segment's rest: \(taken)")
         #expect(taken.contains { $0.last == slow.last }, "\(taken)")
-        // Every request lies within the stalled segment's rest (a replaced connection may ask again from the same
-        // offset, so they need not nest strictly).
-        #expect(taken.allSatisfy { $0.start >= slow.start + 100_000 && $0.last! <= slow.last! }, "\(taken)")
+        // Every request lies within the stalled segment (a replaced connection may ask again from the same offset,
+        // so they need not nest strictly).
+        #expect(taken.allSatisfy { $0.start >= slow.start && $0.last! <= slow.last! }, "\(taken)")
         let steals = Int64(taken.count)
         let sent = Int64(f.server.bodyBytesSent)
         #expect(sent >= size)
-        #expect(sent <= size + SegmentedTransfer.stealSlack * steals, "sent \(sent) for \(size), \(steals) steals")
+        #expect(
+            sent <= size + (slow.start + 100_000 - resumedAt) + SegmentedTransfer.stealSlack * steals,
+            "sent \(sent) for \(size), \(steals) steals")
         #expect(f.watch.retries.isEmpty && f.watch.restarts.isEmpty, "\(f.watch.events)")
     }
 
@@ -503,7 +508,7 @@ import Testing
             #expect(asked.filter(expected.contains).count == expected.count, "a rest asked twice: \(asked)")
             for steal in asked where !expected.contains(steal) {
                 #expect(
-                    expected.contains { $0.start < steal.start && steal.last! <= $0.last! },
+                    expected.contains { $0.start <= steal.start && steal.last! <= $0.last! },
                     "\(steal) is not within a saved segment's rest: \(asked)")
             }
             steals = asked.count - expected.count
@@ -595,10 +600,15 @@ import Testing
         #expect(await Self.settle(f.server))
         let resumed = Array(f.server.requests[requestsBefore...])
         let kept = Int64(stops.count) * 400_000
-        #expect(Set(resumed.compactMap(AskedRange.init).map(\.start)) == Set(stops), "every lane's written bytes are kept")
+        // Each lane's rest from where its bytes stop; on a loaded machine idle lanes may then take over ends of
+        // running requests (within them, each costing at most the steal slack).
+        let asked = resumed.compactMap(AskedRange.init)
+        #expect(Set(asked.prefix(stops.count).map(\.start)) == Set(stops), "every lane's written bytes are kept: \(asked)")
+        Self.expectNested(asked, total: size)
         #expect(result.resumedFrom == kept)
-        let sent = f.server.bodyBytesSent - sentBefore
-        #expect(Int64(sent) == size - kept)
+        let sent = Int64(f.server.bodyBytesSent - sentBefore)
+        let steals = Int64(asked.count - stops.count)
+        #expect(sent >= size - kept && sent <= size - kept + SegmentedTransfer.stealSlack * steals, "sent \(sent)")
     }
 
     // MARK: 6. Piece checks
@@ -660,8 +670,13 @@ import Testing
         ]
         let resumed = f.server.requests[requestsBefore...]
         let asked = resumed.compactMap(AskedRange.init)
-        #expect(asked.count == resumed.count && Set(asked) == expected && asked.count == 4, "\(asked)")
-        #expect(f.server.bodyBytesSent - sentBefore == Int(4 * mib), "only the damaged pieces and the tails")
+        // The four rests first; on a loaded machine idle lanes may then take over ends of running requests.
+        #expect(asked.count == resumed.count && Set(asked.prefix(4)) == expected, "\(asked)")
+        Self.expectNested(asked, total: 8 * mib)
+        let steals = Int64(asked.count - 4)
+        let sent = Int64(f.server.bodyBytesSent - sentBefore)
+        #expect(sent >= 4 * mib && sent <= 4 * mib + SegmentedTransfer.stealSlack * steals,
+            "only the damaged pieces and the tails (and what \(steals) steals cost): \(sent)")
         #expect(result.resumedFrom == 4 * mib)
         if check == .reboot {
             let note = f.watch.resumes.first?.note ?? ""
@@ -904,10 +919,14 @@ extension SegmentedTests {
         for (index, one) in asked.enumerated() {
             for other in asked[(index + 1)...]
             where other.start < one.end(in: total) && one.start < other.end(in: total) {
-                let (outer, inner) = one.start < other.start ? (one, other) : (other, one)
+                // A tail of the other (a steal), or the same start (a replaced connection asking again from where
+                // its bytes stop, up to a split point).
+                let (outer, inner) =
+                    one.start < other.start || (one.start == other.start && one.end(in: total) >= other.end(in: total))
+                    ? (one, other) : (other, one)
                 #expect(
-                    outer.start < inner.start && inner.end(in: total) <= outer.end(in: total),
-                    "\(one) and \(other) overlap without one being a tail of the other", sourceLocation: sourceLocation)
+                    outer.start <= inner.start && inner.end(in: total) <= outer.end(in: total),
+                    "\(one) and \(other) overlap without one lying within the other", sourceLocation: sourceLocation)
             }
         }
     }
