@@ -213,7 +213,8 @@ import Testing
             #expect(resumedAt == target.start, "refused at the head, nothing written: \(again)")
         }
         #expect(again.contains { $0.last == target.last }, "the segment's end asked for: \(again)")
-        let steals = Int64(again.count - 1)
+        // Every request beyond one per segment (steals, replaced connections, the retry) may cost the slack.
+        let steals = Int64(max(again.count - 1, asked.count - segments.count))
         let slack = SegmentedTransfer.stealSlack * steals
         switch kind {
         case .drop, .shortBody, .stall, .unavailable:
@@ -425,7 +426,8 @@ import Testing
             #expect(probed > 0 && probed <= DownloadRun.probeBytes + (1 << 20), "split from \(probed)")
             #expect(asked.last?.last.map { $0 + 1 } == size)
             #expect(zip(asked, asked.dropFirst()).allSatisfy { $0.last.map { $0 + 1 } == $1.start }, "\(asked)")
-            #expect(f.watch.notices.isEmpty, "\(f.watch.notices)")
+            // Replacing a connection that a slow machine made look slow is the only notice allowed.
+            #expect(f.watch.notices.allSatisfy { $0.contains("replacing a slow connection") }, "\(f.watch.notices)")
             print(
                 "SegmentedTests.probe: split at \(probed) bytes; the first response sent "
                     + "\(f.server.bodyBytesSent - Int(size - probed)) bytes, \(probed) of them kept")
