@@ -69,7 +69,7 @@ public func fuzzETag(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
                 check(!location.isEmpty, "empty redirect")
             case .retry(let retryStatus, _):
                 check(retryStatus == status, "retry status")
-            case .restart, .malformed, .fail:
+            case .restart, .malformed, .refused, .fail:
                 break
             }
         }
