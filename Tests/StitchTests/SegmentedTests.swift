@@ -465,12 +465,8 @@ import Testing
         let segments = Self.segments(total: size, lanes: before, minimumSplit: Self.mib)
         let stops = segments.indices.map { segments[$0].start + 300_000 + Int64($0) * 250_000 }
         let armed = Once()
-        let fired = FiredSet()
         f.serve(file) { request, _ in
-            // With one connection the whole-file request is the only "lane".
-            let asked = AskedRange(request) ?? AskedRange(start: 0, last: size - 1)
-            guard armed.isArmed, let index = segments.firstIndex(of: asked), fired.first(index) else { return .none }
-            return .stallAfter(Int(stops[index] - asked.start), then: .close)
+            armed.isArmed ? Self.hold(request, segments: segments, at: stops, total: size) : .none
         }
         try await Self.interrupt(f, options: Self.options(lanes: before), stalls: before, written: stops)
 
@@ -573,12 +569,8 @@ import Testing
         let segments = Self.segments(total: size, lanes: 4, minimumSplit: Self.mib)
         let stops = segments.map { $0.start + 400_000 }
         let armed = Once()
-        let fired = FiredSet()
         f.serve(file) { request, _ in
-            guard armed.isArmed, let asked = AskedRange(request), let index = segments.firstIndex(of: asked),
-                fired.first(index)
-            else { return .none }
-            return .stallAfter(400_000, then: .close)
+            armed.isArmed ? Self.hold(request, segments: segments, at: stops, total: size) : .none
         }
         var options = Self.options(lanes: 4)
         options.checkpointInterval = 3600
@@ -630,12 +622,8 @@ import Testing
         let segments = Self.segments(total: size, lanes: 4, minimumSplit: mib)
         let stops = segments.map { $0.start + 3 * mib / 2 }
         let armed = Once()
-        let fired = FiredSet()
         f.serve(file) { request, _ in
-            guard armed.isArmed, let asked = AskedRange(request), let index = segments.firstIndex(of: asked),
-                fired.first(index)
-            else { return .none }
-            return .stallAfter(Int(3 * mib / 2), then: .close)
+            armed.isArmed ? Self.hold(request, segments: segments, at: stops, total: size) : .none
         }
         try await Self.interrupt(f, options: Self.options(lanes: 4), stalls: 4, written: stops)
         let saved = try #require(try StateFile.read(f.paths.state))
@@ -866,6 +854,21 @@ extension SegmentedTests {
         var description: String { "\(start)-\(last.map(String.init) ?? "")" }
     }
 
+    /// Holds every lane at its stop: a request inside segment *i* that starts at or before `stops[i]` stalls once
+    /// it has sent the bytes up to there (then closes). Not only the first request of each segment: on a loaded
+    /// machine a lane held early looks slow beside peers that are still receiving, and the engine replaces its
+    /// connection; the replacement asks again from where the lane got to and is held at the same stop, so every
+    /// lane still ends up waiting exactly at its stop. (With one lane the whole-file request is the only "lane".)
+    static func hold(_ request: RecordedRequest, segments: [AskedRange], at stops: [Int64], total: Int64) -> Fault {
+        let asked = AskedRange(request) ?? AskedRange(start: 0, last: total - 1)
+        guard
+            let index = segments.firstIndex(where: {
+                $0.start <= asked.start && asked.end(in: total) == $0.end(in: total)
+            }), asked.start <= stops[index]
+        else { return .none }
+        return .stallAfter(Int(stops[index] - asked.start), then: .close)
+    }
+
     /// A flag that is armed until disarmed, and true for `first()` once.
     final class Once: Sendable {
         private let state = Mutex((armed: true, fired: false))
@@ -882,13 +885,6 @@ extension SegmentedTests {
         }
     }
 
-    /// Remembers which indices have fired.
-    final class FiredSet: Sendable {
-        private let fired = Mutex<Set<Int>>([])
-
-        /// True the first time `index` is passed.
-        func first(_ index: Int) -> Bool { fired.withLock { $0.insert(index).inserted } }
-    }
 
     /// Options asking for `lanes` connections.
     static func options(lanes: Int, minimumSplit: Int64 = 1 << 20) -> DownloadOptions {
