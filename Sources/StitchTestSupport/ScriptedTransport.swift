@@ -222,10 +222,10 @@ final class ScriptedResponse: TransportResponse, Sendable {
                 offset += count
                 sent += count
                 transport.delivered(count, index: index)
-            case .pause(let seconds):
-                try? await Task.sleep(for: .milliseconds(Int64(max(1, seconds * 1000))))
+            case .wait(let duration):
+                try? await Task.sleep(for: max(.milliseconds(1), duration))
             case .abort:
-                return .failure(.abortedByDelegate)
+                return .failure(.abortedBySink)
             }
             await Task.yield()
         }

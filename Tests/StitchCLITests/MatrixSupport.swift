@@ -198,7 +198,7 @@ enum OverlapBounds {
     /// tcp_wmem's and tcp_rmem's maxima (the third field): what autotuning may grow a socket's buffers to.
     static let tcpSendBufferMaximum = sysctlMaximum("tcp_wmem", fallback: 4 << 20)
     static let tcpReceiveBufferMaximum = sysctlMaximum("tcp_rmem", fallback: 6 << 20)
-    /// TransportOptions.receiveBufferSize (CURLOPT_BUFFERSIZE).
+    /// CurlTransport.defaultReceiveBufferSize (CURLOPT_BUFFERSIZE).
     static let curlReceiveBuffer = 512 << 10
 
     static func sysctlMaximum(_ name: String, fallback: Int) -> Int {

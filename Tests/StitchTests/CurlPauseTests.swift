@@ -6,7 +6,7 @@ import Testing
 @testable import Stitch
 
 /// The libcurl transport's pause (rate limiting) against the loopback test server: the bytes a delegate
-/// refuses with `.pause` come again, in order, and a delegate that aborts is never called again.
+/// refuses with `.wait` come again, in order, and a delegate that aborts is never called again.
 ///
 /// The regression behind issue 10: libcurl hands back the bytes it held during a pause from inside
 /// `curl_easy_pause`; when the delegate aborts then, libcurl frees the rest of what it held, returns the error
@@ -42,7 +42,7 @@ import Testing
                 log.calls += 1
                 switch decision {
                 case .accepted: log.received.append(contentsOf: bytes)
-                case .pause:
+                case .wait:
                     log.pauses += 1
                     lastWasPause.store(true, ordering: .relaxed)
                 case .abort: log.aborted = true
@@ -72,7 +72,7 @@ import Testing
         server.serve("/file", file: .random(size: 8 << 20, seed: 3, etag: "\"p\""))
         let delegate = ScriptedDelegate { call, afterPause in
             if afterPause { return .abort }
-            return call == pauseAt ? .pause(seconds: 0.001) : .accepted
+            return call == pauseAt ? .wait(.milliseconds(1)) : .accepted
         }
         let result = await Self.perform(server, delegate)
         let log = delegate.log.withLock { $0 }
@@ -82,7 +82,7 @@ import Testing
             Issue.record("an aborted transfer ended as a success")
             return
         }
-        #expect(error.isAbortedByDelegate, "\(error)")
+        #expect(error.isAbortedBySink, "\(error)")
     }
 
     /// Pauses again and again (every other chunk, and twice in a row after some redeliveries): the bytes taken
@@ -93,8 +93,8 @@ import Testing
         let file = ServedFile.random(size: 6 << 20, seed: 4, etag: "\"q\"")
         server.serve("/file", file: file)
         let delegate = ScriptedDelegate { call, afterPause in
-            if afterPause { return call % 7 == 0 ? .pause(seconds: 0.001) : .accepted }
-            return call % 2 == 0 ? .pause(seconds: 0.001) : .accepted
+            if afterPause { return call % 7 == 0 ? .wait(.milliseconds(1)) : .accepted }
+            return call % 2 == 0 ? .wait(.milliseconds(1)) : .accepted
         }
         let result = await Self.perform(server, delegate)
         let log = delegate.log.withLock { $0 }

@@ -38,6 +38,27 @@ import Testing
         #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
     }
 
+    /// The engine, the manager and storage talk to the transport protocol only: no libcurl type, option or
+    /// constant outside the libcurl backend (`Transport/CurlTransport.swift`), except the default transport a
+    /// `Downloader` and a `DownloadManager` are made with. So a second backend fits without touching the engine.
+    @Test func libcurlStaysInItsBackend() throws {
+        var found: [String] = []
+        for (path, lines) in try Self.sources() where path != "Transport/CurlTransport.swift" {
+            for (number, line) in lines.enumerated() {
+                let code = line.trimmingCharacters(in: .whitespaces)
+                if code.hasPrefix("//") { continue }
+                let rest = code.replacingOccurrences(of: "= CurlTransport.shared", with: "")
+                if rest.range(of: "curl", options: .caseInsensitive) != nil {
+                    found.append("\(path):\(number + 1): \(code)")
+                }
+            }
+        }
+        #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
+        // And the check can see a violation: the backend itself is full of them.
+        let backend = try Self.sources().first { $0.path == "Transport/CurlTransport.swift" }
+        #expect(backend?.lines.contains { $0.contains("CURLOPT_") } == true)
+    }
+
     /// Remedies render in general words in the library and in the CLI's words there (checked in the CLI tests).
     @Test func remediesHaveGeneralWords() {
         let error = DownloadError(.destinationExists, "/x already exists", remedy: .overwrite(.replace))

@@ -222,7 +222,7 @@ struct AttemptStateMachine: Sendable {
             let delay = policy.connectRetryDelay * Double(1 << min(connectFailures - 1, 10))
             resetURL()
             return .wait(seconds: delay, attempt: connectFailures, of: tries - 1, reason: error.message)
-        case .malformedResponse, .other, .abortedByDelegate:
+        case .malformedResponse, .other, .abortedBySink:
             return .fail(DownloadError(
                 .protocolViolation, "\(error.message) (from \(url.absoluteString))", cause: error,
                 resumable: report.durable > 0))

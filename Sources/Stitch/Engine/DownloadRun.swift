@@ -701,7 +701,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         case .discard: return await response.discard()
         case .abort:
             response.cancel()
-            return .failure(.abortedByDelegate)
+            return .failure(.abortedBySink)
         }
     }
 
@@ -830,7 +830,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         if sinkClosed { return .abort }
         // The rate limit is shared by every connection (and download) holding the same limiter.
         if let limiter = options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
-            return .pause(seconds: wait)
+            return .wait(.seconds(wait))
         }
         if write(bytes) { return .accepted }
         sinkClosed = true
@@ -878,7 +878,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
 
     private func matchesDisk(_ bytes: UnsafeRawBufferPointer, at offset: Int64, store: PartStore) -> Bool {
         if compareBuffer == nil {
-            compareBuffer = .allocate(byteCount: Int(options.transport.receiveBufferSize), alignment: 16)
+            compareBuffer = .allocate(byteCount: 256 << 10, alignment: 16)
         }
         var checked = 0
         while checked < bytes.count {

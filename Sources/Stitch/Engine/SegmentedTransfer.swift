@@ -406,11 +406,12 @@ final class SegmentedTransfer: Sendable {
             let plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
             let sink = LaneSink(transfer: self, slot: slot, plan: plan, known: known)
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
-            var transportOptions = options.transport
-            transportOptions.separateConnection = !options.http2Streams
             register(sink, for: slot)
+            // As lanes, unless the user asked for HTTP/2 streams of one connection.
             let result = await sink.perform(
-                TransportRequest(url: machine.url.absoluteString, headers: headers, options: transportOptions),
+                TransportRequest(
+                    url: machine.url.absoluteString, headers: headers, options: options.transport,
+                    lane: options.http2Streams ? nil : slot),
                 on: transport)
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return .done }
@@ -432,7 +433,7 @@ final class SegmentedTransfer: Sendable {
             } else if sink.replace.load(ordering: .acquiring), Self.endedByUs(result) {
                 emit(.notice("replacing a slow connection"))
                 outcome = .replaced  // not a failure: ask again on a new connection
-            } else if case .failure(let error) = result, error.isAbortedByDelegate, case .accept = sink.verdict {
+            } else if case .failure(let error) = result, error.isAbortedBySink, case .accept = sink.verdict {
                 // The sink stopped for the run's sake (a halt, a broken store, a failed checkpoint): the loop's
                 // checks above say which; never a failure of its own.
                 continue
@@ -478,7 +479,7 @@ final class SegmentedTransfer: Sendable {
     static func endedByUs(_ result: Result<Void, TransportError>) -> Bool {
         switch result {
         case .success: return false
-        case .failure(let error): return error.isCancelled || error.isAbortedByDelegate
+        case .failure(let error): return error.isCancelled || error.isAbortedBySink
         }
     }
 
@@ -553,7 +554,7 @@ final class LaneSink: BodySink, @unchecked Sendable {
         case .discard: return await response.discard()
         case .abort:
             response.cancel()
-            return .failure(.abortedByDelegate)
+            return .failure(.abortedBySink)
         }
     }
 
@@ -597,7 +598,7 @@ final class LaneSink: BodySink, @unchecked Sendable {
         }
         // The rate limit is shared by every connection (and download) holding the same limiter.
         if let limiter = transfer.options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
-            return .pause(seconds: wait)
+            return .wait(.seconds(wait))
         }
         return write(bytes) ? .accepted : .abort
     }

@@ -37,15 +37,24 @@ public struct TransportRequest: Sendable {
     public var url: String
     public var headers: HTTPHeaders
     public var options: TransportOptions
+    /// Set on every request of a segmented download's lanes (the lane's number): requests of different lanes are
+    /// meant to travel in parallel, so a transport must not carry them over one connection (as streams of one
+    /// HTTP/2 connection, or one after another); a lane's next request may reuse its own connection. `nil`: any
+    /// connection, reused or shared, as the transport sees fit. How a backend keeps lanes apart (libcurl: no
+    /// waiting for multiplexing and a fresh TLS connection; a URLSession backend: a session per lane) is its own
+    /// business.
+    public var lane: Int?
 
-    public init(url: String, headers: HTTPHeaders, options: TransportOptions) {
+    public init(url: String, headers: HTTPHeaders, options: TransportOptions, lane: Int? = nil) {
         self.url = url
         self.headers = headers
         self.options = options
+        self.lane = lane
     }
 }
 
-/// Connection-level settings for one request.
+/// Connection-level settings for one request, as any HTTP client has them. Settings of one backend (libcurl's
+/// receive buffer size) belong to that backend's own configuration, so the engine never depends on them.
 public struct TransportOptions: Sendable, Hashable {
     /// How TLS certificates are checked.
     public enum TLSVerification: Sendable, Hashable {
@@ -66,11 +75,6 @@ public struct TransportOptions: Sendable, Hashable {
     /// A PEM bundle used instead of the system trust store.
     public var caCertificatePath: String?
     public var userAgent: String = "stitch/\(StitchVersion.string)"
-    /// Receive buffer size handed to the transport; 512 KiB measured best here.
-    public var receiveBufferSize: Int = 512 * 1024
-    /// Use a connection of this request's own, never a stream multiplexed on another request's HTTP/2
-    /// connection: segmented downloads ask for N connections and get N TCP connections.
-    public var separateConnection = false
 
     public init() {}
 }
@@ -91,7 +95,7 @@ public struct ResponseHead: Sendable, Hashable {
 /// syncing or hashing files is not: that belongs to the engine, before it attaches the sink).
 public protocol BodySink: AnyObject, Sendable {
     /// Body bytes in order: take them all, or none and pause (the same bytes come again after the pause), or
-    /// stop the transfer (its outcome is then `.abortedByDelegate`). After `.abort` the sink is never called again.
+    /// stop the transfer (its outcome is then `.abortedBySink`). After `.abort` the sink is never called again.
     func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision
 }
 
@@ -99,8 +103,10 @@ public protocol BodySink: AnyObject, Sendable {
 public enum ReceiveDecision: Sendable, Equatable {
     /// All bytes were taken.
     case accepted
-    /// None were taken: stop reading for this many seconds (rate limiting), then offer the same bytes again.
-    case pause(seconds: Double)
+    /// None were taken: read nothing more for this long (rate limiting), then offer the same bytes again. How a
+    /// backend holds off (libcurl's pause, a suspended URLSession task) and where it keeps the refused bytes is
+    /// its own business; it must offer exactly them next, and none after them first.
+    case wait(Duration)
     /// Stop the transfer.
     case abort
 }
@@ -112,7 +118,7 @@ public protocol TransportResponse: AnyObject, Sendable {
     /// The status line and header fields.
     var head: ResponseHead { get }
     /// Streams the body into `sink` and returns when the transfer has ended: the body is complete (`.success`),
-    /// the sink stopped it (`.abortedByDelegate`), it failed, or the calling task was cancelled (`.cancelled`).
+    /// the sink stopped it (`.abortedBySink`), it failed, or the calling task was cancelled (`.cancelled`).
     func receive(into sink: any BodySink) async -> Result<Void, TransportError>
     /// Reads and drops the body (a redirect's, an error page), up to a small limit, so the connection can be
     /// reused. `.success` once it is read or the limit is reached.
@@ -136,7 +142,7 @@ public protocol HTTPTransport: Sendable {
 public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible {
     enum Code: Sendable, Hashable {
         case cancelled
-        case abortedByDelegate
+        case abortedBySink
         case resolve
         case connect
         case connectTimeout
@@ -164,7 +170,7 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
     }
 
     public static let cancelled = TransportError(.cancelled, "cancelled")
-    public static let abortedByDelegate = TransportError(.abortedByDelegate, "aborted")
+    public static let abortedBySink = TransportError(.abortedBySink, "aborted")
     public static func resolve(_ m: String) -> TransportError { .init(.resolve, m) }
     public static func connect(_ m: String) -> TransportError { .init(.connect, m) }
     public static func connectTimeout(_ m: String) -> TransportError { .init(.connectTimeout, m) }
@@ -175,11 +181,11 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
     public static func protocolError(_ m: String) -> TransportError { .init(.protocolError, m) }
 
     public var isCancelled: Bool { code == .cancelled }
-    public var isAbortedByDelegate: Bool { code == .abortedByDelegate }
+    public var isAbortedBySink: Bool { code == .abortedBySink }
     /// TLS failures and cancellation are final; everything else may succeed on another try.
     public var isRetryable: Bool {
         switch code {
-        case .cancelled, .abortedByDelegate, .tls, .other, .malformedResponse: return false
+        case .cancelled, .abortedBySink, .tls, .other, .malformedResponse: return false
         case .resolve, .connect, .connectTimeout, .stalled, .partialBody, .network, .protocolError: return true
         }
     }
