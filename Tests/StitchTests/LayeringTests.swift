@@ -38,6 +38,44 @@ import Testing
         #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
     }
 
+    /// Storage owns every file operation: no file-system call (libc's, Foundation's file APIs, SQLite's open)
+    /// outside `Storage/`, so that what is on disk is read one way (`PartialDownload`) and every durability
+    /// argument is made in one place.
+    @Test func fileOperationsStayInStorage() throws {
+        let calls = [
+            "open", "openat", "creat", "close", "unlink", "unlinkat", "rename", "renameat", "link", "symlink",
+            "access", "stat", "lstat", "fstat", "mkdir", "rmdir", "ftruncate", "truncate", "fsync", "fdatasync",
+            "pread", "pwrite", "Glibc\\.read", "Glibc\\.write", "flock", "fallocate", "posix_fallocate", "getxattr", "setxattr",
+            "fgetxattr", "fsetxattr", "mmap", "opendir", "readdir", "realpath", "chmod", "fopen", "sqlite3_open_v2",
+        ]
+        // A call as a free function (or through the `Glibc.` module name), not a method such as `store.read(`,
+        // nor a declaration (`func close()`, `case write(Errno)`). Plain `read(` and `write(` are left out: the
+        // sinks' own `write(bytes)` would match, and the library calls libc's as `Glibc.read` anyway.
+        let pattern = #"(^|[^\w.])(?<!func )(?<!case )(Glibc\.)?("# + calls.joined(separator: "|") + #")\("#
+        let foundation = ["FileManager", "FileHandle"]
+        var found: [String] = []
+        var scanned = 0
+        for (path, lines) in try Self.sources() where !path.hasPrefix("Storage/") {
+            scanned += 1
+            for (number, line) in lines.enumerated() {
+                let code = line.trimmingCharacters(in: .whitespaces)
+                if code.hasPrefix("//") { continue }
+                if code.range(of: pattern, options: .regularExpression) != nil
+                    || foundation.contains(where: { code.contains($0) })
+                {
+                    found.append("\(path):\(number + 1): \(code)")
+                }
+            }
+        }
+        #expect(scanned > 10)
+        #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
+        // The pattern sees what it should, and not methods of the same name.
+        #expect("let fd = open(path, O_RDONLY)".range(of: pattern, options: .regularExpression) != nil)
+        #expect("n = Glibc.read(fd, p, 1)".range(of: pattern, options: .regularExpression) != nil)
+        #expect("store.read(into: buffer, at: 0)".range(of: pattern, options: .regularExpression) == nil)
+        #expect("public func close() async {".range(of: pattern, options: .regularExpression) == nil)
+    }
+
     /// The engine, the manager and storage talk to the transport protocol only: no libcurl type, option or
     /// constant outside the libcurl backend (`Transport/CurlTransport.swift`), except the default transport a
     /// `Downloader` and a `DownloadManager` are made with. So a second backend fits without touching the engine.

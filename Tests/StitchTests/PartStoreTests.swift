@@ -802,6 +802,56 @@ import Testing
         #expect(mark.url == "http://x/file.bin" && mark.length == 10_000 && mark.etag == "\"v1\"")
     }
 
+    /// The one inspection of what is on disk for a destination, as a download leaves it at each stage: nothing;
+    /// a partial (its state, a part file another run holds while the store lives); a damaged state with the
+    /// previous generation standing in; a finished file, whose mark counts only while its length is the marked one.
+    @Test func partialDownloadSeesEachStage() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let nothing = PartialDownload(paths)
+        guard case .none = nothing.saved else { Issue.record("\(nothing.saved)"); return }
+        #expect(nothing.state == nil && !nothing.destinationExists && !nothing.partExists)
+        #expect(!nothing.partIsHeldByAnotherRun && nothing.completion == nil)
+
+        let total = Int(PartStore.smallFileLimit) + 100_000
+        let data = ServedFile.randomBytes(count: total, seed: 9)
+        var store: PartStore? = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: Int64(total)).validators)
+        try write(store!, data, 0..<200_000)
+        try store!.checkpoint(force: true)
+        try write(store!, data, 200_000..<300_000)
+        try store!.checkpoint(force: true)  // now a previous generation exists too
+        let partial = PartialDownload(paths)
+        guard case .state(let state) = partial.saved else { Issue.record("\(partial.saved)"); return }
+        #expect(state.durableBytes == 300_000 && partial.state == state)
+        #expect(partial.partExists && !partial.destinationExists)
+        #expect(partial.partIsHeldByAnotherRun, "the live store holds the part file")
+        store = nil
+        #expect(!PartialDownload(paths).partIsHeldByAnotherRun)
+
+        try writeFile(paths.state, Array("garbage".utf8))
+        let damaged = PartialDownload(paths)
+        guard case .unusable(let error, let previous) = damaged.saved else { Issue.record("\(damaged.saved)"); return }
+        #expect(error.code == .unusableState)
+        #expect(previous?.durableBytes == 200_000 && damaged.state == previous, "the previous generation stands in")
+
+        try PartStore.removeLeftovers(at: paths)
+        let finished = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: Int64(total)).validators)
+        try write(finished, data, 0..<total)
+        try finished.finish(url: "http://x/file.bin", length: Int64(total))
+        let done = PartialDownload(paths)
+        #expect(done.destinationExists && !done.partExists && done.state == nil)
+        #expect(done.completion?.url == "http://x/file.bin" && done.completion?.length == Int64(total))
+        // Changed since: the mark no longer describes the file.
+        let fd = open(paths.destination, O_WRONLY | O_APPEND | O_CLOEXEC)
+        #expect(fd >= 0 && Glibc.write(fd, "x", 1) == 1)
+        close(fd)
+        #expect(PartialDownload(paths).completion == nil)
+    }
+
     @Test func discardRemovesEverything() throws {
         let dir = try TemporaryDirectory()
         let paths = DownloadPaths(destination: dir.path + "/file.bin")

@@ -182,14 +182,18 @@ final class DownloadRun: BodySink, @unchecked Sendable {
 
     /// Looks at what an earlier run left at `paths`. Returns a result if the file is already complete.
     private func openExisting(_ paths: DownloadPaths) throws -> DownloadResult? {
+        let partial = PartialDownload(paths)
         let state: DownloadState?
         // Set when the state file is damaged and the previous checkpoint's state stands in: why, for the notice.
         var damagedState: String?
-        do {
-            state = try StateFile.read(paths.state)
-        } catch {
+        switch partial.saved {
+        case .none:
+            state = nil
+        case .state(let saved):
+            state = saved
+        case .unusable(let error, let previous):
             guard error.code == .unusableState else { throw error }
-            if let previous = StateFile.fallback(for: paths), request.owns(previous.url) {
+            if let previous, request.owns(previous.url) {
                 // Truncated, zero-filled or garbage (aria2 #790, #1116): the generation before it still describes
                 // these bytes; what its piece checksums prove is kept, the rest is fetched again.
                 damagedState = error.message
@@ -204,19 +208,19 @@ final class DownloadRun: BodySink, @unchecked Sendable {
                 state = nil
             }
         }
-        let destinationExists = access(paths.destination, F_OK) == 0
+        let destinationExists = partial.destinationExists
         if let state {
-            if destinationExists && access(paths.part, F_OK) != 0 {
+            if destinationExists && !partial.partExists {
                 // A finished download whose clean-up was cut short.
-                if let done = try completedResult(paths) {
-                    for sidecar in paths.sidecars { unlink(sidecar) }
+                if let done = try completedResult(partial) {
+                    partial.removeSidecars()
                     return done
                 }
             }
             guard request.owns(state.url) else {
                 if request.overwrite {
                     try discardLeftovers(paths)
-                    return try checkDestination(paths, exists: destinationExists)
+                    return try checkDestination(partial, exists: destinationExists)
                 }
                 throw DownloadError(
                     .unusableState,
@@ -243,7 +247,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
                 // A repair (a fallback, or damage found after a reboot) cannot be done in place, and the user asked
                 // to start over.
                 try discardLeftovers(paths)
-                return try checkDestination(paths, exists: destinationExists)
+                return try checkDestination(partial, exists: destinationExists)
             }
             var (store, point) = try reopened.get()
             self.store = store
@@ -271,25 +275,24 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             emit(.resuming(from: point.bytes, note: point.note))
             return nil
         }
-        return try checkDestination(paths, exists: destinationExists)
+        return try checkDestination(partial, exists: destinationExists)
     }
 
-    private func checkDestination(_ paths: DownloadPaths, exists: Bool) throws -> DownloadResult? {
+    private func checkDestination(_ partial: PartialDownload, exists: Bool) throws -> DownloadResult? {
         guard exists else { return nil }
-        if let done = try completedResult(paths) { return done }
+        if let done = try completedResult(partial) { return done }
         if request.overwrite { return nil }
         throw DownloadError(
-            .destinationExists, "\(paths.destination) already exists", remedy: .overwrite(.replace))
+            .destinationExists, "\(partial.paths.destination) already exists", remedy: .overwrite(.replace))
     }
 
     /// The result for a destination this run's URL already completed, if it is that; with a checksum asked
     /// for, the file is hashed and must match.
-    private func completedResult(_ paths: DownloadPaths) throws -> DownloadResult? {
-        guard let mark = CompletionMark.read(at: paths.destination), request.owns(mark.url) else { return nil }
-        var info = stat()
-        guard stat(paths.destination, &info) == 0, Int64(info.st_size) == mark.length else { return nil }
+    private func completedResult(_ partial: PartialDownload) throws -> DownloadResult? {
+        let paths = partial.paths
+        guard let mark = partial.completion, request.owns(mark.url) else { return nil }
         if let expected = request.checksum {
-            let digest = try digestOfFile(at: paths.destination, expected.algorithm)
+            let digest = try FileOperations.digest(ofFileAt: paths.destination, expected.algorithm)
             guard expected.matches(digest) else {
                 if request.overwrite { return nil }  // download it again and replace it
                 throw DownloadError(
@@ -302,26 +305,6 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         return DownloadResult(
             destination: paths.destination, bytes: mark.length, bytesTransferred: 0, resumedFrom: mark.length,
             alreadyComplete: true, checksum: request.checksum)
-    }
-
-    /// The digest of the first `length` bytes of `path` (all of it when nil).
-    private func digestOfFile(at path: String, _ algorithm: ChecksumAlgorithm, length: Int64? = nil) throws -> [UInt8] {
-        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
-        guard fd >= 0 else { throw DownloadError.io("cannot read", path: path, .current) }
-        defer { close(fd) }
-        let hasher = DigestHasher(algorithm)
-        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
-        defer { chunk.deallocate() }
-        var left = length ?? Int64.max
-        while left > 0 {
-            let want = Int(min(Int64(chunk.count), left))
-            let n = retryingOnInterrupt { Glibc.read(fd, chunk.baseAddress, want) }
-            if n < 0 { throw DownloadError.io("cannot read", path: path, .current) }
-            if n == 0 { break }
-            hasher.update(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))
-            left -= Int64(n)
-        }
-        return hasher.finalize()
     }
 
     private func discardLeftovers(_ paths: DownloadPaths) throws(DownloadError) {
@@ -426,7 +409,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         var verified: ExpectedChecksum?
         if let expected = request.checksum, let hasher {
             let digest =
-                hashFromDisk ? try digestOfFile(at: store.paths.part, expected.algorithm, length: bytes) : hasher.finalize()
+                hashFromDisk ? try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: bytes) : hasher.finalize()
             guard expected.matches(digest) else {
                 storeClosed = true
                 store.discard()

@@ -41,13 +41,10 @@ public struct Downloader: Sendable {
     /// - Throws: ``DownloadError`` with code `.nothingToResume` or `.unusableState`.
     public static func savedDownload(at destination: String) throws -> SavedDownload {
         let paths = DownloadPaths(destination: absolutePath(destination))
-        let read: DownloadState?
-        do { read = try StateFile.read(paths.state) } catch {
-            // A damaged state with a usable previous generation: the download itself will fall back on it.
-            guard let previous = StateFile.fallback(for: paths) else { throw error }
-            read = previous
-        }
-        guard let state = read else {
+        let partial = PartialDownload(paths)
+        // A damaged state with a usable previous generation: the download itself will fall back on it.
+        if case .unusable(let error, previous: nil) = partial.saved { throw error }
+        guard let state = partial.state else {
             throw DownloadError(.nothingToResume, "no partial download at \(destination) (no \(paths.state))")
         }
         var headers = HTTPHeaders()
@@ -69,8 +66,14 @@ public struct Downloader: Sendable {
     /// - Throws: ``DownloadError`` (`.nothingToResume`, `.unusableState`, `.io`).
     public static func verify(at destination: String) throws -> VerifyReport {
         let paths = DownloadPaths(destination: absolutePath(destination))
-        guard let state = try StateFile.read(paths.state) else {
+        let state: DownloadState
+        switch PartialDownload(paths).saved {
+        case .none:
             throw DownloadError(.nothingToResume, "no partial download at \(destination) (no \(paths.state))")
+        case .unusable(let error, _):
+            throw error  // what the state's damage costs is decided by the next download, not by a check
+        case .state(let saved):
+            state = saved
         }
         let (store, point) = try PartStore.reopen(paths: paths, state: state)
         defer { store.unlock() }
@@ -106,11 +109,6 @@ public struct Downloader: Sendable {
         }
         return (name, value)
     }
-}
-
-func absolutePath(_ path: String) -> String {
-    if path.hasPrefix("/") { return path }
-    return FileManager.default.currentDirectoryPath + "/" + path
 }
 
 /// Validates a URL the way the engine needs it: http or https with a host.

@@ -136,8 +136,7 @@ public actor DownloadManager {
         self.downloader = Downloader(transport: transport, clock: clock)
         self.rateLimiter = configuration.rateLimit.map { RateLimiter(bytesPerSecond: $0) }
         self.hosts = HostSlots(cap: max(1, configuration.maxConnectionsPerHost))
-        try? FileManager.default.createDirectory(
-            atPath: configuration.downloadDirectory, withIntermediateDirectories: true)
+        try? FileOperations.createDirectory(configuration.downloadDirectory)
         let catalog: Catalog
         do {
             catalog = try Catalog(directory: directory)
@@ -302,7 +301,7 @@ public actor DownloadManager {
             claims.release(path, for: id)
             if deletingFiles {
                 try? PartStore.removeLeftovers(at: DownloadPaths(destination: path))
-                if wasCompleted { unlink(path) }
+                if wasCompleted { FileOperations.remove(path) }
             }
         }
         publish(.statusChanged(id, .removed))
@@ -858,8 +857,7 @@ public actor DownloadManager {
             return TransferProgress(bytes: bytes, total: bytes, durableBytes: bytes)
         }
         guard let path = claimedPath(entry),
-            let state = (try? StateFile.read(DownloadPaths(destination: path).state))
-                ?? StateFile.fallback(for: DownloadPaths(destination: path)),
+            let state = PartialDownload(DownloadPaths(destination: path)).state,
             state.url == entry.url || entry.options.formerURLs.contains(state.url)
         else { return TransferProgress(total: entry.totalBytes) }
         let durable = state.durableBytes
@@ -868,14 +866,11 @@ public actor DownloadManager {
 
     /// Catalog entries for the partial downloads whose state files lie in `directory` (a rebuilt catalog).
     private static func entriesFromStateFiles(in directory: String) -> [CatalogEntry] {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
         let now = Date().timeIntervalSince1970
         var entries: [CatalogEntry] = []
-        for name in names.sorted() where name.hasSuffix(".stitch") {
-            let destination = (directory.hasSuffix("/") ? directory : directory + "/") + name.dropLast(7)
+        for destination in FileOperations.destinationsWithStateFiles(in: directory) {
             // A damaged state file with a readable previous generation is still a download (the engine falls back).
-            let paths = DownloadPaths(destination: destination)
-            guard let state = (try? StateFile.read(paths.state)) ?? StateFile.fallback(for: paths) else { continue }
+            guard let state = PartialDownload(DownloadPaths(destination: destination)).state else { continue }
             entries.append(
                 CatalogEntry(
                     id: DownloadID.random(), url: state.url, headers: state.headers, destinationKind: .file,
@@ -982,22 +977,16 @@ final class PathClaims: Sendable {
     /// part file without a state file is free: it holds nothing resumable (a small download interrupted before
     /// its first checkpoint), and the engine starts it over.
     private static func isFree(_ path: String, for urls: Set<String>) -> Bool {
-        let paths = DownloadPaths(destination: path)
-        if access(paths.state, F_OK) == 0 {
-            // A damaged state is judged by the previous generation the engine would fall back on.
-            guard let state = (try? StateFile.read(paths.state)) ?? StateFile.fallback(for: paths),
-                urls.contains(state.url)
-            else { return false }
-            return true
+        let partial = PartialDownload(DownloadPaths(destination: path))
+        if case .none = partial.saved {
+            if partial.destinationExists {
+                return partial.completion.map { urls.contains($0.url) } ?? false
+            }
+            // A part file another run holds (a small download has no state file yet) is taken.
+            return !partial.partIsHeldByAnotherRun
         }
-        if access(paths.destination, F_OK) == 0 {
-            return CompletionMark.read(at: paths.destination).map { urls.contains($0.url) } ?? false
-        }
-        // A part file another run holds (a small download has no state file yet) is taken.
-        let fd = retryingOnInterrupt { open(paths.part, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
-        guard fd >= 0 else { return true }
-        defer { close(fd) }
-        return flock(fd, LOCK_EX | LOCK_NB) == 0
+        // A damaged state is judged by the previous generation the engine would fall back on.
+        return partial.state.map { urls.contains($0.url) } ?? false
     }
 }
 

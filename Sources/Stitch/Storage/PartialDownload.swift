@@ -1,0 +1,126 @@
+import Foundation
+import Glibc
+
+/// What an earlier run left for one destination: its state (or the previous generation standing in for a
+/// damaged one), whether a part file and a finished file are there, and the finished file's completion mark.
+///
+/// The one inspection of the disk for `DEST` that every caller shares — the engine before a download, the
+/// manager when it names a file, restores a catalog or shows a restored download's progress, and
+/// ``Downloader/savedDownload(at:)`` and ``Downloader/verify(at:)`` — so that each reads the same files the same
+/// way, and the file-system calls stay in `Storage/` (LayeringTests checks that none appear elsewhere).
+///
+/// The state is read when the value is made; the other facts are looked up when asked for (each is one system
+/// call, and most callers need only some of them).
+struct PartialDownload: Sendable {
+    /// What the state file says.
+    enum Saved: Sendable {
+        /// No state file.
+        case none
+        /// A state file that reads cleanly.
+        case state(DownloadState)
+        /// A state file that is there but cannot be used — damaged, of another format, unreadable (`error` says
+        /// which) — with the previous generation that stands in for a damaged one, if it reads cleanly beside a
+        /// part file.
+        case unusable(DownloadError, previous: DownloadState?)
+    }
+
+    let paths: DownloadPaths
+    let saved: Saved
+
+    /// Reads the state at `paths` (falling back on the previous generation when it is damaged).
+    init(_ paths: DownloadPaths) {
+        self.paths = paths
+        do {
+            saved = try StateFile.read(paths.state).map(Saved.state) ?? .none
+        } catch {
+            saved = .unusable(error, previous: error.code == .unusableState ? StateFile.fallback(for: paths) : nil)
+        }
+    }
+
+    /// The state to go by: the state file's, else the previous generation standing in for a damaged one.
+    var state: DownloadState? {
+        switch saved {
+        case .none: nil
+        case .state(let state): state
+        case .unusable(_, let previous): previous
+        }
+    }
+
+    /// Whether anything is at the destination.
+    var destinationExists: Bool { access(paths.destination, F_OK) == 0 }
+
+    /// Whether the part file is there.
+    var partExists: Bool { access(paths.part, F_OK) == 0 }
+
+    /// The mark of a download that finished at the destination, if the file there still has the marked length.
+    var completion: CompletionMark? {
+        guard let mark = CompletionMark.read(at: paths.destination) else { return nil }
+        var info = stat()
+        guard stat(paths.destination, &info) == 0, Int64(info.st_size) == mark.length else { return nil }
+        return mark
+    }
+
+    /// Whether another run holds the part file (a small download has no state file before its first
+    /// checkpoint, so the lock is all that shows it).
+    var partIsHeldByAnotherRun: Bool {
+        let fd = retryingOnInterrupt { open(paths.part, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        return flock(fd, LOCK_EX | LOCK_NB) != 0
+    }
+
+    /// Removes the state, live record and their temporaries (a finished download whose clean-up was cut short).
+    func removeSidecars() {
+        for sidecar in paths.sidecars { unlink(sidecar) }
+    }
+}
+
+// MARK: - Other file operations of the library
+
+/// The other file-system operations the engine and the manager need, kept here with the rest of Storage.
+enum FileOperations {
+    /// The digest of the first `length` bytes of the file at `path` (all of it when nil).
+    static func digest(ofFileAt path: String, _ algorithm: ChecksumAlgorithm, length: Int64? = nil)
+        throws(DownloadError) -> [UInt8]
+    {
+        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
+        guard fd >= 0 else { throw DownloadError.io("cannot read", path: path, .current) }
+        defer { close(fd) }
+        let hasher = DigestHasher(algorithm)
+        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { chunk.deallocate() }
+        var left = length ?? Int64.max
+        while left > 0 {
+            let want = Int(min(Int64(chunk.count), left))
+            let n = retryingOnInterrupt { Glibc.read(fd, chunk.baseAddress, want) }
+            if n < 0 { throw DownloadError.io("cannot read", path: path, .current) }
+            if n == 0 { break }
+            hasher.update(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))
+            left -= Int64(n)
+        }
+        return hasher.finalize()
+    }
+
+    /// Removes the file at `path` if there is one (a finished download the user removed with its files).
+    static func remove(_ path: String) {
+        unlink(path)
+    }
+
+    /// Creates `directory` and its parents; one that exists is fine.
+    static func createDirectory(_ directory: String) throws {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    }
+
+    /// The destinations whose state files lie in `directory` (`NAME` for each `NAME.stitch`), sorted.
+    static func destinationsWithStateFiles(in directory: String) -> [String] {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
+        let folder = directory.hasSuffix("/") ? directory : directory + "/"
+        return names.sorted().filter { $0.hasSuffix(".stitch") }.map { folder + $0.dropLast(7) }
+    }
+}
+
+/// `path` made absolute against the current directory.
+func absolutePath(_ path: String) -> String {
+    if path.hasPrefix("/") { return path }
+    return FileManager.default.currentDirectoryPath + "/" + path
+}
