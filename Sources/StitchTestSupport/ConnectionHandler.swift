@@ -33,6 +33,7 @@ struct ResponsePlan {
     var claimedLength: Int?
     var cut: (after: Int, action: CutAction)?
     var throttle: Int?
+    var servedAs: ServedFile?
 
     init(_ fault: Fault) {
         apply(fault)
@@ -59,6 +60,7 @@ struct ResponsePlan {
             if replacement == nil { replacement = .close }
         case .raw(let bytes, let then):
             if replacement == nil { replacement = .raw(bytes, then: then) }
+        case .servedAs(let file): servedAs = file
         case .all(let faults):
             for fault in faults { apply(fault) }
         }
@@ -198,7 +200,7 @@ final class ConnectionHandler {
             guard request.method == "GET" || isHead else {
                 return sendSimple(405, headers: [("Allow", "GET, HEAD")], isHead: false, keepAlive: keepAlive)
             }
-            return sendFile(file, request: request, plan: plan, keepAlive: keepAlive)
+            return sendFile(plan.servedAs ?? file, request: request, plan: plan, keepAlive: keepAlive)
         }
     }
 

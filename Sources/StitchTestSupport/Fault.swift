@@ -62,6 +62,10 @@ public enum Fault: Sendable {
     /// `stallAfter`, `shortBody`) or `throttle` in ``all(_:)``, body bytes are the ones after the first blank
     /// line (`CRLF CRLF`, else `LF LF`); without one, every byte counts as body.
     case raw([UInt8], then: AfterStall = .close)
+    /// Answer from this file instead of the path's (its bytes, validators and range support): another version of
+    /// the file, as an edge of a CDN that has another copy would send, or the file changed on the server. `If-Range`
+    /// is judged against this file's validators.
+    case servedAs(ServedFile)
     /// Apply several faults at once, e.g. `.all([.chunked, .dropAfter(1000)])`. For conflicting
     /// settings the later fault wins; a response-replacing fault (`status`, `redirect`,
     /// `closeWithoutResponse`, `raw`) replaces the whole response (the first one given wins).

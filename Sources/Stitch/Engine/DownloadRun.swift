@@ -544,6 +544,11 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         case .restarted:
             emit(.notice("the download restarted twice while split; using one connection for the rest of this run"))
             return false
+        case .versionsDiffer:
+            emit(.notice(
+                "the server's connections answered with different versions of the file; using one connection for "
+                    + "the rest of this run"))
+            return false
         case nil:
             break
         }
@@ -628,6 +633,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             throw try interrupted()
         }
         segmentedReceived += transfer.received.load(ordering: .relaxed)
+        if transfer.connectionsDisagree { splittingFailed = .versionsDiffer }
         switch outcome {
         case .complete:
             return try await finish()
@@ -635,7 +641,9 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             // A server that ignored a range gets one connection from now on; one whose answers differ between
             // connections twice (e.g. backends with different ETags) too — a single change may split again.
             segmentedRestarts += 1
-            if reason == .rangeIgnored {
+            if splittingFailed == .versionsDiffer {
+                // Kept: one connection from now on.
+            } else if reason == .rangeIgnored {
                 splittingFailed = .rangesIgnored
             } else if segmentedRestarts >= 2 {
                 splittingFailed = .restarted
@@ -646,7 +654,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
     }
 
     /// Why the rest of this run uses one connection, after several connections led to a restart.
-    private enum SplittingFailure { case rangesIgnored, restarted }
+    private enum SplittingFailure { case rangesIgnored, restarted, versionsDiffer }
     private var splittingFailed: SplittingFailure?
     private var segmentedRestarts = 0
 

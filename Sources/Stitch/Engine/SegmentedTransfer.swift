@@ -19,6 +19,14 @@ import Synchronization
 /// 503, or out of retries, while other lanes are receiving is retired: the download goes on with fewer
 /// connections.
 ///
+/// Connections that get different versions of the file (the edges of a CDN with different copies: another ETag,
+/// Last-Modified or length, or a 200 to a ranged `If-Range` request): when one lane's response is not the version
+/// the download has while other lanes are left, the lane's response is dropped unread and the download goes on
+/// with one connection — no replacements, no end-game takeovers (a new connection may reach another edge);
+/// lanes retire as their requests end and the last one fetches the rest. Every kept byte came with the known
+/// validators, so nothing is spliced. When the last lane meets another version too (the file changed for
+/// everyone), the download restarts from zero as before.
+///
 /// Threads: lanes run on the engine's task group; their sinks on the transport thread. Shared state is behind one
 /// lock; the sinks read only the stop flag (an atomic) and their segment's end (the store's lock).
 final class SegmentedTransfer: Sendable {
@@ -60,6 +68,8 @@ final class SegmentedTransfer: Sendable {
         var activeLanes = 0
         /// The last speeds of requests that ended (the newest eight): what a new request may expect.
         var recentSpeeds: [Double] = []
+        /// Set when one connection got another version of the file while others were receiving the known one.
+        var versionsDiffer = false
     }
 
     enum Stop: Sendable {
@@ -92,6 +102,15 @@ final class SegmentedTransfer: Sendable {
 
     private let shared = Mutex(Shared())
     let stopped = Atomic<Bool>(false)
+    /// Set once connections answered with different versions of the file: the rest goes over one connection.
+    let versionsDiffer = Atomic<Bool>(false)
+    /// Set once a lane's response was the version the download has.
+    let acceptedKnownVersion = Atomic<Bool>(false)
+    /// Whether some connections answered with the download's version and others with another: not a file that
+    /// changed for everyone (then every lane meets the new version), so splitting again would meet it again.
+    var connectionsDisagree: Bool {
+        versionsDiffer.load(ordering: .acquiring) && acceptedKnownVersion.load(ordering: .acquiring)
+    }
     /// Body bytes received over all lanes (progress and retry accounting).
     let received = Atomic<Int64>(0)
     private let sinceCheckpoint = Atomic<Int64>(0)
@@ -213,7 +232,9 @@ final class SegmentedTransfer: Sendable {
             var at: Int64
             let thief = thiefEstimate
             var replaceVictim = false
-            if let victimSpeed = victim.speed, victimSpeed * Self.slowFactor < (thief ?? 0) || victimSpeed == 0 {
+            if !state.versionsDiffer, let victimSpeed = victim.speed,
+                victimSpeed * Self.slowFactor < (thief ?? 0) || victimSpeed == 0
+            {
                 // Stalled, or far slower than a new connection would be: the thief takes all but a granule, and the
                 // victim's connection is replaced so that it does not sit on that granule until its stall timeout.
                 at = victim.written + 1
@@ -296,7 +317,11 @@ final class SegmentedTransfer: Sendable {
                     state.speeds[slot] = Double(samples.last!.1 - first.1) / (now - first.0)
                 }
             }
-            guard options.rateLimiter == nil, state.replacements < lanes * 2, state.speeds.count >= 2 else { return }
+            // No replacement under a rate limit, nor once connections have answered with different versions (a new
+            // connection may reach another edge).
+            guard options.rateLimiter == nil, !state.versionsDiffer, state.replacements < lanes * 2,
+                state.speeds.count >= 2
+            else { return }
             for (slot, speed) in state.speeds {
                 // The live table: a connection replaced earlier in this loop is no longer anyone's peer.
                 let peers = state.speeds.filter { $0.key != slot }.map(\.value).sorted()
@@ -368,6 +393,7 @@ final class SegmentedTransfer: Sendable {
 
     private func lane() async throws {
         while !stopped.load(ordering: .acquiring) {
+            if versionsDiffer.load(ordering: .acquiring), retireForOneVersion() { return }
             guard let slot = claim() else {
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
                 if store.writtenSegments.allSatisfy(\.isComplete) { return }
@@ -420,6 +446,7 @@ final class SegmentedTransfer: Sendable {
             // Every verdict that means the bytes cannot be trusted stops every lane: the download restarts.
             switch sink.verdict {
             case .restart(let why), .restartWithBody(let why, _):
+                if Self.isAnotherVersion(why), keepOneVersion(why) { return .retired }
                 halt(.restart(why))
                 return .done
             default:
@@ -480,6 +507,45 @@ final class SegmentedTransfer: Sendable {
         switch result {
         case .success: return false
         case .failure(let error): return error.isCancelled || error.isAbortedBySink
+        }
+    }
+
+    /// Restart reasons that one edge of a CDN with another copy of the file would give.
+    static func isAnotherVersion(_ reason: RestartReason) -> Bool {
+        switch reason {
+        case .etagChanged, .lastModifiedChanged, .lengthChanged, .rangeIgnored: true
+        default: false
+        }
+    }
+
+    /// Whether the download carries on without the calling lane after its response was another version of the
+    /// file: while another lane is left, which either gets the known version (and the download goes on) or meets
+    /// the other one too and retires in turn; the last lane restarts the download. Then the calling lane retires,
+    /// and the others follow as their requests end (see ``retireForOneVersion()``).
+    private func keepOneVersion(_ why: RestartReason) -> Bool {
+        let first: Bool? = shared.withLock { state in
+            guard state.activeLanes > 1 else { return nil }
+            state.activeLanes -= 1
+            defer { state.versionsDiffer = true }
+            return !state.versionsDiffer
+        }
+        guard let first else { return false }
+        versionsDiffer.store(true, ordering: .releasing)
+        if first {
+            emit(.notice(
+                "\(why) on one connection: the server's connections may answer with different versions (edges of "
+                    + "a CDN?); keeping only the bytes of the version this download has and continuing with one "
+                    + "connection"))
+        }
+        return true
+    }
+
+    /// After connections answered with different versions: retires the calling (idle) lane unless it is the last.
+    private func retireForOneVersion() -> Bool {
+        shared.withLock { state in
+            guard state.versionsDiffer, state.activeLanes > 1 else { return false }
+            state.activeLanes -= 1
+            return true
         }
     }
 
@@ -565,6 +631,7 @@ final class LaneSink: BodySink, @unchecked Sendable {
         switch verdict {
         case .accept(let start, _):
             offset = start
+            transfer.acceptedKnownVersion.store(true, ordering: .releasing)
             let store = transfer.store
             var hasher = PieceHasher(pieceSize: store.pieceSize, total: known.totalLength)
             hasher.start(at: start, segmentStart: store.segmentStart(slot), store: store)
