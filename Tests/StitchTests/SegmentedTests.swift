@@ -196,7 +196,11 @@ import Testing
         let requests = f.server.requests
         let asked = requests.dropFirst().compactMap(AskedRange.init)
         for segment in segments where segment != target {
-            #expect(asked.count(where: { $0 == segment }) == 1, "lane \(segment) asked once: \(asked)")
+            // Once; on a loaded machine a connection whose first bytes are late beside its peers' may be replaced
+            // before it brought any (then the same range is asked again, with a replacement notice).
+            let times = asked.count(where: { $0 == segment })
+            let replaced = f.watch.notices.count { $0.contains("replacing a slow connection") }
+            #expect(times >= 1 && times <= 1 + replaced, "lane \(segment) asked once: \(asked)")
         }
         let onTarget = asked.filter { $0.start >= target.start && $0.start <= target.last! }
         try #require(onTarget.count >= 2, "the faulty segment asked again: \(asked)")

@@ -2,15 +2,17 @@ import Foundation
 import Glibc
 import Synchronization
 
-/// One call of ``Downloader/download(_:options:onEvent:)``: the attempt loop plus the transfer delegate.
+/// One call of ``Downloader/download(_:options:onEvent:)``: the attempt loop of its first connection, and the
+/// steps around it (what is on disk, restarts, the split over several connections, the end).
 ///
 /// Threads: the engine's task runs `run()`. Each attempt has two phases: the transport hands over the response
 /// head, and the engine decides what it means on the blocking pool (`decide`: it may open, reopen, preallocate or
 /// hash files, which must never hold up the transport's thread that every transfer shares); then, while the body
-/// streams, the transport thread calls `receive` (a `pwrite` and counters) and the engine task waits. The awaits
+/// streams, the transport thread feeds the attempt's ``SegmentSink`` (a `pwrite` and counters) and the engine task
+/// waits. The awaits
 /// order the three, so the mutable fields below are never touched by two at once. Progress readers use the
 /// atomics only.
-final class DownloadRun: BodySink, @unchecked Sendable {
+final class DownloadRun: @unchecked Sendable {
     let request: DownloadRequest
     let options: DownloadOptions
     let transport: any HTTPTransport
@@ -34,33 +36,24 @@ final class DownloadRun: BodySink, @unchecked Sendable {
     private var plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
     private var verdict: HeadVerdict?
     private var setupError: DownloadError?
-    private var sinkFailure: SinkFailure?
-    /// Set when the sink has refused this attempt's body (an abort): nothing more of it is written.
-    private var sinkClosed = false
+    /// The attempt's body sink, once its head was accepted.
+    private var sink: SegmentSink?
+    /// Trouble the decision met before any body (space could not be reserved).
+    private var attemptFailure: SegmentSink.Failure?
     private var switchToResume = false
     private var alreadyComplete: DownloadResult?
-    private var offset: Int64 = 0
-    private var verifyEnd: Int64 = 0
+    /// Where the attempt's body has to end (the file's length; nil: unknown).
     private var limit: Int64?
-    private var nextPoke: Int64 = 0
     /// Set once the store's files are renamed into place or deleted: nothing may be written for it after.
     private var storeClosed = false
     /// Set once a store exists, so progress is never reported before the destination is.
     private let hasStore = Atomic<Bool>(false)
-    private var compareBuffer: UnsafeMutableRawBufferPointer?
-    private var pieces: PieceHasher?
 
     // Read from anywhere.
-    private let transferred = Atomic<Int64>(0)
+    /// Body bytes received over every attempt and lane.
+    private let counters: TransferCounters
     private let position = Atomic<Int64>(0)
     private let totalLength = Atomic<Int64>(-1)
-
-    enum SinkFailure {
-        case overlapMismatch(Int64)
-        case write(Errno)
-        case tooLong
-        case checkpoint
-    }
 
     init(
         request: DownloadRequest, options: DownloadOptions, transport: any HTTPTransport,
@@ -73,12 +66,12 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         self.onEvent = onEvent
         self.startURL = try validateURL(request.url)
         self.currentURL = startURL
+        self.counters = TransferCounters(checkpointBytes: options.checkpointBytes)
         if let checksum = request.checksum { hasher = DigestHasher(checksum.algorithm) }
     }
 
     deinit {
         checkpointer?.stop()
-        compareBuffer?.deallocate()
     }
 
     // MARK: The attempt loop
@@ -114,8 +107,8 @@ final class DownloadRun: BodySink, @unchecked Sendable {
             verdict = nil
             probe = nil
             setupError = nil
-            sinkFailure = nil
-            sinkClosed = false
+            sink = nil
+            attemptFailure = nil
             switchToResume = false
             let before = store?.written(0) ?? 0
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
@@ -167,7 +160,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
 
     /// The sink's trouble in this attempt, in the words of the state machine.
     private func sinkOutcome() -> AttemptReport.SinkOutcome {
-        switch sinkFailure {
+        switch sink?.failure ?? attemptFailure {
         case nil: return .none
         case .overlapMismatch(let at): return .overlapMismatch(at: at)
         case .write(let errno):
@@ -329,7 +322,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
 
     private func startCheckpointer(_ store: PartStore) {
         checkpointer = Checkpointer(store: store, interval: options.checkpointInterval)
-        nextPoke = store.written(0) + options.checkpointBytes
+        counters.resetCheckpointCount()
         hasStore.store(true, ordering: .releasing)
     }
 
@@ -342,7 +335,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         probe = nil
         known = nil
         position.store(0, ordering: .relaxed)
-        nextPoke = options.checkpointBytes
+        counters.resetCheckpointCount()
         currentURL = startURL
     }
 
@@ -425,10 +418,9 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         // list of small files syncs two at a time instead of letting the file system commit them together.
         let url = request.url
         try await offloaded { () throws(DownloadError) in try store.finish(url: url, length: bytes) }
-        transferred.add(segmentedReceived, ordering: .relaxed)
         return DownloadResult(
             destination: store.paths.destination, bytes: bytes,
-            bytesTransferred: transferred.load(ordering: .relaxed), resumedFrom: resumedFrom,
+            bytesTransferred: counters.received.load(ordering: .relaxed), resumedFrom: resumedFrom,
             alreadyComplete: false, checksum: verified)
     }
 
@@ -485,9 +477,11 @@ final class DownloadRun: BodySink, @unchecked Sendable {
     static let probeSeconds = 0.01
     static let probeBytes: Int64 = 8 << 20
 
-    /// Ends the probe once it has run long enough. Returns true when the download splits now (the transfer
-    /// stops; the lanes continue from its offset), false to go on with this connection.
-    private func endProbe(_ probe: Probe, store: PartStore) -> Bool {
+    /// Ends the probe once it has run long enough (the first response has reached `offset`). Returns true when
+    /// the download splits now (the transfer stops; the lanes continue from its offset), false to go on with this
+    /// connection. Runs on the transport's thread, from the sink.
+    private func endProbe(at offset: Int64) -> Bool {
+        guard let probe, let store else { return false }
         let elapsed = monotonicNow() - probe.started
         guard elapsed >= Self.probeSeconds || offset >= Self.probeBytes else { return false }
         self.probe = nil
@@ -512,8 +506,6 @@ final class DownloadRun: BodySink, @unchecked Sendable {
     }
     /// The running digest did not see the bytes in order (several connections): hash the file at the end.
     private var hashFromDisk = false
-    /// Body bytes the lanes received (they do not pass through this object's sink).
-    private var segmentedReceived: Int64 = 0
 
     /// How many connections this download should use, given what the server said.
     private func lanes(for validators: Validators) -> Int {
@@ -620,7 +612,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         let transfer = SegmentedTransfer(
             store: store, known: known, ifRange: ifRange, startURL: startURL, request: request, options: options,
             transport: transport, clock: clock, lanes: max(1, lanes(for: known)),
-            emit: { [self] event in emit(event) }, checkpointer: checkpointer)
+            emit: { [self] event in emit(event) }, checkpointer: checkpointer, counters: counters)
         if let total = known.totalLength, let error = store.preallocate(totalLength: total) {
             throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
         }
@@ -632,7 +624,6 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         } catch is CancellationError {
             throw try interrupted()
         }
-        segmentedReceived += transfer.received.load(ordering: .relaxed)
         if transfer.connectionsDisagree { splittingFailed = .versionsDiffer }
         switch outcome {
         case .complete:
@@ -660,40 +651,13 @@ final class DownloadRun: BodySink, @unchecked Sendable {
 
     // MARK: One attempt
 
-    /// What the engine does with a response once it has judged its head.
-    enum HeadDecision: Sendable {
-        /// Stream the body into the sink.
-        case receive
-        /// Read and drop it (a redirect's, an error page), keeping the connection.
-        case discard
-        /// Close the transfer.
-        case abort
-    }
-
-    /// One request: the head, the decision (on the blocking pool), then the body.
+    /// One request (see ``performAttempt(_:on:hook:started:decide:)``); a decision that could not prepare the
+    /// files (a store that cannot be made) ends the run with its error.
     private func attempt(_ request: TransportRequest) async -> Result<Void, TransportError> {
-        let response: any TransportResponse
-        switch await transport.start(request) {
-        case .failure(let error): return .failure(error)
-        case .success(let started): response = started
-        }
-        let decision: HeadDecision
-        do {
-            decision = try await offloadedDecision { [self] () throws(DownloadError) in
-                options.headDecisionHook?()
-                return decide(response.head)
-            }
-        } catch {
-            setupError = error
-            decision = .abort
-        }
-        switch decision {
-        case .receive: return await response.receive(into: self)
-        case .discard: return await response.discard()
-        case .abort:
-            response.cancel()
-            return .failure(.abortedBySink)
-        }
+        let (result, error) = await performAttempt(
+            request, on: transport, hook: options.headDecisionHook, decide: { [self] head in decide(head) })
+        if let error { setupError = error }
+        return result
     }
 
     /// Judges a response head and prepares the files for its body. Runs on the blocking pool.
@@ -728,8 +692,7 @@ final class DownloadRun: BodySink, @unchecked Sendable {
                     return .abort
                 }
             }
-            begin(at: start, verifyUpTo: plan.resumeOffset, validators: validators, status: head.status)
-            return .receive
+            return begin(at: start, verifyUpTo: plan.resumeOffset, validators: validators, status: head.status)
         case .restartWithBody(let reason, let validators):
             restarts += 1
             if restarts > options.maxRestarts { return .abort }
@@ -745,10 +708,9 @@ final class DownloadRun: BodySink, @unchecked Sendable {
                 return .abort
             }
             hasher?.reset()
-            nextPoke = options.checkpointBytes
+            counters.resetCheckpointCount()
             known = validators
-            begin(at: 0, verifyUpTo: 0, validators: validators, status: head.status)
-            return .receive
+            return begin(at: 0, verifyUpTo: 0, validators: validators, status: head.status)
         case .restart:
             return .abort
         case .complete, .redirect, .retry, .fail:
@@ -758,22 +720,31 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         }
     }
 
-    private func begin(at start: Int64, verifyUpTo end: Int64, validators: Validators, status: Int) {
-        if let total = validators.totalLength, let error = store?.preallocate(totalLength: total) {
-            sinkFailure = .write(error)
+    /// Sets up the attempt's sink for a body that starts at `start`, compared with the disk up to `end`.
+    private func begin(at start: Int64, verifyUpTo end: Int64, validators: Validators, status: Int) -> HeadDecision {
+        guard let store else { return .abort }
+        if let total = validators.totalLength, let error = store.preallocate(totalLength: total) {
+            attemptFailure = .write(error)
+            return .abort
         }
-        offset = start
-        verifyEnd = end
         limit = validators.totalLength
-        pieces = nil
-        if let store, let total = validators.totalLength {
+        var pieces: PieceHasher?
+        if let total = validators.totalLength {
             var hasher = PieceHasher(pieceSize: store.pieceSize, total: total)
             hasher.start(at: max(start, end), segmentStart: 0, store: store)
             pieces = hasher
         }
+        let sink = SegmentSink(
+            store: store, slot: 0, bound: .fileLength(validators.totalLength), offset: start, verifyEnd: end,
+            rateLimiter: options.rateLimiter, checkpointer: checkpointer, counters: counters, digest: hasher,
+            pieces: pieces,
+            // Only while the first response is probed; the sink lives no longer than this run.
+            afterWrite: probe == nil ? nil : { [unowned self] offset in endProbe(at: offset) })
+        self.sink = sink
         totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
         position.store(max(start, end), ordering: .relaxed)
         emit(.receiving(status: status, offset: max(start, end), total: validators.totalLength))
+        return .receive(sink)
     }
 
     /// Creates the part file and state once the first usable response names the resource. Returns false when
@@ -810,76 +781,6 @@ final class DownloadRun: BodySink, @unchecked Sendable {
         self.store = store
         startCheckpointer(store)
         emit(.destinationResolved(path))
-        return true
-    }
-
-    // MARK: BodySink (transport thread)
-
-    func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        // A sink that has said stop takes nothing more of this response, whatever the transport does next: the
-        // bytes it would be offered are not the ones that follow `offset`.
-        if sinkClosed { return .abort }
-        // The rate limit is shared by every connection (and download) holding the same limiter.
-        if let limiter = options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
-            return .wait(.seconds(wait))
-        }
-        if write(bytes) { return .accepted }
-        sinkClosed = true
-        return .abort
-    }
-
-    private func write(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        guard let store, sinkFailure == nil, !segmentNow else { return false }
-        if let checkpointer, checkpointer.hasFailed.load(ordering: .relaxed) {
-            sinkFailure = .checkpoint
-            return false
-        }
-        var data = bytes
-        transferred.add(Int64(bytes.count), ordering: .relaxed)
-        if offset < verifyEnd {
-            let count = Int(min(Int64(data.count), verifyEnd - offset))
-            if !matchesDisk(UnsafeRawBufferPointer(rebasing: data[0..<count]), at: offset, store: store) {
-                sinkFailure = .overlapMismatch(verifyEnd)
-                return false
-            }
-            offset += Int64(count)
-            data = UnsafeRawBufferPointer(rebasing: data[count...])
-            if data.isEmpty { return true }
-        }
-        if let limit, offset + Int64(data.count) > limit {
-            sinkFailure = .tooLong
-            return false
-        }
-        if let error = store.write(data, at: offset) {
-            sinkFailure = .write(error)
-            return false
-        }
-        hasher?.update(data)
-        pieces?.consume(data, at: offset, store: store)
-        offset += Int64(data.count)
-        store.noteWritten(0, offset)
-        position.store(offset, ordering: .relaxed)
-        if let probe, endProbe(probe, store: store) { return false }
-        if offset >= nextPoke {
-            nextPoke = offset + options.checkpointBytes
-            checkpointer?.poke()
-        }
-        return true
-    }
-
-    private func matchesDisk(_ bytes: UnsafeRawBufferPointer, at offset: Int64, store: PartStore) -> Bool {
-        if compareBuffer == nil {
-            compareBuffer = .allocate(byteCount: 256 << 10, alignment: 16)
-        }
-        var checked = 0
-        while checked < bytes.count {
-            let count = min(bytes.count - checked, compareBuffer!.count)
-            let target = UnsafeMutableRawBufferPointer(rebasing: compareBuffer![0..<count])
-            guard store.read(into: target, at: offset + Int64(checked)) == count,
-                memcmp(target.baseAddress!, bytes.baseAddress! + checked, count) == 0
-            else { return false }
-            checked += count
-        }
         return true
     }
 }

@@ -45,7 +45,6 @@ final class SegmentedTransfer: Sendable {
     let clock: any DownloadClock
     let lanes: Int
     let emit: @Sendable (DownloadEvent) -> Void
-    let poke: @Sendable () -> Void
     let checkpointer: Checkpointer?
     private var brokenError: DownloadError {
         DownloadError(.io, "an earlier write of \(store.paths.part) failed; stopping", resumable: true)
@@ -55,7 +54,7 @@ final class SegmentedTransfer: Sendable {
         var owned: Set<Int> = []
         var stop: Stop?
         /// The sink of each running request, by segment, so a slow one can be told to make way.
-        var sinks: [Int: LaneSink] = [:]
+        var sinks: [Int: LaneRequest] = [:]
         /// The monitor's samples of each running request: (monotonic seconds, written offset), newest last.
         var samples: [Int: [(Double, Int64)]] = [:]
         /// Each running request's speed (bytes/s) over the last ``speedWindow``, once it has a window to judge.
@@ -111,18 +110,15 @@ final class SegmentedTransfer: Sendable {
     var connectionsDisagree: Bool {
         versionsDiffer.load(ordering: .acquiring) && acceptedKnownVersion.load(ordering: .acquiring)
     }
-    /// Body bytes received over all lanes (progress and retry accounting).
-    let received = Atomic<Int64>(0)
-    private let sinceCheckpoint = Atomic<Int64>(0)
+    /// The download's byte counters, shared with its other attempts.
+    let counters: TransferCounters
     private let finishedLanes = Atomic<Int>(0)
-    /// Body bytes received past a split point and dropped (fetched twice: the price of steals and replacements).
-    let discarded = Atomic<Int64>(0)
 
     init(
         store: PartStore, known: Validators, ifRange: String, startURL: URL, request: DownloadRequest,
         options: DownloadOptions, transport: any HTTPTransport, clock: any DownloadClock, lanes: Int,
         emit: @escaping @Sendable (DownloadEvent) -> Void,
-        checkpointer: Checkpointer?
+        checkpointer: Checkpointer?, counters: TransferCounters
     ) {
         self.store = store
         self.known = known
@@ -135,7 +131,7 @@ final class SegmentedTransfer: Sendable {
         self.lanes = lanes
         self.emit = emit
         self.checkpointer = checkpointer
-        self.poke = { checkpointer?.poke() }
+        self.counters = counters
     }
 
     /// Runs the lanes until every segment is complete, a restart is needed, or a failure ends the download.
@@ -288,7 +284,7 @@ final class SegmentedTransfer: Sendable {
 
     /// How long the request on a segment would take to reach `end` at its speed so far; infinite when it has no
     /// speed yet to judge by (not started, or under a tenth of a second old).
-    private func secondsLeft(_ sink: LaneSink?, written: Int64, end: Int64, now: Double) -> Double {
+    private func secondsLeft(_ sink: LaneRequest?, written: Int64, end: Int64, now: Double) -> Double {
         guard let sink else { return .infinity }
         return Self.secondsLeft(from: sink.plan.resumeOffset, at: sink.startedAt, written: written, end: end, now: now)
     }
@@ -360,7 +356,7 @@ final class SegmentedTransfer: Sendable {
 
     private var activeLanes: Int { shared.withLock { $0.activeLanes } }
 
-    private func register(_ sink: LaneSink?, for slot: Int) {
+    private func register(_ sink: LaneRequest?, for slot: Int) {
         shared.withLock { state in
             if sink == nil {
                 // What a new request may expect: this one's speed over its last window, or (too short a request
@@ -430,7 +426,7 @@ final class SegmentedTransfer: Sendable {
             let start = store.written(slot)
             guard let end = store.end(slot), start < end else { return .done }
             let plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
-            let sink = LaneSink(transfer: self, slot: slot, plan: plan, known: known)
+            let sink = LaneRequest(transfer: self, slot: slot, plan: plan, known: known)
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
             register(sink, for: slot)
             // As lanes, unless the user asked for HTTP/2 streams of one connection.
@@ -454,10 +450,10 @@ final class SegmentedTransfer: Sendable {
             }
             var outcome = AttemptReport.SinkOutcome.none
             if let failure = sink.failure {
-                outcome = .storageFailed(DownloadError.io("cannot write", path: store.paths.part, failure))
+                outcome = sinkOutcome(failure)
             } else if sink.reachedEnd {
                 outcome = .reachedEnd  // the loop re-reads the end: done, or shrunk by a split
-            } else if sink.replace.load(ordering: .acquiring), Self.endedByUs(result) {
+            } else if sink.replace.isSet, Self.endedByUs(result) {
                 emit(.notice("replacing a slow connection"))
                 outcome = .replaced  // not a failure: ask again on a new connection
             } else if case .failure(let error) = result, error.isAbortedBySink, case .accept = sink.verdict {
@@ -510,6 +506,16 @@ final class SegmentedTransfer: Sendable {
         }
     }
 
+    /// What a sink's own trouble means for the lane's state machine.
+    private func sinkOutcome(_ failure: SegmentSink.Failure) -> AttemptReport.SinkOutcome {
+        switch failure {
+        case .write(let errno): .storageFailed(DownloadError.io("cannot write", path: store.paths.part, errno))
+        case .checkpoint: .storageFailed(checkpointer?.error ?? brokenError)
+        case .tooLong: .tooLong
+        case .overlapMismatch(let at): .overlapMismatch(at: at)
+        }
+    }
+
     /// Restart reasons that one edge of a CDN with another copy of the file would give.
     static func isAnotherVersion(_ reason: RestartReason) -> Bool {
         switch reason {
@@ -552,39 +558,35 @@ final class SegmentedTransfer: Sendable {
     /// Statuses with which a server turns away a connection it will not serve now.
     static func isRefusal(_ status: Int) -> Bool { status == 429 || status == 503 }
 
-    /// Called by sinks for every chunk written: checkpoint pokes by volume.
-    fileprivate func wrote(_ count: Int) {
-        received.add(Int64(count), ordering: .relaxed)
-        if sinceCheckpoint.add(Int64(count), ordering: .relaxed).newValue >= options.checkpointBytes {
-            sinceCheckpoint.store(0, ordering: .relaxed)
-            poke()
-        }
-    }
 }
 
-/// The transfer delegate of one lane's request. Touched only on the transport thread during the request and by
-/// the lane after it (the await orders the two).
-final class LaneSink: BodySink, @unchecked Sendable {
+/// One request of a lane: its plan, the engine's reading of its head, and its body's sink (the engine's one
+/// ``SegmentSink``). Touched only on the decision pool and the transport thread during the request and by the
+/// lane after it (the awaits order them); the monitor reads the atomics and the sink's offset.
+final class LaneRequest: @unchecked Sendable {
     let transfer: SegmentedTransfer
     let slot: Int
     let plan: RequestPlan
     let known: Validators
     var verdict: HeadVerdict?
-    var offset: Int64 = 0
-    var reachedEnd = false
-    var failure: Errno?
-    var pieces: PieceHasher?
-    /// When this request was made and where it started, for the lane's speed.
+    /// The body's sink, once the head was accepted.
+    private(set) var sink: SegmentSink?
+    /// When this request was made, for the lane's speed.
     let startedAt = monotonicNow()
     /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
-    let replace = Atomic<Bool>(false)
+    let replace = AtomicFlag()
     /// The response being received, so that a stalled one can be cut off (no bytes come to notice `replace`).
     private let response = Mutex<(any TransportResponse)?>(nil)
+
+    /// Where the body has got to.
+    var offset: Int64 { sink?.offset ?? plan.resumeOffset }
+    var reachedEnd: Bool { sink?.reachedEnd ?? false }
+    var failure: SegmentSink.Failure? { sink?.failure }
 
     /// Stops this request so the lane asks again on a new connection: at the next chunk, and at once if the
     /// connection has gone silent.
     func replaceNow() {
-        replace.store(true, ordering: .releasing)
+        replace.set()
         response.withLock { $0 }?.cancel()
     }
     /// The head was accepted and the body is flowing (what the slow-connection monitor may judge).
@@ -598,46 +600,42 @@ final class LaneSink: BodySink, @unchecked Sendable {
         self.known = known
     }
 
-    /// One request for the lane's range: the head, the decision (on the blocking pool: it may read the partial
-    /// piece before `start` from disk), then the body into this sink.
+    /// One request for the lane's range (see ``performAttempt(_:on:hook:started:decide:)``); the decision may
+    /// read the partial piece before the range's start from disk.
     func perform(_ request: TransportRequest, on transport: any HTTPTransport) async -> Result<Void, TransportError> {
-        let response: any TransportResponse
-        switch await transport.start(request) {
-        case .failure(let error): return .failure(error)
-        case .success(let started): response = started
-        }
-        self.response.withLock { $0 = response }
-        defer { self.response.withLock { $0 = nil } }
-        if replace.load(ordering: .acquiring) { response.cancel() }
-        let options = transfer.options
-        let decision =
-            (try? await offloadedDecision { [self] () throws(DownloadError) in
-                options.headDecisionHook?()
-                return decide(response.head)
-            }) ?? .abort
-        switch decision {
-        case .receive: return await response.receive(into: self)
-        case .discard: return await response.discard()
-        case .abort:
-            response.cancel()
-            return .failure(.abortedBySink)
-        }
+        defer { response.withLock { $0 = nil } }
+        return await performAttempt(
+            request, on: transport, hook: transfer.options.headDecisionHook,
+            started: { [self] started in
+                response.withLock { $0 = started }
+                if replace.isSet { started.cancel() }
+            },
+            decide: { [self] head in decide(head) }
+        ).result
     }
 
-    private func decide(_ head: ResponseHead) -> DownloadRun.HeadDecision {
+    private func decide(_ head: ResponseHead) -> HeadDecision {
         if transfer.stopped.load(ordering: .relaxed) { return .abort }
         let verdict = ResumePolicy.evaluate(head, plan: plan, known: known)
         self.verdict = verdict
         switch verdict {
         case .accept(let start, _):
-            offset = start
             transfer.acceptedKnownVersion.store(true, ordering: .releasing)
             let store = transfer.store
-            var hasher = PieceHasher(pieceSize: store.pieceSize, total: known.totalLength)
-            hasher.start(at: start, segmentStart: store.segmentStart(slot), store: store)
-            pieces = hasher
+            var pieces = PieceHasher(pieceSize: store.pieceSize, total: known.totalLength)
+            pieces.start(at: start, segmentStart: store.segmentStart(slot), store: store)
+            let transfer = self.transfer
+            let replace = self.replace
+            let sink = SegmentSink(
+                store: store, slot: slot, bound: .segmentEnd(requestEnd: plan.rangeEnd ?? Int64.max),
+                offset: start, rateLimiter: transfer.options.rateLimiter, checkpointer: transfer.checkpointer,
+                counters: transfer.counters, pieces: pieces,
+                shouldStop: {
+                    transfer.stopped.load(ordering: .relaxed) || replace.isSet
+                })
+            self.sink = sink
             receivingFlag.store(true, ordering: .relaxed)
-            return .receive
+            return .receive(sink)
         case .restart, .restartWithBody:
             return .abort
         case .complete, .redirect, .retry, .fail:
@@ -646,55 +644,11 @@ final class LaneSink: BodySink, @unchecked Sendable {
             return .abort
         }
     }
+}
 
-    func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        // Once stopped, never again for this response (see DownloadRun.receive).
-        if closed { return .abort }
-        let decision = decide(bytes)
-        if decision == .abort { closed = true }
-        return decision
-    }
-
-    private var closed = false
-
-    private func decide(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        if transfer.stopped.load(ordering: .relaxed) || replace.load(ordering: .relaxed) || transfer.store.isBroken
-            || transfer.checkpointer?.hasFailed.load(ordering: .relaxed) == true
-        {
-            return .abort
-        }
-        // The rate limit is shared by every connection (and download) holding the same limiter.
-        if let limiter = transfer.options.rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
-            return .wait(.seconds(wait))
-        }
-        return write(bytes) ? .accepted : .abort
-    }
-
-    private func write(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        guard let end = transfer.store.end(slot) else { return false }
-        let room = end - offset
-        if room <= 0 {
-            transfer.discarded.add(Int64(bytes.count), ordering: .relaxed)
-            reachedEnd = true
-            return false
-        }
-        let count = Int(min(Int64(bytes.count), room))
-        if count < bytes.count { transfer.discarded.add(Int64(bytes.count - count), ordering: .relaxed) }
-        let data = UnsafeRawBufferPointer(rebasing: bytes[0..<count])
-        if let error = transfer.store.write(data, at: offset) {
-            failure = error
-            return false
-        }
-        pieces?.consume(data, at: offset, store: transfer.store)
-        offset += Int64(count)
-        transfer.store.noteWritten(slot, offset)
-        transfer.wrote(count)
-        if count < bytes.count || offset >= end {
-            reachedEnd = true
-            // At the end it asked for, the response is over: let it finish so the connection is kept for the
-            // lane's next range. Cut short by a split, the server is still sending: stop it.
-            return count == bytes.count && offset == plan.rangeEnd
-        }
-        return true
-    }
+/// A flag one thread sets and others read, shareable by reference (a closure can hold it).
+final class AtomicFlag: Sendable {
+    private let value = Atomic<Bool>(false)
+    func set() { value.store(true, ordering: .releasing) }
+    var isSet: Bool { value.load(ordering: .acquiring) }
 }

@@ -1,0 +1,48 @@
+/// What the engine does with a response once it has judged its head.
+enum HeadDecision: Sendable {
+    /// Stream the body into this sink.
+    case receive(SegmentSink)
+    /// Read and drop it (a redirect's, an error page), keeping the connection.
+    case discard
+    /// Close the transfer.
+    case abort
+}
+
+/// One request in two phases, the same for a download on one connection and for each lane of one on several:
+/// the transport hands over the response head; the engine decides what it means on the blocking pool for
+/// decisions (`decide` may open, reopen, preallocate or hash files, which must never hold up the transport's
+/// thread that every transfer shares); then the body streams into the chosen sink, is read and dropped, or the
+/// transfer is cancelled.
+///
+/// `started` sees the response before the decision (a lane keeps it, so that a stalled connection can be cut off).
+/// Returns how the transfer ended, and the error a decision threw (the transfer was then cancelled).
+func performAttempt(
+    _ request: TransportRequest, on transport: any HTTPTransport, hook: (@Sendable () -> Void)?,
+    started: (any TransportResponse) -> Void = { _ in },
+    decide: @escaping @Sendable (ResponseHead) throws(DownloadError) -> HeadDecision
+) async -> (result: Result<Void, TransportError>, decisionError: DownloadError?) {
+    let response: any TransportResponse
+    switch await transport.start(request) {
+    case .failure(let error): return (.failure(error), nil)
+    case .success(let head): response = head
+    }
+    started(response)
+    let decision: HeadDecision
+    var decisionError: DownloadError?
+    do {
+        decision = try await offloadedDecision { () throws(DownloadError) in
+            hook?()
+            return try decide(response.head)
+        }
+    } catch {
+        decisionError = error
+        decision = .abort
+    }
+    switch decision {
+    case .receive(let sink): return (await response.receive(into: sink), decisionError)
+    case .discard: return (await response.discard(), decisionError)
+    case .abort:
+        response.cancel()
+        return (.failure(.abortedBySink), decisionError)
+    }
+}

@@ -1,0 +1,203 @@
+import Glibc
+import Synchronization
+
+/// The engine's one body sink: writes one response's body into one segment of the part file, for a download on
+/// one connection and for each lane of a download on several alike.
+///
+/// Per chunk, on the transport's thread and nothing else: the stop checks, the shared rate limit, a comparison
+/// with the bytes on disk for the part of the body that re-fetches what was already there (a resume checked
+/// without a validator), a `pwrite` at the segment's offset, the running digests, one store into the live record,
+/// and counters. Everything that opens, syncs or hashes files happened before, in the engine's decision.
+///
+/// Once the sink has said stop it takes nothing more of this response, whatever the transport does next: the
+/// bytes it would be offered are not the ones that follow ``offset``.
+final class SegmentSink: BodySink, @unchecked Sendable {
+    /// Why the sink stopped a body on its own.
+    enum Failure: Sendable {
+        /// A byte before ``verifyEnd`` differed from the one on disk: the file on the server is not the one the
+        /// partial came from.
+        case overlapMismatch(Int64)
+        /// A write of the part file failed.
+        case write(Errno)
+        /// More body than the file's length.
+        case tooLong
+        /// A checkpoint (a sync or a state write) failed: nothing more may be written.
+        case checkpoint
+    }
+
+    /// Where the body's bytes stop counting.
+    enum Bound: Sendable {
+        /// At the segment's end as the store has it at each chunk: another connection may take the segment's tail
+        /// (a split), so the end can move closer while the body flows. Bytes past it are dropped (counted in
+        /// ``TransferCounters/discarded``) and the sink stops, unless the response ends exactly there
+        /// (`requestEnd`, the end it asked for), so that its connection can be reused.
+        case segmentEnd(requestEnd: Int64)
+        /// At the file's length (unknown: none); a longer body is ``Failure/tooLong``.
+        case fileLength(Int64?)
+    }
+
+    let store: PartStore
+    let slot: Int
+    private let bound: Bound
+    /// Where the next byte goes.
+    private(set) var offset: Int64
+    /// Bytes before this offset are compared with the disk, not written.
+    private let verifyEnd: Int64
+    private let rateLimiter: RateLimiter?
+    private let checkpointer: Checkpointer?
+    private let counters: TransferCounters
+    private let digest: DigestHasher?
+    private var pieces: PieceHasher?
+    /// Checked before each chunk: true stops the body (the transfer halted, the connection is being replaced).
+    private let shouldStop: @Sendable () -> Bool
+    /// Called after each write with the new offset: true stops the body (the first response's probe split the
+    /// download).
+    private let afterWrite: ((Int64) -> Bool)?
+
+    private(set) var failure: Failure?
+    /// The body reached the segment's end (see ``Bound/segmentEnd(requestEnd:)``).
+    private(set) var reachedEnd = false
+    private var closed = false
+    private var compareBuffer: UnsafeMutableRawBufferPointer?
+
+    init(
+        store: PartStore, slot: Int, bound: Bound, offset: Int64, verifyEnd: Int64 = 0,
+        rateLimiter: RateLimiter?, checkpointer: Checkpointer?, counters: TransferCounters,
+        digest: DigestHasher? = nil, pieces: PieceHasher?,
+        shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: ((Int64) -> Bool)? = nil
+    ) {
+        self.store = store
+        self.slot = slot
+        self.bound = bound
+        self.offset = offset
+        self.verifyEnd = verifyEnd
+        self.rateLimiter = rateLimiter
+        self.checkpointer = checkpointer
+        self.counters = counters
+        self.digest = digest
+        self.pieces = pieces
+        self.shouldStop = shouldStop
+        self.afterWrite = afterWrite
+    }
+
+    deinit {
+        compareBuffer?.deallocate()
+    }
+
+    func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+        if closed { return .abort }
+        if shouldStop() {
+            closed = true
+            return .abort
+        }
+        if store.isBroken || checkpointer?.hasFailed.load(ordering: .relaxed) == true {
+            failure = .checkpoint
+            closed = true
+            return .abort
+        }
+        // The rate limit is shared by every connection (and download) holding the same limiter.
+        if let limiter = rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
+            return .wait(.seconds(wait))
+        }
+        if write(bytes) { return .accepted }
+        closed = true
+        return .abort
+    }
+
+    private func write(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        var data = bytes
+        if offset < verifyEnd {
+            let count = Int(min(Int64(data.count), verifyEnd - offset))
+            guard matchesDisk(UnsafeRawBufferPointer(rebasing: data[0..<count]), at: offset) else {
+                failure = .overlapMismatch(verifyEnd)
+                return false
+            }
+            offset += Int64(count)
+            counters.received.add(Int64(count), ordering: .relaxed)
+            data = UnsafeRawBufferPointer(rebasing: data[count...])
+            if data.isEmpty { return true }
+        }
+        var count = data.count
+        var segmentEnd: Int64?
+        switch bound {
+        case .segmentEnd:
+            guard let end = store.end(slot) else { return false }
+            segmentEnd = end
+            let room = end - offset
+            if room <= 0 {
+                counters.discarded.add(Int64(data.count), ordering: .relaxed)
+                reachedEnd = true
+                return false
+            }
+            count = Int(min(Int64(data.count), room))
+            if count < data.count { counters.discarded.add(Int64(data.count - count), ordering: .relaxed) }
+        case .fileLength(let limit):
+            if let limit, offset + Int64(data.count) > limit {
+                failure = .tooLong
+                return false
+            }
+        }
+        let chunk = UnsafeRawBufferPointer(rebasing: data[0..<count])
+        if let error = store.write(chunk, at: offset) {
+            failure = .write(error)
+            return false
+        }
+        digest?.update(chunk)
+        pieces?.consume(chunk, at: offset, store: store)
+        offset += Int64(count)
+        store.noteWritten(slot, offset)
+        counters.wrote(count, checkpointer: checkpointer)
+        if case .segmentEnd(let requestEnd) = bound, let end = segmentEnd, count < data.count || offset >= end {
+            reachedEnd = true
+            // At the end it asked for, the response is over: let it finish so the connection is kept for the
+            // lane's next range. Cut short by a split, the server is still sending: stop it.
+            return count == data.count && offset == requestEnd
+        }
+        if let afterWrite, afterWrite(offset) { return false }
+        return true
+    }
+
+    private func matchesDisk(_ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Bool {
+        if compareBuffer == nil { compareBuffer = .allocate(byteCount: 256 << 10, alignment: 16) }
+        let buffer = compareBuffer!
+        var checked = 0
+        while checked < bytes.count {
+            let count = min(bytes.count - checked, buffer.count)
+            let target = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count])
+            guard store.read(into: target, at: offset + Int64(checked)) == count,
+                memcmp(target.baseAddress!, bytes.baseAddress! + checked, count) == 0
+            else { return false }
+            checked += count
+        }
+        return true
+    }
+}
+
+/// Counters one download's sinks share (over its attempts and lanes), read from anywhere.
+final class TransferCounters: Sendable {
+    /// Body bytes taken: written, or compared with the disk.
+    let received = Atomic<Int64>(0)
+    /// Body bytes received past a split point and dropped (fetched twice: the price of steals and replacements).
+    let discarded = Atomic<Int64>(0)
+    private let sinceCheckpoint = Atomic<Int64>(0)
+    private let checkpointBytes: Int64
+
+    init(checkpointBytes: Int64) {
+        self.checkpointBytes = checkpointBytes
+    }
+
+    /// Counts `count` bytes written and pokes the checkpointer every `checkpointBytes`.
+    @inline(__always)
+    func wrote(_ count: Int, checkpointer: Checkpointer?) {
+        received.add(Int64(count), ordering: .relaxed)
+        if sinceCheckpoint.add(Int64(count), ordering: .relaxed).newValue >= checkpointBytes {
+            sinceCheckpoint.store(0, ordering: .relaxed)
+            checkpointer?.poke()
+        }
+    }
+
+    /// Starts the count towards the next checkpoint anew (a new checkpointer, a restart from zero).
+    func resetCheckpointCount() {
+        sinceCheckpoint.store(0, ordering: .relaxed)
+    }
+}
