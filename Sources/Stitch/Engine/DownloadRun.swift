@@ -97,13 +97,19 @@ final class DownloadRun: @unchecked Sendable {
             startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects, scope: .download)
         while true {
             if Task.isCancelled { throw try interrupted() }
-            if let store, store.snapshot.segments.count > 1 || segmentNow || resplit(store) {
+            // Once there are bytes (or segments) to continue from, every request is a transfer's: one lane for a
+            // download on one connection, several once it is split. Until then the first connection's requests
+            // come here: the one that names the file, creates the store, and decides whether to split.
+            if let store, segmentNow || store.snapshot.segments.count > 1 || store.written(0) > 0 {
+                let split = segmentNow || store.snapshot.segments.count > 1 || resplit(store)
                 segmentNow = false
-                if let done = try await runSegmented(store) { return done }
+                let done = try await split ? runSegmented(store) : runAlone(store, machine: machine)
+                if let done { return done }
+                machine.resetURL()
                 continue
             }
-            plan = ResumePolicy.plan(offset: store?.written(0) ?? 0, known: known,
-                overlapWindow: options.overlapWindow)
+            // The whole file: nothing is kept yet.
+            plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
             verdict = nil
             probe = nil
             setupError = nil
@@ -128,7 +134,6 @@ final class DownloadRun: @unchecked Sendable {
             }
             if case .failure(let error) = result, error.isCancelled || Task.isCancelled { throw try interrupted() }
             if case .accept = verdict, restarts > options.maxRestarts { throw unstable() }
-            if case .restartWithBody = verdict, restarts > options.maxRestarts { throw unstable() }
 
             let written = store?.written(0) ?? 0
             let report = AttemptReport(
@@ -339,7 +344,7 @@ final class DownloadRun: @unchecked Sendable {
         currentURL = startURL
     }
 
-    private func unstable() -> DownloadError {
+    func unstable() -> DownloadError {
         DownloadError(
             .unstableSource,
             "the file kept changing on the server (\(restarts - 1) restarts); try again later", resumable: false)
@@ -644,6 +649,56 @@ final class DownloadRun: @unchecked Sendable {
         }
     }
 
+    /// Continues the download's one segment on one connection: a transfer with one lane, which takes over this
+    /// run's retry state. Returns the result, or nil after a restart.
+    private func runAlone(_ store: PartStore, machine: AttemptStateMachine) async throws -> DownloadResult? {
+        let transfer = SegmentedTransfer(
+            store: store, known: known ?? store.snapshot.validators, ifRange: known?.ifRange, startURL: startURL,
+            request: request, options: options, transport: transport, clock: clock, lanes: 1,
+            emit: { [self] event in emit(event) }, checkpointer: checkpointer, counters: counters, owner: self,
+            machine: machine)
+        let outcome: SegmentedTransfer.Outcome
+        do {
+            outcome = try await transfer.run()
+        } catch is CancellationError {
+            throw try interrupted()
+        }
+        known = transfer.known
+        switch outcome {
+        case .complete:
+            return try await finish()
+        case .restart(let reason):
+            try restart(reason)
+            return nil
+        }
+    }
+
+    // MARK: For the one lane of a download on one connection (on the decision pool)
+
+    /// The digest that sees every byte in order from 0, unless the bytes came over several connections.
+    var runningDigest: DigestHasher? { hashFromDisk ? nil : hasher }
+
+    /// A 200 with the whole (new) file to the one connection's ranged request: restarts from zero in place, the
+    /// body kept from its first byte. False when the restarts are used up (the download then fails as unstable).
+    func restartInPlace(_ reason: RestartReason, validators: Validators) throws(DownloadError) -> Bool {
+        restarts += 1
+        if restarts > options.maxRestarts { return false }
+        emit(.restarting(reason))
+        guard let store else { return false }
+        try store.restart(validators: validators)
+        hasher?.reset()
+        counters.resetCheckpointCount()
+        known = validators
+        return true
+    }
+
+    /// The one connection's body starts flowing at `offset`.
+    func receiving(status: Int, offset: Int64, validators: Validators) {
+        limit = validators.totalLength
+        totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
+        emit(.receiving(status: status, offset: offset, total: validators.totalLength))
+    }
+
     /// Why the rest of this run uses one connection, after several connections led to a restart.
     private enum SplittingFailure { case rangesIgnored, restarted, versionsDiffer }
     private var splittingFailed: SplittingFailure?
@@ -677,9 +732,7 @@ final class DownloadRun: @unchecked Sendable {
                 return .abort
             }
             known = validators
-            if start == 0, plan.resumeOffset == 0, let store, let total = validators.totalLength,
-                shouldSegment(validators, status: head.status)
-            {
+            if let store, let total = validators.totalLength, shouldSegment(validators, status: head.status) {
                 if options.connections == nil, options.singleConnectionRate != nil {
                     // Receive a moment first: the split happens (from where this response got to) unless one
                     // connection turns out to be fast enough on its own.
@@ -692,26 +745,9 @@ final class DownloadRun: @unchecked Sendable {
                     return .abort
                 }
             }
-            return begin(at: start, verifyUpTo: plan.resumeOffset, validators: validators, status: head.status)
-        case .restartWithBody(let reason, let validators):
-            restarts += 1
-            if restarts > options.maxRestarts { return .abort }
-            emit(.restarting(reason))
-            do {
-                if store == nil {
-                    guard try createStore(head: head, validators: validators) else { return .abort }
-                } else {
-                    try store?.restart(validators: validators)
-                }
-            } catch {
-                setupError = error as? DownloadError ?? DownloadError(.io, "\(error)")
-                return .abort
-            }
-            hasher?.reset()
-            counters.resetCheckpointCount()
-            known = validators
-            return begin(at: 0, verifyUpTo: 0, validators: validators, status: head.status)
-        case .restart:
+            return begin(at: start, validators: validators, status: head.status)
+        case .restart, .restartWithBody:
+            // (A request for the whole file is never ranged, so it cannot meet a 200 to a range.)
             return .abort
         case .complete, .redirect, .retry, .fail:
             return .discard
@@ -720,8 +756,8 @@ final class DownloadRun: @unchecked Sendable {
         }
     }
 
-    /// Sets up the attempt's sink for a body that starts at `start`, compared with the disk up to `end`.
-    private func begin(at start: Int64, verifyUpTo end: Int64, validators: Validators, status: Int) -> HeadDecision {
+    /// Sets up the attempt's sink for the whole file's body (`start` is 0).
+    private func begin(at start: Int64, validators: Validators, status: Int) -> HeadDecision {
         guard let store else { return .abort }
         if let total = validators.totalLength, let error = store.preallocate(totalLength: total) {
             attemptFailure = .write(error)
@@ -731,19 +767,19 @@ final class DownloadRun: @unchecked Sendable {
         var pieces: PieceHasher?
         if let total = validators.totalLength {
             var hasher = PieceHasher(pieceSize: store.pieceSize, total: total)
-            hasher.start(at: max(start, end), segmentStart: 0, store: store)
+            hasher.start(at: start, segmentStart: 0, store: store)
             pieces = hasher
         }
         let sink = SegmentSink(
-            store: store, slot: 0, bound: .fileLength(validators.totalLength), offset: start, verifyEnd: end,
+            store: store, slot: 0, bound: .fileLength(validators.totalLength), offset: start,
             rateLimiter: options.rateLimiter, checkpointer: checkpointer, counters: counters, digest: hasher,
             pieces: pieces,
             // Only while the first response is probed; the sink lives no longer than this run.
             afterWrite: probe == nil ? nil : { [unowned self] offset in endProbe(at: offset) })
         self.sink = sink
         totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
-        position.store(max(start, end), ordering: .relaxed)
-        emit(.receiving(status: status, offset: max(start, end), total: validators.totalLength))
+        position.store(start, ordering: .relaxed)
+        emit(.receiving(status: status, offset: start, total: validators.totalLength))
         return .receive(sink)
     }
 

@@ -2,7 +2,10 @@ import Foundation
 import Glibc
 import Synchronization
 
-/// Fetches the unfinished segments of one download over several connections at once.
+/// Fetches the unfinished segments of one download over one or several connections: every request of a download
+/// that has bytes (or segments) to continue from is made here. A download on one connection is this transfer
+/// with one lane (``onlySegment``); only its first requests — the ones that name the file, create the store and
+/// decide whether to split — are made by ``DownloadRun`` before it hands over.
 ///
 /// Each *lane* is a task that claims a segment, requests exactly its bytes (`Range: bytes=N-M` with `If-Range`),
 /// writes them with `pwrite` at their offsets and records them in the segment's live-record slot. Every 206 is
@@ -36,8 +39,23 @@ final class SegmentedTransfer: Sendable {
     }
 
     let store: PartStore
-    let known: Validators
-    let ifRange: String
+    /// The validators the download has; on one connection a response may add to them (see ``onlySegment``).
+    var known: Validators { knownBox.withLock { $0 } }
+    private let knownBox: Mutex<Validators>
+    /// What ranged requests send as `If-Range` (always there with several segments).
+    let ifRange: String?
+    /// One lane over the download's one segment: a download on one connection is this transfer with N = 1. The
+    /// lane then asks as a resume does (a range from where the file got to, with `If-Range` or, without a strong
+    /// validator, re-fetching an overlap to compare; no end), takes the body to its end (a longer one is too long,
+    /// an unknown length ends with the response), keeps the running digest, saves what a response adds to the
+    /// validators, and restarts in place on a 200 to its range (the new file's body is kept from byte 0).
+    let onlySegment: Bool
+    /// The download whose only segment this is (for its running digest, restart count and events).
+    let owner: DownloadRun?
+    /// The retry state the download's first connection had (one connection: the same request sequence goes on).
+    private let firstMachine: Mutex<AttemptStateMachine?>
+    /// Set when a response of unknown length ended complete.
+    let completedWhole = AtomicFlag()
     let startURL: URL
     let request: DownloadRequest
     let options: DownloadOptions
@@ -115,14 +133,18 @@ final class SegmentedTransfer: Sendable {
     private let finishedLanes = Atomic<Int>(0)
 
     init(
-        store: PartStore, known: Validators, ifRange: String, startURL: URL, request: DownloadRequest,
+        store: PartStore, known: Validators, ifRange: String?, startURL: URL, request: DownloadRequest,
         options: DownloadOptions, transport: any HTTPTransport, clock: any DownloadClock, lanes: Int,
         emit: @escaping @Sendable (DownloadEvent) -> Void,
-        checkpointer: Checkpointer?, counters: TransferCounters
+        checkpointer: Checkpointer?, counters: TransferCounters,
+        owner: DownloadRun? = nil, machine: AttemptStateMachine? = nil
     ) {
         self.store = store
-        self.known = known
+        self.knownBox = Mutex(known)
         self.ifRange = ifRange
+        self.onlySegment = lanes == 1 && store.snapshot.segments.count == 1
+        self.owner = owner
+        self.firstMachine = Mutex(machine)
         self.startURL = startURL
         self.request = request
         self.options = options
@@ -166,7 +188,7 @@ final class SegmentedTransfer: Sendable {
         case .failure(let error): throw error
         case nil: break
         }
-        guard store.writtenSegments.allSatisfy(\.isComplete) else {
+        guard completedWhole.isSet || store.writtenSegments.allSatisfy(\.isComplete) else {
             throw DownloadError(.protocolViolation, "segments left unfinished", resumable: true)
         }
         return .complete
@@ -392,7 +414,7 @@ final class SegmentedTransfer: Sendable {
             if versionsDiffer.load(ordering: .acquiring), retireForOneVersion() { return }
             guard let slot = claim() else {
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
-                if store.writtenSegments.allSatisfy(\.isComplete) { return }
+                if lanes == 1 || completedWhole.isSet || store.writtenSegments.allSatisfy(\.isComplete) { return }
                 do {
                     try await Task.sleep(for: .milliseconds(Int64(Self.monitorInterval * 1000)))
                 } catch {
@@ -415,8 +437,11 @@ final class SegmentedTransfer: Sendable {
     /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures; or gives it back and
     /// retires the lane when the server refuses this connection while others carry on.
     private func fetch(_ slot: Int) async throws -> LaneEnd {
-        var machine = AttemptStateMachine(
-            startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects, scope: .connection)
+        var machine =
+            (onlySegment ? firstMachine.withLock { $0.take() } : nil)
+            ?? AttemptStateMachine(
+                startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects,
+                scope: onlySegment ? .download : .connection)
         while !stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
             if let failure = checkpointer?.error ?? (store.isBroken ? brokenError : nil) {
@@ -424,8 +449,16 @@ final class SegmentedTransfer: Sendable {
                 return .done
             }
             let start = store.written(slot)
-            guard let end = store.end(slot), start < end else { return .done }
-            let plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
+            let end = store.end(slot)
+            if completedWhole.isSet { return .done }
+            if let end, start >= end { return .done }
+            let plan: RequestPlan
+            if onlySegment {
+                plan = ResumePolicy.plan(offset: start, known: known, overlapWindow: options.overlapWindow)
+            } else {
+                guard let end, let ifRange else { return .done }  // several segments always have both
+                plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
+            }
             let sink = LaneRequest(transfer: self, slot: slot, plan: plan, known: known)
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
             register(sink, for: slot)
@@ -438,9 +471,19 @@ final class SegmentedTransfer: Sendable {
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return .done }
             try Task.checkCancellation()
+            if let error = sink.decisionError {
+                halt(.failure(error))  // the files could not be prepared (a state write, a restart)
+                return .done
+            }
 
-            // Every verdict that means the bytes cannot be trusted stops every lane: the download restarts.
+            // Every verdict that means the bytes cannot be trusted stops every lane: the download restarts. (One
+            // connection restarts in place on a 200, keeping its body; out of restarts, the download fails.)
             switch sink.verdict {
+            case .restartWithBody where onlySegment:
+                if sink.sink == nil, let owner {
+                    halt(.failure(owner.unstable()))
+                    return .done
+                }
             case .restart(let why), .restartWithBody(let why, _):
                 if Self.isAnotherVersion(why), keepOneVersion(why) { return .retired }
                 halt(.restart(why))
@@ -466,6 +509,11 @@ final class SegmentedTransfer: Sendable {
                 verdict: sink.verdict, result: result, sink: outcome, written: written, end: store.end(slot) ?? end,
                 saved: max(0, written - start), durable: store.durable.load(ordering: .acquiring))
             switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
+            case .complete where end == nil:
+                completedWhole.set()  // an unknown length: the response's end is the file's
+                return .done
+            case .follow(let next) where onlySegment:
+                emit(.redirected(to: next.absoluteString))
             case .requestAgain, .follow, .complete:
                 continue  // the loop re-reads the end: done, or more to ask for
             case .restart(let why):
@@ -491,6 +539,11 @@ final class SegmentedTransfer: Sendable {
                     return .retired
                 }
                 emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
+                // A retry's pause is a good moment for a durable checkpoint (off the cooperative threads).
+                if onlySegment, !store.isBroken {
+                    let store = self.store
+                    _ = try? await offloaded { () throws(DownloadError) in try store.checkpoint() }
+                }
                 try await clock.sleep(seconds: delay)
             }
         }
@@ -504,6 +557,11 @@ final class SegmentedTransfer: Sendable {
         case .success: return false
         case .failure(let error): return error.isCancelled || error.isAbortedBySink
         }
+    }
+
+    /// What a response on the download's one connection added to the validators.
+    fileprivate func adopt(_ validators: Validators) {
+        knownBox.withLock { $0 = validators }
     }
 
     /// What a sink's own trouble means for the lane's state machine.
@@ -571,6 +629,8 @@ final class LaneRequest: @unchecked Sendable {
     var verdict: HeadVerdict?
     /// The body's sink, once the head was accepted.
     private(set) var sink: SegmentSink?
+    /// What the decision could not do (prepare the files).
+    private(set) var decisionError: DownloadError?
     /// When this request was made, for the lane's speed.
     let startedAt = monotonicNow()
     /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
@@ -604,14 +664,63 @@ final class LaneRequest: @unchecked Sendable {
     /// read the partial piece before the range's start from disk.
     func perform(_ request: TransportRequest, on transport: any HTTPTransport) async -> Result<Void, TransportError> {
         defer { response.withLock { $0 = nil } }
-        return await performAttempt(
+        let (result, error) = await performAttempt(
             request, on: transport, hook: transfer.options.headDecisionHook,
             started: { [self] started in
                 response.withLock { $0 = started }
                 if replace.isSet { started.cancel() }
             },
-            decide: { [self] head in decide(head) }
-        ).result
+            decide: { [self] head throws(DownloadError) in
+                transfer.onlySegment ? try decideAlone(head) : decide(head)
+            })
+        decisionError = error
+        return result
+    }
+
+    /// The head of the only segment's request on the download's one connection: as ``decide(_:)``, and what a
+    /// download on one connection does besides (see ``SegmentedTransfer/onlySegment``). Runs on the decision pool.
+    private func decideAlone(_ head: ResponseHead) throws(DownloadError) -> HeadDecision {
+        if transfer.stopped.load(ordering: .relaxed) { return .abort }
+        let verdict = ResumePolicy.evaluate(head, plan: plan, known: known)
+        self.verdict = verdict
+        let store = transfer.store
+        let start: Int64
+        let validators: Validators
+        switch verdict {
+        case .accept(let bodyStart, let fresh):
+            if fresh != known { try store.update(validators: fresh) }
+            start = bodyStart
+            validators = fresh
+        case .restartWithBody(let reason, let fresh):
+            guard let owner = transfer.owner, try owner.restartInPlace(reason, validators: fresh) else { return .abort }
+            start = 0
+            validators = fresh
+        case .restart, .malformed, .refused:
+            return .abort
+        case .complete, .redirect, .retry, .fail:
+            return .discard
+        }
+        transfer.adopt(validators)
+        let verifyEnd = start == 0 ? 0 : plan.resumeOffset
+        var pieces: PieceHasher?
+        if let total = validators.totalLength {
+            var hasher = PieceHasher(pieceSize: store.pieceSize, total: total)
+            hasher.start(at: max(start, verifyEnd), segmentStart: 0, store: store)
+            pieces = hasher
+        }
+        if let total = validators.totalLength, let error = store.preallocate(totalLength: total) {
+            throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
+        }
+        let transfer = self.transfer
+        let sink = SegmentSink(
+            store: store, slot: slot, bound: .fileLength(validators.totalLength), offset: start,
+            verifyEnd: verifyEnd, rateLimiter: transfer.options.rateLimiter, checkpointer: transfer.checkpointer,
+            counters: transfer.counters, digest: transfer.owner?.runningDigest, pieces: pieces,
+            shouldStop: { transfer.stopped.load(ordering: .relaxed) })
+        self.sink = sink
+        receivingFlag.store(true, ordering: .relaxed)
+        transfer.owner?.receiving(status: head.status, offset: max(start, verifyEnd), validators: validators)
+        return .receive(sink)
     }
 
     private func decide(_ head: ResponseHead) -> HeadDecision {
