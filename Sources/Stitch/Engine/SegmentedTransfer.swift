@@ -69,24 +69,22 @@ final class SegmentedTransfer: Sendable {
     }
 
     private struct Shared {
-        var owned: Set<Int> = []
         var stop: Stop?
-        /// The sink of each running request, by segment, so a slow one can be told to make way.
+        /// The request running on each segment, so a slow one can be told to make way.
         var sinks: [Int: LaneRequest] = [:]
-        /// The monitor's samples of each running request: (monotonic seconds, written offset), newest last.
-        var samples: [Int: [(Double, Int64)]] = [:]
-        /// Each running request's speed (bytes/s) over the last ``speedWindow``, once it has a window to judge.
-        var speeds: [Int: Double] = [:]
-        /// Samples in a row each segment's connection has been much slower than its peers.
-        var slowTicks: [Int: Int] = [:]
-        /// Connections replaced so far; capped so that a server slow for everyone cannot cause churn.
-        var replacements = 0
         /// Lanes still working (not retired).
         var activeLanes = 0
-        /// The last speeds of requests that ended (the newest eight): what a new request may expect.
-        var recentSpeeds: [Double] = []
-        /// Set when one connection got another version of the file while others were receiving the known one.
-        var versionsDiffer = false
+        /// Which lane takes what, and which connections are replaced.
+        var scheduler: LaneScheduler
+
+        /// What the scheduler knows of the running requests.
+        var running: [Int: LaneScheduler.Running] {
+            sinks.mapValues { request in
+                LaneScheduler.Running(
+                    startedAt: request.startedAt, resumeOffset: request.plan.resumeOffset,
+                    receiving: request.receiving)
+            }
+        }
     }
 
     enum Stop: Sendable {
@@ -117,7 +115,7 @@ final class SegmentedTransfer: Sendable {
     /// ...and replaced after this many samples in a row (with the window, noticed within about half a second).
     static let slowTicksToReplace = 2
 
-    private let shared = Mutex(Shared())
+    private let shared: Mutex<Shared>
     let stopped = Atomic<Bool>(false)
     /// Set once connections answered with different versions of the file: the rest goes over one connection.
     let versionsDiffer = Atomic<Bool>(false)
@@ -141,6 +139,11 @@ final class SegmentedTransfer: Sendable {
     ) {
         self.store = store
         self.knownBox = Mutex(known)
+        self.shared = Mutex(
+            Shared(
+                scheduler: LaneScheduler(
+                    lanes: lanes, rateLimited: options.rateLimiter != nil, pieceSize: store.pieceSize,
+                    minimumSplitSize: options.minimumSplitSize)))
         self.ifRange = ifRange
         self.onlySegment = lanes == 1 && store.snapshot.segments.count == 1
         self.owner = owner
@@ -201,116 +204,32 @@ final class SegmentedTransfer: Sendable {
         stopped.store(true, ordering: .releasing)
     }
 
-    /// The next segment for a lane: an unowned unfinished one, else the end of the segment that would finish last.
+    /// The next segment for a lane, as the scheduler says: an unowned unfinished one, else the end of the segment
+    /// that would finish last (the split made here, in the part file's state).
     private func claim() -> Int? {
         shared.withLock { state -> Int? in
             guard state.stop == nil else { return nil }
-            let segments = store.writtenSegments
-            if let free = segments.indices
-                .filter({ !state.owned.contains($0) && !segments[$0].isComplete })
-                .min(by: { segments[$0].start < segments[$1].start })
-            {
-                state.owned.insert(free)
-                return free
-            }
-            let now = monotonicNow()
-            if options.rateLimiter != nil { return stealByHalves(&state, segments: segments, now: now) }
-            let known = state.speeds.values.sorted()
-            let median = known.isEmpty ? nil : known[known.count / 2]
-            // The victim: the segment that would take longest to finish. A request with a measured speed is judged
-            // by it; one too young to measure is presumed fine; one that has brought nothing measurable for a
-            // window, or a segment whose lane waits to retry, may never finish.
-            var best: (slot: Int, written: Int64, end: Int64, speed: Double?, left: Double)?
-            let recent = state.recentSpeeds.sorted()
-            let thiefEstimate = median.flatMap { $0 > 0 ? $0 : nil } ?? (recent.isEmpty ? nil : recent[recent.count / 2])
-            for slot in state.owned {
-                guard let end = segments[slot].end else { continue }
-                let written = segments[slot].durable
-                let remaining = end - written
-                let speed = state.speeds[slot]
-                if speed == nil, let sink = state.sinks[slot], now - sink.startedAt < Self.speedWindow { continue }
-                // Worth a request only if the tail is well above what the victim has in flight when cut short.
-                let inFlight = speed.map { min(Double(Self.stealSlack), $0 * 0.1) } ?? Double(Self.stealSlack)
-                guard Double(remaining) >= Double(2 * Self.stealGranule) + inFlight else { continue }
-                let left = speed.map { $0 > 0 ? Double(remaining) / $0 : .infinity } ?? .infinity
-                // A connection faster than the client can write may have its socket buffers full (megabytes); cutting
-                // it short wastes all of that: worth it only for a long tail. A slower one (a capped connection, a
-                // far edge), or one slow next to its thief, holds little in flight: that is what the end game is for.
-                let fast = speed.map { victimSpeed in
-                    victimSpeed >= Self.bufferFillingSpeed && !(thiefEstimate.map { victimSpeed * 2 < $0 } ?? false)
-                } ?? false
-                guard left >= (fast ? Self.stealMinimumSecondsFast : Self.stealMinimumSeconds) else { continue }
-                if best == nil || left > best!.left || (left == best!.left && remaining > best!.end - best!.written) {
-                    best = (slot, written, end, speed, left)
+            let work = state.scheduler.claim(
+                segments: store.writtenSegments, running: state.running, now: monotonicNow())
+            switch work {
+            case .segment(let slot):
+                return slot
+            case .steal(let victim, let at, let replaceVictim):
+                guard let slot = store.split(victim, at: at) else { return nil }
+                state.scheduler.own(slot)
+                if replaceVictim, let request = state.sinks[victim] {
+                    // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
+                    request.replaceNow()
                 }
+                return slot
+            case .none:
+                return nil
             }
-            guard let victim = best else { return nil }
-            let remaining = victim.end - victim.written
-            let pieceSize = store.pieceSize
-            var at: Int64
-            let thief = thiefEstimate
-            var replaceVictim = false
-            if !state.versionsDiffer, let victimSpeed = victim.speed,
-                victimSpeed * Self.slowFactor < (thief ?? 0) || victimSpeed == 0
-            {
-                // Stalled, or far slower than a new connection would be: the thief takes all but a granule, and the
-                // victim's connection is replaced so that it does not sit on that granule until its stall timeout.
-                at = victim.written + 1
-                replaceVictim = true
-            } else if let victimSpeed = victim.speed, let thiefSpeed = thief, victimSpeed + thiefSpeed > 0 {
-                // Both end together: the victim keeps its share at the two speeds, and at least what it has in flight.
-                let keep = Double(remaining) * victimSpeed / (victimSpeed + thiefSpeed)
-                let inFlight = min(Double(Self.stealSlack), victimSpeed * 0.1) + Double(Self.stealGranule)
-                at = victim.written + Int64(max(keep, inFlight))
-            } else {
-                // Nothing to weigh (no speeds yet, or a lane waiting to retry): halves.
-                at = victim.written + remaining / 2
-            }
-            // On a piece boundary when the tail is large (each piece then has one writer); else on a granule.
-            let alignment = victim.end - at >= 2 * pieceSize ? pieceSize : Self.stealGranule
-            at = (at + alignment - 1) / alignment * alignment
-            guard at > victim.written, at <= victim.end - Self.stealGranule,
-                let slot = store.split(victim.slot, at: at)
-            else { return nil }
-            state.owned.insert(slot)
-            if replaceVictim, let sink = state.sinks[victim.slot] {
-                // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
-                sink.replaceNow()
-            }
-            return slot
         }
     }
 
-    /// Under a rate limit the lanes are slow on purpose and their speeds say nothing: an idle lane takes half of the
-    /// largest remainder that would take its connection at least ``stealMinimumSeconds`` more (at its speed since
-    /// its request began) and is well above the in-flight slack, split on a piece boundary when the piece fits.
-    private func stealByHalves(_ state: inout Shared, segments: [Segment], now: Double) -> Int? {
-        let pieceSize = store.pieceSize
-        let minimum = max(options.minimumSplitSize, 1)
-        let victims = state.owned.compactMap { slot -> (Int, Int64, Int64)? in
-            guard let end = segments[slot].end else { return nil }
-            return (slot, segments[slot].durable, end)
-        }
-        let worthIt = victims.filter { slot, written, end in
-            end - written >= 2 * minimum + Self.stealSlack
-                && secondsLeft(state.sinks[slot], written: written, end: end, now: now) >= Self.stealMinimumSeconds
-        }
-        guard let (victim, written, end) = worthIt.max(by: { $0.2 - $0.1 < $1.2 - $1.1 }) else { return nil }
-        var at = written + (end - written) / 2
-        let alignment = pieceSize <= (end - written) / 2 ? pieceSize : minimum
-        at = (at + alignment - 1) / alignment * alignment
-        guard at > written, at < end, let slot = store.split(victim, at: at) else { return nil }
-        state.owned.insert(slot)
-        return slot
-    }
-
-    /// How long the request on a segment would take to reach `end` at its speed so far; infinite when it has no
-    /// speed yet to judge by (not started, or under a tenth of a second old).
-    private func secondsLeft(_ sink: LaneRequest?, written: Int64, end: Int64, now: Double) -> Double {
-        guard let sink else { return .infinity }
-        return Self.secondsLeft(from: sink.plan.resumeOffset, at: sink.startedAt, written: written, end: end, now: now)
-    }
-
+    /// How long a request that started at `start` at time `started` would take to reach `end` at its speed so far;
+    /// infinite when it has no speed yet to judge by (under a tenth of a second old, or nothing written).
     static func secondsLeft(from start: Int64, at started: Double, written: Int64, end: Int64, now: Double) -> Double {
         let elapsed = now - started
         let done = written - start
@@ -321,47 +240,12 @@ final class SegmentedTransfer: Sendable {
     /// Ten times a second: each running request's speed over the last half second; a connection slower than a
     /// quarter of its peers' median for two samples in a row is dropped and its lane asks again on a new
     /// connection (a slow path, a capped connection, an overloaded server behind a balancer). Not under a rate
-    /// limit, which makes connections slow on purpose.
+    /// limit, which makes connections slow on purpose. (The rules are the scheduler's.)
     private func monitor(now: Double) {
         let segments = store.writtenSegments
         shared.withLock { state in
-            for (slot, sink) in state.sinks where slot < segments.count && sink.receiving {
-                var samples = state.samples[slot, default: []]
-                samples.append((now, segments[slot].durable))
-                // Keep the newest sample at least a window old, so the window is always covered.
-                while samples.count > 2, now - samples[1].0 >= Self.speedWindow { samples.removeFirst() }
-                state.samples[slot] = samples
-                if let first = samples.first, now - first.0 >= Self.minimumSpeedWindow {
-                    state.speeds[slot] = Double(samples.last!.1 - first.1) / (now - first.0)
-                }
-            }
-            // No replacement under a rate limit, nor once connections have answered with different versions (a new
-            // connection may reach another edge).
-            guard options.rateLimiter == nil, !state.versionsDiffer, state.replacements < lanes * 2,
-                state.speeds.count >= 2
-            else { return }
-            for (slot, speed) in state.speeds {
-                // The live table: a connection replaced earlier in this loop is no longer anyone's peer.
-                let peers = state.speeds.filter { $0.key != slot }.map(\.value).sorted()
-                guard !peers.isEmpty else { continue }
-                let median = peers[peers.count / 2]
-                // `segments` was read before the lock: a slot split off since then is judged at the next sample.
-                guard slot < segments.count, let sink = state.sinks[slot], let end = segments[slot].end,
-                    median >= 256 * 1024
-                else { continue }
-                // Worth a new connection only with something left to fetch.
-                if speed * Self.slowFactor < median, end - segments[slot].durable >= 4 * Self.stealGranule {
-                    state.slowTicks[slot, default: 0] += 1
-                    if state.slowTicks[slot, default: 0] >= Self.slowTicksToReplace, state.replacements < lanes * 2 {
-                        sink.replaceNow()
-                        state.replacements += 1
-                        state.slowTicks[slot] = nil
-                        state.samples[slot] = nil
-                        state.speeds[slot] = nil
-                    }
-                } else {
-                    state.slowTicks[slot] = nil
-                }
+            for slot in state.scheduler.sample(segments: segments, running: state.running, now: now) {
+                state.sinks[slot]?.replaceNow()
             }
         }
     }
@@ -383,28 +267,19 @@ final class SegmentedTransfer: Sendable {
             if sink == nil {
                 // What a new request may expect: this one's speed over its last window, or (too short a request
                 // for a window) over its whole life.
-                let finished = state.sinks[slot]
-                let whole = finished.flatMap { sink -> Double? in
+                let whole = state.sinks[slot].flatMap { sink -> Double? in
                     let elapsed = monotonicNow() - sink.startedAt
                     let bytes = sink.offset - sink.plan.resumeOffset
                     return elapsed > 0.01 && bytes >= Self.stealGranule ? Double(bytes) / elapsed : nil
                 }
-                if let last = state.speeds[slot] ?? whole {
-                    state.recentSpeeds.append(last)
-                    if state.recentSpeeds.count > 8 { state.recentSpeeds.removeFirst() }
-                }
+                state.scheduler.requestEnded(slot, wholeSpeed: whole)
             }
             state.sinks[slot] = sink
-            if sink == nil {
-                state.samples[slot] = nil
-                state.speeds[slot] = nil
-                state.slowTicks[slot] = nil
-            }
         }
     }
 
     private func release(_ slot: Int) {
-        shared.withLock { _ = $0.owned.remove(slot) }
+        shared.withLock { $0.scheduler.release(slot) }
     }
 
     // MARK: One lane
@@ -590,8 +465,8 @@ final class SegmentedTransfer: Sendable {
         let first: Bool? = shared.withLock { state in
             guard state.activeLanes > 1 else { return nil }
             state.activeLanes -= 1
-            defer { state.versionsDiffer = true }
-            return !state.versionsDiffer
+            defer { state.scheduler.versionsDiffer = true }
+            return !state.scheduler.versionsDiffer
         }
         guard let first else { return false }
         versionsDiffer.store(true, ordering: .releasing)
@@ -607,7 +482,7 @@ final class SegmentedTransfer: Sendable {
     /// After connections answered with different versions: retires the calling (idle) lane unless it is the last.
     private func retireForOneVersion() -> Bool {
         shared.withLock { state in
-            guard state.versionsDiffer, state.activeLanes > 1 else { return false }
+            guard state.scheduler.versionsDiffer, state.activeLanes > 1 else { return false }
             state.activeLanes -= 1
             return true
         }
