@@ -79,6 +79,25 @@ import Testing
         #expect(f.server.bodyBytesSent == 3 << 20)
     }
 
+    /// Unknown lengths end with their responses, also after a restart in place: a chunked first response drops,
+    /// the resume's range is ignored (a chunked 200 — the whole file, length still unknown), the download restarts
+    /// from zero keeping that body, and ends when it ends (not asking again for a length it was never told).
+    /// Then the same with the server changing the file to a longer one: the new length comes only from the body.
+    @Test(.timeLimit(.minutes(1)), arguments: [false, true])
+    func unknownLengthEndsWithTheBodyAfterARestartInPlace(_ longer: Bool) async throws {
+        let f = try Fixture()
+        let file = ServedFile.random(size: 3 << 20, seed: 2, etag: Self.etag)
+        let other = ServedFile.random(size: 4 << 20, seed: 5, etag: "\"v2\"")
+        let second: Fault = longer ? .all([.chunked, .servedAs(other)]) : .all([.chunked, .ignoreRange])
+        f.serve(file, faults: .sequence([.all([.chunked, .dropAfter(1_000_000)]), second]))
+        let result = try await f.download(f.request())
+        try f.expectComplete(result, longer ? other.data : file.data)
+        let requests = f.server.requests
+        #expect(requests.count == 2, "\(requests.map(\.range))")
+        #expect(requests.last?.range == "bytes=1000000-")
+        #expect(f.watch.restarts.count == 1, "\(f.watch.restarts)")
+    }
+
     // MARK: Retries within one run continue from the offset
 
     @Test(arguments: [Cut.drop, .shortBody, .reset])

@@ -317,7 +317,12 @@ import Testing
         #expect(
             requests[..<whole[1]].dropFirst().allSatisfy { $0.header("If-Range") == (old.etag ?? old.lastModified) })
         #expect(requests[(whole[1] + 1)...].allSatisfy { $0.header("If-Range") == newIfRange })
-        #expect(requests[(whole[1] + 1)...].count == 4)
+        // Split again into its four segments; on a loaded machine idle lanes may then take over ends of running
+        // requests (nested within them).
+        let again = requests[(whole[1] + 1)...].compactMap(AskedRange.init)
+        let segments = Self.segments(total: Int64(size), lanes: 4, minimumSplit: Self.mib)
+        #expect(Set(segments).isSubset(of: Set(again)), "\(again)")
+        Self.expectNested(again, total: Int64(size))
     }
 
     /// Backends behind a balancer that disagree on the ETag of the same bytes: every split meets a validator it
@@ -485,7 +490,7 @@ import Testing
             Self.expectNested(all, total: size)
             let asked = all.prefix(Connections.automatic(forLength: size)).sorted { $0.start < $1.start }
             let probed = try #require(asked.first?.start)
-            #expect(probed > 0 && probed <= DownloadRun.probeBytes + (1 << 20), "split from \(probed)")
+            #expect(probed > 0 && probed <= SplitPolicy.probeBytes + (1 << 20), "split from \(probed)")
             #expect(asked.last?.last.map { $0 + 1 } == size)
             #expect(zip(asked, asked.dropFirst()).allSatisfy { $0.last.map { $0 + 1 } == $1.start }, "\(asked)")
             // Replacing a connection that a slow machine made look slow is the only notice allowed.

@@ -103,7 +103,7 @@ final class DownloadRun: @unchecked Sendable {
             if let store, segmentNow || store.snapshot.segments.count > 1 || store.written(0) > 0 {
                 let split = segmentNow || store.snapshot.segments.count > 1 || resplit(store)
                 segmentNow = false
-                let done = try await split ? runSegmented(store) : runAlone(store, machine: machine)
+                let done = split ? try await runSegmented(store) : try await runAlone(store, machine: &machine)
                 if let done { return done }
                 machine.resetURL()
                 continue
@@ -478,31 +478,30 @@ final class DownloadRun: @unchecked Sendable {
     }
     private var probe: Probe?
 
-    /// How long the first response is received before deciding to split (or until ``probeBytes``).
-    static let probeSeconds = 0.01
-    static let probeBytes: Int64 = 8 << 20
-
     /// Ends the probe once it has run long enough (the first response has reached `offset`). Returns true when
     /// the download splits now (the transfer stops; the lanes continue from its offset), false to go on with this
     /// connection. Runs on the transport's thread, from the sink.
     private func endProbe(at offset: Int64) -> Bool {
         guard let probe, let store else { return false }
         let elapsed = monotonicNow() - probe.started
-        guard elapsed >= Self.probeSeconds || offset >= Self.probeBytes else { return false }
+        guard elapsed >= SplitPolicy.probeSeconds || offset >= SplitPolicy.probeBytes else { return false }
         self.probe = nil
         // Only for the response it was set up for: same length, and splitting still allowed.
         guard let known, known.totalLength == probe.total, known.acceptRanges, known.ifRange != nil,
             splittingFailed == nil
         else { return false }
-        let rate = Double(offset) / max(elapsed, 1e-6)
-        if let enough = options.singleConnectionRate, rate >= Double(enough), offset < probe.total {
-            emit(.notice(
-                "one connection already brings \(Int(rate / 1e6)) MB/s; not splitting (more connections help only "
-                    + "where a server caps each one)"))
+        let verdict = SplitPolicy.probe(
+            offset: offset, elapsed: elapsed, total: probe.total, singleConnectionRate: options.singleConnectionRate,
+            minimumSplitSize: options.minimumSplitSize, lanes: { lanes(for: known) })
+        switch verdict {
+        case .wait, .notWorthIt:
             return false
+        case .keepOne(let notice):
+            emit(.notice(notice))
+            return false
+        case .split:
+            break
         }
-        // Not worth it for what is left (and no connections taken from the host's cap for nothing).
-        guard probe.total - offset >= 2 * options.minimumSplitSize, lanes(for: known) > 1 else { return false }
         split(store, total: probe.total, lanes: lanes(for: known))
         guard store.snapshot.segments.count > 1 else { return false }
         totalLength.store(probe.total, ordering: .relaxed)
@@ -531,61 +530,25 @@ final class DownloadRun: @unchecked Sendable {
     /// What ``DownloadOptions/connectionGrant`` allowed, asked once per run.
     private var grantedLanes: Int?
 
-    /// Whether to split now: more than one connection wanted and the server gave what ranges need.
+    /// Whether to split now: more than one connection wanted and the server gave what ranges need (see
+    /// ``SplitPolicy/canSplit(_:wanted:asked:minimumSplitSize:failure:)``); says why not when that is worth saying.
     private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
-        guard wantedLanes(for: validators) > 1 else { return false }
-        switch splittingFailed {
-        case .rangesIgnored:
-            emit(.notice("the server ignored a range request; using one connection"))
-            return false
-        case .restarted:
-            emit(.notice("the download restarted twice while split; using one connection for the rest of this run"))
-            return false
-        case .versionsDiffer:
-            emit(.notice(
-                "the server's connections answered with different versions of the file; using one connection for "
-                    + "the rest of this run"))
-            return false
-        case nil:
-            break
-        }
-        guard let total = validators.totalLength, total >= 2 * options.minimumSplitSize else {
-            if let asked = options.connections, asked > 1 {
-                emit(.notice(
-                    validators.totalLength == nil
-                        ? "the server does not say the file's length; using one connection"
-                        : "the file is too small to split; using one connection"))
-            }
-            return false
-        }
-        guard validators.acceptRanges, validators.ifRange != nil else {
-            emit(.notice(
-                validators.acceptRanges
-                    ? "the server gives no strong validator (ETag or Last-Modified) to check ranges with; using one connection"
-                    : "the server does not accept range requests; using one connection"))
-            return false
-        }
-        return true
+        let (allowed, notice) = SplitPolicy.canSplit(
+            validators, wanted: wantedLanes(for: validators), asked: options.connections,
+            minimumSplitSize: options.minimumSplitSize, failure: splittingFailed)
+        if let notice { emit(.notice(notice)) }
+        return allowed
     }
 
     /// Cuts what remains of the single segment (from its written offset to `total`) into `lanes` segments on
-    /// piece boundaries.
+    /// piece boundaries (``SplitPolicy/boundaries(from:total:lanes:pieceSize:minimumSplitSize:)``).
     private func split(_ store: PartStore, total: Int64, lanes: Int) {
-        let pieceSize = store.pieceSize
-        let from = store.written(0)
-        let remaining = total - from
-        // No part smaller than the minimum split: more lanes than that fit only share the parts.
-        let parts = Int64(max(1, min(lanes, Int(remaining / max(1, options.minimumSplitSize)))))
-        let part = remaining / parts
-        let alignment = pieceSize <= part ? pieceSize : max(1, options.minimumSplitSize)
         var slot = 0
-        var previous = from
-        for index in 1..<max(2, Int(parts)) where parts > 1 {
-            let boundary = (from + part * Int64(index) + alignment - 1) / alignment * alignment
-            // Rounding can make two boundaries meet: skip the repeat rather than stop splitting.
-            guard boundary > previous, boundary < total else { continue }
+        let boundaries = SplitPolicy.boundaries(
+            from: store.written(0), total: total, lanes: lanes, pieceSize: store.pieceSize,
+            minimumSplitSize: options.minimumSplitSize)
+        for boundary in boundaries {
             guard let next = store.split(slot, at: boundary) else { break }
-            previous = boundary
             slot = next
         }
     }
@@ -651,7 +614,7 @@ final class DownloadRun: @unchecked Sendable {
 
     /// Continues the download's one segment on one connection: a transfer with one lane, which takes over this
     /// run's retry state. Returns the result, or nil after a restart.
-    private func runAlone(_ store: PartStore, machine: AttemptStateMachine) async throws -> DownloadResult? {
+    private func runAlone(_ store: PartStore, machine: inout AttemptStateMachine) async throws -> DownloadResult? {
         let transfer = SegmentedTransfer(
             store: store, known: known ?? store.snapshot.validators, ifRange: known?.ifRange, startURL: startURL,
             request: request, options: options, transport: transport, clock: clock, lanes: 1,
@@ -663,6 +626,8 @@ final class DownloadRun: @unchecked Sendable {
         } catch is CancellationError {
             throw try interrupted()
         }
+        // The retry state goes on: what the lane counted is not forgotten after a restart.
+        if let continued = transfer.machineAfterwards { machine = continued }
         known = transfer.known
         switch outcome {
         case .complete:
@@ -700,8 +665,7 @@ final class DownloadRun: @unchecked Sendable {
     }
 
     /// Why the rest of this run uses one connection, after several connections led to a restart.
-    private enum SplittingFailure { case rangesIgnored, restarted, versionsDiffer }
-    private var splittingFailed: SplittingFailure?
+    private var splittingFailed: SplitPolicy.Failure?
     private var segmentedRestarts = 0
 
     // MARK: One attempt

@@ -54,6 +54,8 @@ final class SegmentedTransfer: Sendable {
     let owner: DownloadRun?
     /// The retry state the download's first connection had (one connection: the same request sequence goes on).
     private let firstMachine: Mutex<AttemptStateMachine?>
+    /// The one connection's retry state when its lane stopped (see ``onlySegment``).
+    var machineAfterwards: AttemptStateMachine? { firstMachine.withLock { $0 } }
     /// Set when a response of unknown length ended complete.
     let completedWhole = AtomicFlag()
     let startURL: URL
@@ -145,7 +147,7 @@ final class SegmentedTransfer: Sendable {
                     lanes: lanes, rateLimited: options.rateLimiter != nil, pieceSize: store.pieceSize,
                     minimumSplitSize: options.minimumSplitSize)))
         self.ifRange = ifRange
-        self.onlySegment = lanes == 1 && store.snapshot.segments.count == 1
+        self.onlySegment = lanes == 1 && store.snapshot.segments.count == 1 && owner != nil
         self.owner = owner
         self.firstMachine = Mutex(machine)
         self.startURL = startURL
@@ -286,6 +288,8 @@ final class SegmentedTransfer: Sendable {
 
     private func lane() async throws {
         while !stopped.load(ordering: .acquiring) {
+            // A body of unknown length ended complete: its segment has no end to say so.
+            if completedWhole.isSet { return }
             if versionsDiffer.load(ordering: .acquiring), retireForOneVersion() { return }
             guard let slot = claim() else {
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
@@ -317,6 +321,8 @@ final class SegmentedTransfer: Sendable {
             ?? AttemptStateMachine(
                 startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects,
                 scope: onlySegment ? .download : .connection)
+        // One connection: its retry state goes back to the download (a restart continues the same sequence).
+        defer { if onlySegment { firstMachine.withLock { $0 = machine } } }
         while !stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
             if let failure = checkpointer?.error ?? (store.isBroken ? brokenError : nil) {
@@ -341,7 +347,7 @@ final class SegmentedTransfer: Sendable {
             let result = await sink.perform(
                 TransportRequest(
                     url: machine.url.absoluteString, headers: headers, options: options.transport,
-                    lane: options.http2Streams ? nil : slot),
+                    lane: options.http2Streams || onlySegment ? nil : slot),
                 on: transport)
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return .done }
@@ -380,11 +386,14 @@ final class SegmentedTransfer: Sendable {
                 continue
             }
             let written = store.written(slot)
+            // Read again: a split may have moved it, and a restart in place gives it the new file's length (none,
+            // for a body of unknown length).
+            let endNow = store.end(slot)
             let report = AttemptReport(
-                verdict: sink.verdict, result: result, sink: outcome, written: written, end: store.end(slot) ?? end,
+                verdict: sink.verdict, result: result, sink: outcome, written: written, end: endNow,
                 saved: max(0, written - start), durable: store.durable.load(ordering: .acquiring))
             switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
-            case .complete where end == nil:
+            case .complete where endNow == nil:
                 completedWhole.set()  // an unknown length: the response's end is the file's
                 return .done
             case .follow(let next) where onlySegment:

@@ -1,0 +1,98 @@
+import Testing
+
+@testable import Stitch
+
+/// The download-level decisions about connections (``SplitPolicy``), without a server: whether the first response
+/// allows a split (and what the user is told when not), what the probe concludes, where a split's boundaries fall.
+@Suite struct SplitPolicyTests {
+    static let mib: Int64 = 1 << 20
+
+    static func validators(
+        length: Int64? = 64 << 20, ranges: Bool = true, etag: String? = "\"v1\""
+    ) -> Validators {
+        Validators(etag: etag, lastModified: nil, date: nil, totalLength: length, acceptRanges: ranges)
+    }
+
+    @Test func splitAllowedOnlyWithEverythingRangesNeed() {
+        let minimum = Self.mib
+        func check(_ v: Validators, wanted: Int = 4, asked: Int? = 4, failure: SplitPolicy.Failure? = nil) -> (
+            Bool, String?
+        ) {
+            let verdict = SplitPolicy.canSplit(v, wanted: wanted, asked: asked, minimumSplitSize: minimum, failure: failure)
+            return (verdict.allowed, verdict.notice)
+        }
+        #expect(check(Self.validators()) == (true, nil))
+        // One connection wanted: nothing to say.
+        #expect(check(Self.validators(), wanted: 1) == (false, nil))
+        // What is missing is said, when the user asked for several connections.
+        #expect(check(Self.validators(length: nil)).1?.contains("does not say the file's length") == true)
+        #expect(check(Self.validators(length: minimum)).1?.contains("too small to split") == true)
+        #expect(check(Self.validators(length: minimum), asked: nil) == (false, nil), "automatic: quiet")
+        #expect(check(Self.validators(ranges: false)).1?.contains("does not accept range requests") == true)
+        #expect(check(Self.validators(etag: "W/\"weak\"")).1?.contains("no strong validator") == true)
+        #expect(check(Self.validators(etag: nil)).0 == false)
+        // After a failed split this run stays on one connection, and says why.
+        #expect(check(Self.validators(), failure: .rangesIgnored).1?.contains("ignored a range request") == true)
+        #expect(check(Self.validators(), failure: .restarted).1?.contains("restarted twice") == true)
+        #expect(check(Self.validators(), failure: .versionsDiffer).1?.contains("different versions") == true)
+        #expect(check(Self.validators(), failure: .versionsDiffer).0 == false)
+    }
+
+    @Test func probeVerdicts() {
+        var asked = 0
+        func probe(offset: Int64, elapsed: Double, total: Int64 = 64 << 20, rate: Int64? = 128 << 20) -> SplitPolicy
+            .ProbeVerdict
+        {
+            SplitPolicy.probe(
+                offset: offset, elapsed: elapsed, total: total, singleConnectionRate: rate, minimumSplitSize: Self.mib,
+                lanes: {
+                    asked += 1
+                    return 4
+                })
+        }
+        // Too soon and too little: wait.
+        #expect(probe(offset: 1000, elapsed: 0.001) == .wait)
+        // 8 MiB in 1 ms: far above 128 MiB/s — keep one connection, saying how fast it is.
+        guard case .keepOne(let notice) = probe(offset: 8 << 20, elapsed: 0.001) else {
+            Issue.record("expected keepOne")
+            return
+        }
+        #expect(notice.contains("MB/s"))
+        // 1 MiB in 20 ms (50 MiB/s): split.
+        #expect(probe(offset: Self.mib, elapsed: 0.02) == .split)
+        // No rate given: split whatever the speed.
+        #expect(probe(offset: 8 << 20, elapsed: 0.001, rate: nil) == .split)
+        // Less than two minimum splits left: not worth it, and the lanes were never asked for.
+        let before = asked
+        #expect(probe(offset: 63 << 20, elapsed: 1, total: 64 << 20) == .notWorthIt)
+        #expect(asked == before, "no connections taken from a host's cap for nothing")
+    }
+
+    @Test func boundariesFallOnPieces() {
+        let mib = Self.mib
+        // 8 MiB over 4: every 2 MiB.
+        #expect(SplitPolicy.boundaries(from: 0, total: 8 * mib, lanes: 4, pieceSize: mib, minimumSplitSize: mib)
+            == [2 * mib, 4 * mib, 6 * mib])
+        // More lanes than minimum splits fit: 12 parts of 1 MiB for 16 lanes.
+        #expect(SplitPolicy.boundaries(from: 0, total: 12 * mib, lanes: 16, pieceSize: mib, minimumSplitSize: mib)
+            == (1..<12).map { Int64($0) * mib })
+        // From where the probe got to, rounded up to pieces.
+        #expect(SplitPolicy.boundaries(from: 300_000, total: 8 * mib, lanes: 2, pieceSize: mib, minimumSplitSize: mib)
+            == [5 * mib])
+        // A piece larger than a part: boundaries on the minimum split.
+        #expect(
+            SplitPolicy.boundaries(from: 0, total: 8 * mib, lanes: 4, pieceSize: 4 * mib, minimumSplitSize: mib)
+                == [2 * mib, 4 * mib, 6 * mib])
+        // Too small to split, or one lane: none.
+        #expect(SplitPolicy.boundaries(from: 0, total: mib + 1, lanes: 4, pieceSize: mib, minimumSplitSize: mib).isEmpty)
+        #expect(SplitPolicy.boundaries(from: 0, total: 64 * mib, lanes: 1, pieceSize: mib, minimumSplitSize: mib).isEmpty)
+        // Every boundary inside the range and increasing.
+        for lanes in 2...12 {
+            let cuts = SplitPolicy.boundaries(
+                from: 123_456, total: 50 * mib + 7, lanes: lanes, pieceSize: mib, minimumSplitSize: 3 * mib)
+            #expect(cuts == cuts.sorted() && Set(cuts).count == cuts.count)
+            #expect(cuts.allSatisfy { $0 > 123_456 && $0 < 50 * mib + 7 && $0 % mib == 0 })
+            #expect(cuts.count <= lanes - 1)
+        }
+    }
+}
