@@ -726,7 +726,10 @@ import Testing
         #expect(manager.restoreReport.recoveredFromStateFiles == 1)
         let restored = try #require(await manager.downloads().first, "the partial was not restored")
         #expect(restored.url == server.url("/p.bin"))
-        #expect(restored.progress.bytes == 3 << 19)
+        // The previous state's progress; once the restored download runs (it starts at once, and on a loaded
+        // machine its first event may come before this look), what the engine keeps: the piece a checksum proves.
+        let bytes = restored.progress.bytes
+        #expect(bytes == 3 << 19 || (restored.status != .queued && bytes == 1 << 20), "\(restored.status) \(bytes)")
         await manager.waitUntilIdle()
         #expect(await manager.download(restored.id)?.status == .completed)
         expectFile(f.path("p.bin"), file.data)
