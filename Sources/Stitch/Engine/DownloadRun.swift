@@ -29,7 +29,8 @@ final class DownloadRun: @unchecked Sendable {
     private var known: Validators?
     private var hasher: DigestHasher?
     private var resumedFrom: Int64 = 0
-    private var restarts = 0
+    /// The download-level decisions: what comes next, the restart budget, one connection after a failed split.
+    private var steps: DownloadStateMachine
     private var currentURL: URL
 
     // Per attempt, set by the delegate.
@@ -67,6 +68,7 @@ final class DownloadRun: @unchecked Sendable {
         self.startURL = try validateURL(request.url)
         self.currentURL = startURL
         self.counters = TransferCounters(checkpointBytes: options.checkpointBytes)
+        self.steps = DownloadStateMachine(maxRestarts: options.maxRestarts)
         if let checksum = request.checksum { hasher = DigestHasher(checksum.algorithm) }
     }
 
@@ -100,10 +102,12 @@ final class DownloadRun: @unchecked Sendable {
             // Once there are bytes (or segments) to continue from, every request is a transfer's: one lane for a
             // download on one connection, several once it is split. Until then the first connection's requests
             // come here: the one that names the file, creates the store, and decides whether to split.
-            if let store, segmentNow || store.snapshot.segments.count > 1 || store.written(0) > 0 {
-                let split = segmentNow || store.snapshot.segments.count > 1 || resplit(store)
-                segmentNow = false
-                let done = split ? try await runSegmented(store) : try await runAlone(store, machine: &machine)
+            let step = steps.next(
+                store: store.map { .init(segments: $0.snapshot.segments.count, written: $0.written(0)) },
+                splitNow: segmentNow, worthSplitting: { store.map(resplit) ?? false })
+            segmentNow = false
+            if let store, step != .firstRequest {
+                let done = step == .split ? try await runSegmented(store) : try await runAlone(store, machine: &machine)
                 if let done { return done }
                 machine.resetURL()
                 continue
@@ -133,7 +137,7 @@ final class DownloadRun: @unchecked Sendable {
                 continue
             }
             if case .failure(let error) = result, error.isCancelled || Task.isCancelled { throw try interrupted() }
-            if case .accept = verdict, restarts > options.maxRestarts { throw unstable() }
+            if case .accept = verdict, steps.exhausted { throw unstable() }
 
             let written = store?.written(0) ?? 0
             let report = AttemptReport(
@@ -331,9 +335,11 @@ final class DownloadRun: @unchecked Sendable {
         hasStore.store(true, ordering: .releasing)
     }
 
-    private func restart(_ reason: RestartReason) throws {
-        restarts += 1
-        if restarts > options.maxRestarts { throw unstable() }
+    private func restart(
+        _ reason: RestartReason, whileSplit: Bool = false, connectionsDisagreed: Bool = false
+    ) throws {
+        let step = steps.restart(reason, whileSplit: whileSplit, connectionsDisagreed: connectionsDisagreed)
+        if step == .unstable { throw unstable() }
         emit(.restarting(reason))
         try store?.restart(validators: .none)
         hasher?.reset()
@@ -347,7 +353,7 @@ final class DownloadRun: @unchecked Sendable {
     func unstable() -> DownloadError {
         DownloadError(
             .unstableSource,
-            "the file kept changing on the server (\(restarts - 1) restarts); try again later", resumable: false)
+            "the file kept changing on the server (\(steps.restarts - 1) restarts); try again later", resumable: false)
     }
 
     /// A durable checkpoint now (a retry's pause is a good moment), on the blocking pool: it syncs, and many
@@ -488,7 +494,7 @@ final class DownloadRun: @unchecked Sendable {
         self.probe = nil
         // Only for the response it was set up for: same length, and splitting still allowed.
         guard let known, known.totalLength == probe.total, known.acceptRanges, known.ifRange != nil,
-            splittingFailed == nil
+            steps.splittingFailed == nil
         else { return false }
         let verdict = SplitPolicy.probe(
             offset: offset, elapsed: elapsed, total: probe.total, singleConnectionRate: options.singleConnectionRate,
@@ -535,7 +541,7 @@ final class DownloadRun: @unchecked Sendable {
     private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
         let (allowed, notice) = SplitPolicy.canSplit(
             validators, wanted: wantedLanes(for: validators), asked: options.connections,
-            minimumSplitSize: options.minimumSplitSize, failure: splittingFailed)
+            minimumSplitSize: options.minimumSplitSize, failure: steps.splittingFailed)
         if let notice { emit(.notice(notice)) }
         return allowed
     }
@@ -592,22 +598,15 @@ final class DownloadRun: @unchecked Sendable {
         } catch is CancellationError {
             throw try interrupted()
         }
-        if transfer.connectionsDisagree { splittingFailed = .versionsDiffer }
         switch outcome {
         case .complete:
+            steps.splitEnded(connectionsDisagreed: transfer.connectionsDisagree)
             return try await finish()
         case .restart(let reason):
-            // A server that ignored a range gets one connection from now on; one whose answers differ between
-            // connections twice (e.g. backends with different ETags) too — a single change may split again.
-            segmentedRestarts += 1
-            if splittingFailed == .versionsDiffer {
-                // Kept: one connection from now on.
-            } else if reason == .rangeIgnored {
-                splittingFailed = .rangesIgnored
-            } else if segmentedRestarts >= 2 {
-                splittingFailed = .restarted
-            }
-            try restart(reason)
+            // A server that ignored a range, or whose connections answer with different versions, gets one
+            // connection from now on; so does one that made a split download restart twice (a single change may
+            // split again).
+            try restart(reason, whileSplit: true, connectionsDisagreed: transfer.connectionsDisagree)
             return nil
         }
     }
@@ -646,8 +645,7 @@ final class DownloadRun: @unchecked Sendable {
     /// A 200 with the whole (new) file to the one connection's ranged request: restarts from zero in place, the
     /// body kept from its first byte. False when the restarts are used up (the download then fails as unstable).
     func restartInPlace(_ reason: RestartReason, validators: Validators) throws(DownloadError) -> Bool {
-        restarts += 1
-        if restarts > options.maxRestarts { return false }
+        guard steps.restartInPlace() else { return false }
         emit(.restarting(reason))
         guard let store else { return false }
         try store.restart(validators: validators)
@@ -663,10 +661,6 @@ final class DownloadRun: @unchecked Sendable {
         totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
         emit(.receiving(status: status, offset: offset, total: validators.totalLength))
     }
-
-    /// Why the rest of this run uses one connection, after several connections led to a restart.
-    private var splittingFailed: SplitPolicy.Failure?
-    private var segmentedRestarts = 0
 
     // MARK: One attempt
 
