@@ -338,11 +338,21 @@ import Testing
     }
 
     /// Three connections per host while every download asks for four: a first download splits into three, the
-    /// next ones wait for the host; the server never has more than three requests in flight.
+    /// next ones wait for the host; the server never has more than three requests in flight. The first download's
+    /// ranged requests are held (a stall after 100 000 bytes) until three are in flight at once, so that a loaded
+    /// machine, starting its lanes far apart, cannot let one finish before the last begins.
     @Test func perHostConnectionCapHoldsAtTheServer() async throws {
         let f = try ManagerFixture()
         let files = (0..<3).map { ServedFile.random(size: 4 << 20, seed: 40 + UInt64($0), etag: "\"h\($0)\"") }
-        for (index, file) in files.enumerated() { f.server.serve("/h\(index).bin", file: file) }
+        let holding = Atomic<Bool>(true)
+        for (index, file) in files.enumerated() {
+            f.server.serve(
+                "/h\(index).bin", file: file,
+                faults: FaultPolicy { request, _ in
+                    index == 0 && request.range != nil && holding.load(ordering: .acquiring)
+                        ? .stallAfter(100_000) : .none
+                })
+        }
         f.server.throttle = 3_000_000
         let manager = try f.open {
             $0.maxConcurrentDownloads = 5
@@ -355,7 +365,13 @@ import Testing
         }
         let first = try await manager.add(f.server.url("/h0.bin"), options: options(0))
         let server = f.server
-        #expect(await blocking { waitUntil { server.activeRequests >= 3 } }, "the first download never used 3 connections")
+        // Its three lanes' requests, each held at its stall: three in flight at once.
+        for lane in 0..<3 {
+            #expect(await blocking { server.waitForStall(timeout: .seconds(30)) }, "lane \(lane) never came")
+        }
+        #expect(server.activeRequests >= 3, "the first download never used 3 connections")
+        holding.store(false, ordering: .releasing)
+        server.releaseStalls()
         let rest = try await manager.add([1, 2].map { (f.server.url("/h\($0).bin"), options($0)) })
         await manager.waitUntilIdle()
         for (index, id) in ([first] + rest).enumerated() {
