@@ -1002,7 +1002,15 @@ enum MatrixRunner {
         let sent = records.reduce(0) { $0 + $1.sent }
         var bound = size
         let interruptedOrders = Set(interruptedRun.map(\.order))
-        let countsAsCut = { (record: ServedRecord) in record.isCut || interruptedOrders.contains(record.order) }
+        // A steal's victim is cut too, at the split point, although the server may have handed all of its range to
+        // the kernel before the client stopped reading (a throttled connection's rest fits in the socket buffers):
+        // a response another response starts inside of.
+        let stolenFrom = { (record: ServedRecord) in
+            records.contains { other in other.start > record.start && other.start < record.start + record.length }
+        }
+        let countsAsCut = { (record: ServedRecord) in
+            record.isCut || interruptedOrders.contains(record.order) || stolenFrom(record)
+        }
         for record in records where countsAsCut(record) {
             bound += min(record.sent, OverlapBounds.cutRequestSlack)
         }
