@@ -342,8 +342,8 @@ import Testing
         }
         let result = try await f.download(f.request(), options: Self.options(lanes: 4))
         try f.expectComplete(result, data)
-        // A lane that meets the other backend while another receives the known one is dropped (no restart); one
-        // that meets it with nobody else receiving restarts the download.
+        // A lane that meets the other backend while other lanes are left is dropped (no restart); the last lane
+        // to meet it restarts the download.
         #expect(f.watch.restarts.count <= 2, "\(f.watch.restarts)")
         #expect(f.watch.notices.contains { $0.contains("one connection") }, "\(f.watch.notices)")
     }

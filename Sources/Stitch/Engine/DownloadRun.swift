@@ -657,7 +657,6 @@ final class DownloadRun: @unchecked Sendable {
 
     /// The one connection's body starts flowing at `offset`.
     func receiving(status: Int, offset: Int64, validators: Validators) {
-        limit = validators.totalLength
         totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
         emit(.receiving(status: status, offset: offset, total: validators.totalLength))
     }

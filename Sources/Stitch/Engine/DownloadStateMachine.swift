@@ -51,8 +51,10 @@ struct DownloadStateMachine: Sendable {
     /// The next step for a part file in `store` (nil: none yet). `splitNow`: the first response was just split;
     /// `worthSplitting` is asked (once per run, by the caller) only for a resumed partial on one segment.
     func next(store: Store?, splitNow: Bool, worthSplitting: () -> Bool) -> Step {
-        guard let store, splitNow || store.segments > 1 || store.written > 0 else { return .firstRequest }
-        return splitNow || store.segments > 1 || worthSplitting() ? .split : .alone
+        guard let store else { return .firstRequest }
+        if splitNow || store.segments > 1 { return .split }
+        guard store.written > 0 else { return .firstRequest }
+        return worthSplitting() ? .split : .alone
     }
 
     /// A restart from zero for `reason`; `whileSplit`: it ended a transfer over several lanes, whose connections
