@@ -1,86 +1,445 @@
+import Foundation
 import Testing
 
 @testable import Stitch
 
-/// The download-level rules (``DownloadStateMachine``) without a server: what comes next, the restart budget,
-/// and when the rest of a run stays on one connection.
+/// The download's state machine (``DownloadStateMachine``) without sockets, files or a clock: its executors'
+/// reports go in, actions come out. The rules of the developers' guide that decide what happens to bytes are
+/// here as cases of the machine: a file is finished only when every segment is; progress counts only what the
+/// store holds; a resume happens only on evidence and anything else restarts from zero, said plainly, never
+/// spliced; a failing disk ends the download with the partial kept.
 @Suite struct DownloadStateMachineTests {
+    typealias Machine = DownloadStateMachine
     typealias Store = DownloadStateMachine.Store
+    static let start = URL(string: "http://example.test/file.bin")!
+    static let mib: Int64 = 1 << 20
+    static let validators = Validators(
+        etag: "\"v\"", lastModified: nil, date: nil, totalLength: 64 * mib, acceptRanges: true)
 
-    @Test func nextStep() {
-        let machine = DownloadStateMachine(maxRestarts: 3)
-        var asked = 0
-        func next(_ store: Store?, splitNow: Bool = false, worth: Bool = false) -> DownloadStateMachine.Step {
-            machine.next(
-                store: store, splitNow: splitNow,
-                worthSplitting: {
-                    asked += 1
-                    return worth
-                })
-        }
-        // Nothing to continue from: the whole file on the first connection (the split is not asked about).
-        #expect(next(nil) == .firstRequest)
-        #expect(next(Store(segments: 1, written: 0)) == .firstRequest)
-        #expect(asked == 0)
-        // Just split, or several segments: lanes.
-        #expect(next(Store(segments: 1, written: 0), splitNow: true) == .split)
-        #expect(next(Store(segments: 4, written: 0)) == .split)
-        #expect(asked == 0)
-        // Bytes on one segment: one lane, unless a resumed partial is worth splitting.
-        #expect(next(Store(segments: 1, written: 10)) == .alone)
-        #expect(next(Store(segments: 1, written: 10), worth: true) == .split)
-        #expect(asked == 2)
+    static func machine(maxRestarts: Int = 3, maxRetries: Int = 5) -> Machine {
+        var retry = RetryPolicy()
+        retry.maxRetries = maxRetries
+        return Machine(startURL: start, retry: retry, maxRedirects: 3, maxRestarts: maxRestarts)
     }
 
+    static func report(
+        _ verdict: HeadVerdict? = .accept(bodyStart: 0, validators: validators),
+        _ result: Result<Void, TransportError> = .success(()), sink: AttemptReport.SinkOutcome = .none,
+        written: Int64 = 64 * mib, end: Int64? = 64 * mib, saved: Int64 = 0, durable: Int64 = 0
+    ) -> AttemptReport {
+        AttemptReport(verdict: verdict, result: result, sink: sink, written: written, end: end, saved: saved, durable: durable)
+    }
+
+    /// What a download action is, in a form tests compare.
+    static func describe(_ action: Machine.Action) -> String {
+        switch action {
+        case .requestWhole(let url): return "request \(url.absoluteString)"
+        case .considerSplit: return "consider split"
+        case .transfer(let split): return split ? "transfer split" : "transfer alone"
+        case .redirected(let url): return "redirected \(url.absoluteString)"
+        case .restart(let reason): return "restart: \(reason)"
+        case .wait(let seconds, let attempt, let of, let reason): return "wait \(seconds) (\(attempt)/\(of)): \(reason)"
+        case .finish: return "finish"
+        case .fail(let error): return "fail \(error.code): \(error.message)"
+        case .interrupted: return "interrupted"
+        }
+    }
+
+    static func describe(_ action: Machine.LaneAction) -> String {
+        switch action {
+        case .again: return "again"
+        case .redirected(let url): return "redirected \(url.absoluteString)"
+        case .segmentDone: return "segment done"
+        case .retire(let notice): return "retire" + (notice.map { ": \($0)" } ?? "")
+        case .stop: return "stop"
+        case .wait(let seconds, let attempt, let of, let reason, let checkpoint):
+            return "wait \(seconds) (\(attempt)/\(of)): \(reason)" + (checkpoint ? " +checkpoint" : "")
+        case .interrupted: return "interrupted"
+        }
+    }
+
+    static func first(_ machine: inout Machine, _ report: AttemptReport, store: Store?, splitNow: Bool = false) -> String {
+        describe(machine.firstRequestEnded(report, store: store, splitNow: splitNow, now: 1_700_000_000, jitter: 0))
+    }
+
+    static func lane(
+        _ machine: inout Machine, _ slot: Int, _ report: AttemptReport, decisionError: DownloadError? = nil,
+        sinkAttached: Bool = true, receiving: [Int] = []
+    ) -> String {
+        let running = Dictionary(
+            uniqueKeysWithValues: receiving.map { ($0, LaneScheduler.Running(startedAt: 0, resumeOffset: 0, receiving: true)) })
+        return describe(
+            machine.laneRequestEnded(
+                slot,
+                .init(attempt: report, decisionError: decisionError, sinkAttached: sinkAttached),
+                running: running, now: 1_700_000_000, jitter: 0))
+    }
+
+    /// Four segments of 16 MiB, each written up to `written[i]` MiB past its start.
+    static func segments(_ written: [Int64] = [0, 0, 0, 0]) -> [Segment] {
+        written.enumerated().map { index, done in
+            Segment(start: Int64(index) * 16 * mib, end: Int64(index + 1) * 16 * mib, durable: (Int64(index) * 16 + done) * mib)
+        }
+    }
+
+    static func split(lanes: Int = 4, maxRestarts: Int = 3) -> Machine {
+        var machine = Self.machine(maxRestarts: maxRestarts)
+        machine.transferStarted(lanes: lanes, split: true, rateLimited: false, pieceSize: mib, minimumSplitSize: mib)
+        return machine
+    }
+
+    static func alone(maxRestarts: Int = 3) -> Machine {
+        var machine = Self.machine(maxRestarts: maxRestarts)
+        machine.transferStarted(lanes: 1, split: false, rateLimited: false, pieceSize: mib, minimumSplitSize: mib)
+        return machine
+    }
+
+    /// What an idle lane does; `young`: segments whose requests started just now (too young to judge).
+    static func idle(_ machine: inout Machine, _ segments: [Segment], young: [Int] = []) -> Machine.LaneWork {
+        let running = Dictionary(
+            uniqueKeysWithValues: young.map { ($0, LaneScheduler.Running(startedAt: 0, resumeOffset: 0, receiving: true)) })
+        return machine.laneIdle(segments: segments, running: running, now: 0)
+    }
+
+    static func ask(
+        _ machine: inout Machine, _ slot: Int, written: Int64, end: Int64?, known: Validators?, overlapWindow: Int64
+    ) -> (plan: RequestPlan, url: URL)? {
+        machine.nextRequest(slot, written: written, end: end, known: known, overlapWindow: overlapWindow)
+    }
+
+    static func restartInPlace(_ machine: inout Machine) -> Bool { machine.restartInPlace() }
+
+    // MARK: The download's steps
+
+    /// Nothing kept: the whole file on the first connection. Several segments: lanes (or, without a validator to
+    /// check them with, a restart). Bytes on one segment: asked once whether to split, then one lane.
+    @Test func nextStep() {
+        var machine = Self.machine()
+        #expect(Self.describe(machine.next(store: nil)) == "request \(Self.start)")
+        #expect(Self.describe(machine.next(store: Store(segments: 1, written: 0))) == "request \(Self.start)")
+        #expect(machine.state == .firstRequest)
+        #expect(Self.describe(machine.next(store: Store(segments: 1, written: 0), splitNow: true)) == "transfer split")
+        #expect(Self.describe(machine.next(store: Store(segments: 4, written: 0))) == "transfer split")
+        #expect(Self.describe(machine.next(store: Store(segments: 1, written: 10))) == "consider split")
+        #expect(Self.describe(machine.splitConsidered(false)) == "transfer alone")
+        // Asked once per run.
+        #expect(Self.describe(machine.next(store: Store(segments: 1, written: 10))) == "transfer alone")
+        #expect(machine.restarts == 0)
+        let untrusted = machine.next(store: Store(segments: 4, written: 5, canCheckRanges: false))
+        #expect(Self.describe(untrusted).hasPrefix("restart: "), "\(Self.describe(untrusted))")
+        #expect(machine.restarts == 1)
+    }
+
+    /// A first request whose response the probe split goes over lanes; a partial found once the response named
+    /// the file is resumed (with a fresh redirect chain); cancellation wins over anything the report says.
+    @Test func firstRequestEnds() {
+        var machine = Self.machine()
+        let split = Self.first(&machine, Self.report(written: 3 * Self.mib), store: Store(segments: 4, written: 3), splitNow: true)
+        #expect(split == "transfer split")
+        let redirected = Self.first(&machine, Self.report(.redirect(location: "/b")), store: nil)
+        #expect(redirected == "redirected http://example.test/b")
+        #expect(Self.describe(machine.next(store: nil)) == "request http://example.test/b")
+        let resumed = machine.firstRequestEnded(
+            Self.report(), store: Store(segments: 1, written: 10), resumeSaved: true, now: 0, jitter: 0)
+        #expect(Self.describe(resumed) == "consider split")
+        #expect(machine.first.url == Self.start)
+        let cancelled = machine.firstRequestEnded(Self.report(), store: nil, cancelled: true, now: 0, jitter: 0)
+        #expect(Self.describe(cancelled) == "interrupted")
+        #expect(Self.first(&machine, Self.report(), store: Store(segments: 1, written: 64)) == "finish")
+        #expect(machine.state == .finishing)
+    }
+
+    /// Retries wait on the injected clock (the delay is the policy's, with the jitter passed in) and ask the start
+    /// URL again; what is saved by then decides the next step.
+    @Test func firstRequestRetries() {
+        var machine = Self.machine()
+        _ = Self.first(&machine, Self.report(.redirect(location: "/b")), store: nil)
+        let wait = Self.first(&machine, Self.report(.retry(status: 503, retryAfter: nil)), store: nil)
+        #expect(wait == "wait 0.5 (1/5): HTTP 503 Service Unavailable")
+        #expect(machine.state == .waiting)
+        #expect(Self.describe(machine.next(store: nil)) == "request \(Self.start)")
+        // A body that ended early with bytes saved continues on one lane, not with the whole file again.
+        let early = Self.first(
+            &machine, Self.report(.accept(bodyStart: 0, validators: Self.validators), .failure(.init(.partialBody, "cut")), written: Self.mib, saved: Self.mib),
+            store: Store(segments: 1, written: Self.mib))
+        #expect(early.hasPrefix("wait "), "\(early)")
+        #expect(Self.describe(machine.next(store: Store(segments: 1, written: Self.mib))) == "consider split")
+    }
+
+    /// More restarts than allowed (in place or not) and the download fails as unstable; a response accepted after
+    /// that too.
     @Test func restartBudget() {
-        var machine = DownloadStateMachine(maxRestarts: 2)
-        let first = machine.restart(.rangeIgnored)
-        #expect(first == .restart)
-        #expect(!machine.exhausted)
-        let inPlace = machine.restartInPlace()
-        #expect(inPlace)
-        let third = machine.restart(.rangeNotSatisfiable)
-        #expect(third == .unstable, "the third restart of two allowed")
-        #expect(machine.exhausted && machine.restarts == 3)
-        let fourth = machine.restartInPlace()
-        #expect(!fourth)
+        var machine = Self.machine(maxRestarts: 2)
+        #expect(Self.first(&machine, Self.report(.restart(.rangeIgnored)), store: nil).hasPrefix("restart: "))
+        #expect(Self.restartInPlace(&machine))
+        let third = Self.first(&machine, Self.report(.restart(.rangeNotSatisfiable)), store: nil)
+        #expect(third == "fail unstableSource: the file kept changing on the server (2 restarts); try again later")
+        #expect(machine.state == .failed && machine.exhausted)
+        #expect(!Self.restartInPlace(&machine))
+        let accepted = Self.first(&machine, Self.report(), store: nil)
+        #expect(accepted.hasPrefix("fail unstableSource"))
         // Restarts outside a split never keep the run on one connection.
         #expect(machine.splittingFailed == nil)
     }
 
-    @Test(arguments: [
-        (RestartReason.rangeIgnored, false, SplitPolicy.Failure?.some(.rangesIgnored)),
-        (.etagChanged(old: "\"a\"", new: "\"b\""), true, .versionsDiffer),
-        (.etagChanged(old: "\"a\"", new: "\"b\""), false, nil),
-    ])
-    func oneRestartWhileSplit(_ reason: RestartReason, _ disagreed: Bool, _ expected: SplitPolicy.Failure?) {
-        var machine = DownloadStateMachine(maxRestarts: 5)
-        let step = machine.restart(reason, whileSplit: true, connectionsDisagreed: disagreed)
-        #expect(step == .restart)
-        #expect(machine.splittingFailed == expected)
+    // MARK: A file is complete before it is finished (rule 1)
+
+    /// A transfer finishes the download only when every segment is written to its end, or a body of unknown
+    /// length ended complete. Lanes that stopped with work left are a failure with the partial kept.
+    @Test func finishedOnlyWhenEverySegmentIs() {
+        var machine = Self.split()
+        let unfinished = machine.transferEnded(allComplete: false)
+        #expect(Self.describe(unfinished) == "fail protocolViolation: segments left unfinished")
+        if case .fail(let error) = unfinished { #expect(error.isResumable) }
+        #expect(machine.state == .failed)
+
+        var complete = Self.split()
+        #expect(Self.describe(complete.transferEnded(allComplete: true)) == "finish")
+
+        var unknownLength = Self.alone()
+        let done = Self.lane(&unknownLength, 0, Self.report(written: 5000, end: nil))
+        #expect(done == "segment done")
+        #expect(Self.idle(&unknownLength, [Segment(start: 0, end: nil, durable: 5000)]) == .stop)
+        #expect(Self.describe(unknownLength.transferEnded(allComplete: false)) == "finish")
     }
 
-    /// A changed file may split again once; a second restart while split keeps one connection. Connections that
-    /// disagreed keep it too, whatever comes after; a split that completed with disagreeing connections as well.
-    @Test func repeatedTroubleWhileSplit() {
-        var machine = DownloadStateMachine(maxRestarts: 5)
-        let change = RestartReason.lengthChanged(old: 1, new: 2)
-        _ = machine.restart(change, whileSplit: true)
-        #expect(machine.splittingFailed == nil)
-        _ = machine.restart(.untrustedPartial("x"))  // not while split: not counted as such
-        #expect(machine.splittingFailed == nil)
-        _ = machine.restart(change, whileSplit: true)
-        #expect(machine.splittingFailed == .restarted)
+    // MARK: Resume only on evidence (rule 3)
 
-        var disagreeing = DownloadStateMachine(maxRestarts: 5)
-        _ = disagreeing.restart(change, whileSplit: true, connectionsDisagreed: true)
-        _ = disagreeing.restart(.rangeIgnored, whileSplit: true)
-        #expect(disagreeing.splittingFailed == .versionsDiffer)
+    /// Every verdict that the kept bytes cannot be trusted stops every lane, and the download restarts from zero
+    /// with the reason said: a 200 to a range, a changed validator or length, a bad Content-Range, a 416 over an
+    /// incomplete file, an overlap that no longer matches. Nothing is asked or kept after it.
+    @Test(arguments: [
+        HeadVerdict.restartWithBody(.rangeIgnored, validators: validators),
+        .restart(.etagChanged(old: "\"v\"", new: "\"w\"")),
+        .restart(.lengthChanged(old: 64 << 20, new: 65 << 20)),
+        .restart(.contentRangeMismatch("bytes 0-9/64")),
+        .restart(.rangeNotSatisfiable),
+    ])
+    func untrustedBytesRestartEveryLane(_ verdict: HeadVerdict) {
+        var machine = Self.split(lanes: 1)
+        #expect(Self.idle(&machine, Self.segments()) == .fetch(0))
+        #expect(Self.lane(&machine, 0, Self.report(verdict)) == "stop")
+        #expect(machine.stopping)
+        #expect(Self.ask(&machine, 1, written: 16 * Self.mib, end: 32 * Self.mib, known: Self.validators, overlapWindow: 0) == nil)
+        #expect(Self.idle(&machine, Self.segments()) == .stop)
+        #expect(Self.lane(&machine, 1, Self.report()) == "stop", "nothing else happens once stopping")
+        let end = Self.describe(machine.transferEnded(allComplete: false))
+        #expect(end.hasPrefix("restart: "), "\(end)")
+        #expect(machine.restarts == 1 && machine.state == .firstRequest)
+    }
 
-        var completed = DownloadStateMachine(maxRestarts: 5)
-        completed.splitEnded(connectionsDisagreed: false)
-        #expect(completed.splittingFailed == nil)
-        completed.splitEnded(connectionsDisagreed: true)
+    /// With other lanes left, only a response that looks like another edge's version of the file (another
+    /// validator or length, a 200 to the range) retires its lane; a bad Content-Range or a 416 restarts the
+    /// download whatever the other lanes do.
+    @Test(arguments: [
+        (HeadVerdict.restartWithBody(.rangeIgnored, validators: validators), true),
+        (.restart(.etagChanged(old: "\"v\"", new: "\"w\"")), true),
+        (.restart(.lastModifiedChanged(old: "a", new: "b")), true),
+        (.restart(.lengthChanged(old: 64 << 20, new: 65 << 20)), true),
+        (.restart(.contentRangeMismatch("bytes 0-9/64")), false),
+        (.restart(.rangeNotSatisfiable), false),
+    ])
+    func onlyAnotherVersionRetiresALane(_ verdict: HeadVerdict, _ anotherVersion: Bool) {
+        var machine = Self.split(lanes: 3)
+        let action = Self.lane(&machine, 0, Self.report(verdict), receiving: [1, 2])
+        if anotherVersion {
+            #expect(action.hasPrefix("retire: "), "\(action)")
+            #expect(!machine.stopping)
+        } else {
+            #expect(action == "stop")
+            #expect(Self.describe(machine.transferEnded(allComplete: false)).hasPrefix("restart: "))
+        }
+    }
+
+    /// Bytes re-fetched to check a resume without a validator that differ from the disk restart the download.
+    @Test func overlapMismatchRestarts() {
+        var machine = Self.alone()
+        #expect(Self.lane(&machine, 0, Self.report(sink: .overlapMismatch(at: 4096))) == "stop")
+        #expect(Self.describe(machine.transferEnded(allComplete: false)).hasPrefix("restart: the bytes before offset 4096"))
+    }
+
+    /// One connection's request plans: a resume with `If-Range` from where the file got to, or (no strong
+    /// validator) an overlap to compare and no `If-Range`. Several segments: exactly the segment's range.
+    @Test func requestPlans() {
+        var alone = Self.alone()
+        let strong = alone.nextRequest(0, written: 1000, end: nil, known: Self.validators, overlapWindow: 64)
+        #expect(strong?.plan == RequestPlan(rangeStart: 1000, resumeOffset: 1000, ifRange: "\"v\""))
+        let weak = Validators(etag: nil, lastModified: nil, date: nil, totalLength: 5000, acceptRanges: true)
+        let overlap = alone.nextRequest(0, written: 1000, end: 5000, known: weak, overlapWindow: 64)
+        #expect(overlap?.plan == RequestPlan(rangeStart: 936, resumeOffset: 1000, ifRange: nil))
+        #expect(Self.ask(&alone, 0, written: 5000, end: 5000, known: weak, overlapWindow: 64) == nil)
+
+        var split = Self.split()
+        let ranged = split.nextRequest(1, written: 17 * Self.mib, end: 32 * Self.mib, known: Self.validators, overlapWindow: 64)
+        #expect(ranged?.plan == RequestPlan(rangeStart: 17 * Self.mib, resumeOffset: 17 * Self.mib, ifRange: "\"v\"", rangeEnd: 32 * Self.mib))
+        #expect(ranged?.url == Self.start)
+        #expect(Self.ask(&split, 1, written: 17 * Self.mib, end: 32 * Self.mib, known: weak, overlapWindow: 64) == nil)
+    }
+
+    /// On one connection a 200 to the range restarts in place (the body kept from byte 0, the restart counted by
+    /// the decision); when the restarts were used up the decision attached no sink and the download fails as
+    /// unstable, never keeping old bytes.
+    @Test func oneConnectionRestartsInPlace() {
+        var machine = Self.alone(maxRestarts: 1)
+        #expect(Self.restartInPlace(&machine))
+        let kept = Self.lane(&machine, 0, Self.report(.restartWithBody(.rangeIgnored, validators: Self.validators)))
+        #expect(kept == "again", "the body written from byte 0 to the end: the next request finds the segment done")
+        #expect(!machine.stopping)
+        #expect(!Self.restartInPlace(&machine))
+        let refused = Self.lane(&machine, 0, Self.report(.restartWithBody(.rangeIgnored, validators: Self.validators)), sinkAttached: false)
+        #expect(refused == "stop")
+        #expect(Self.describe(machine.transferEnded(allComplete: false)).hasPrefix("fail unstableSource"))
+    }
+
+    /// Connections answering with another version of the file (CDN edges) while other lanes are left: the lane
+    /// retires (said once), the others retire as they go idle, the last one fetches the rest; when it meets
+    /// another version too, the download restarts. A split that restarts this way, or completes with
+    /// disagreeing connections, keeps the rest of the run on one connection.
+    @Test func anotherVersionKeepsOne() {
+        var machine = Self.split(lanes: 3)
+        for slot in 0..<3 { #expect(Self.idle(&machine, Self.segments()) == .fetch(slot)) }
+        machine.acceptedKnownVersion()
+        let changed = HeadVerdict.restart(.etagChanged(old: "\"v\"", new: "\"w\""))
+        let firstRetire = Self.lane(&machine, 1, Self.report(changed))
+        #expect(firstRetire.hasPrefix("retire: the file changed on the server (ETag \"v\" → \"w\") on one connection"))
+        machine.released(1)
+        #expect(Self.idle(&machine, Self.segments()) == .retire, "an idle lane retires")
+        #expect(Self.lane(&machine, 2, Self.report(changed)) == "stop", "the last lane restarts")
+        #expect(Self.describe(machine.transferEnded(allComplete: false)).hasPrefix("restart: "))
+        #expect(machine.splittingFailed == .versionsDiffer)
+
+        var completed = Self.split(lanes: 2)
+        completed.acceptedKnownVersion()
+        #expect(Self.lane(&completed, 0, Self.report(changed)).hasPrefix("retire: "))
+        #expect(Self.describe(completed.transferEnded(allComplete: true)) == "finish")
         #expect(completed.splittingFailed == .versionsDiffer)
+    }
+
+    /// After restarts while split: a server that ignored a range keeps one connection at once, a changed file may
+    /// split again once, a second restart while split keeps one connection.
+    @Test func troubleWhileSplit() {
+        var machine = Self.split(maxRestarts: 5)
+        machine.halt(.restart(.rangeIgnored))
+        _ = machine.transferEnded(allComplete: false)
+        #expect(machine.splittingFailed == .rangesIgnored)
+
+        var changing = Self.split(maxRestarts: 5)
+        changing.halt(.restart(.lengthChanged(old: 1, new: 2)))
+        _ = changing.transferEnded(allComplete: false)
+        #expect(changing.splittingFailed == nil)
+        changing.transferStarted(lanes: 1, split: false, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        changing.halt(.restart(.lengthChanged(old: 2, new: 3)))
+        _ = changing.transferEnded(allComplete: false)
+        #expect(changing.splittingFailed == nil, "a restart on one connection is not one while split")
+        changing.transferStarted(lanes: 4, split: true, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        changing.halt(.restart(.lengthChanged(old: 3, new: 4)))
+        _ = changing.transferEnded(allComplete: false)
+        #expect(changing.splittingFailed == .restarted)
+        #expect(changing.restarts == 3)
+    }
+
+    // MARK: A failing disk ends the download, the partial kept (rule 4)
+
+    /// A failed write or checkpoint, or files that could not be prepared for a body, stop every lane and end the
+    /// download with that error; no retry, no restart (the bytes are fine, the disk is not).
+    @Test func storageFailureEndsTheDownload() {
+        let full = DownloadError.io("cannot write", path: "/d/f.part", Errno(rawValue: ENOSPC))
+        var machine = Self.split(lanes: 2)
+        #expect(Self.lane(&machine, 0, Self.report(sink: .storageFailed(full)), receiving: [1]) == "stop")
+        let end = machine.transferEnded(allComplete: false)
+        #expect(Self.describe(end) == "fail \(full.code): \(full.message)")
+        #expect(machine.restarts == 0)
+
+        var decision = Self.alone()
+        let cannot = DownloadError(.io, "cannot save download state", resumable: true)
+        #expect(Self.lane(&decision, 0, Self.report(), decisionError: cannot) == "stop")
+        #expect(Self.describe(decision.transferEnded(allComplete: false)) == "fail io: cannot save download state")
+    }
+
+    /// The first reason to stop stands: a failure after a restart does not replace it.
+    @Test func firstStopStands() {
+        var machine = Self.split()
+        machine.halt(.restart(.rangeIgnored))
+        machine.halt(.failure(DownloadError(.io, "late")))
+        #expect(Self.describe(machine.transferEnded(allComplete: false)).hasPrefix("restart: "))
+    }
+
+    // MARK: Lanes
+
+    /// A lane refused by the server (503) or out of retries retires while another lane is receiving; alone it
+    /// waits and retries (on one connection with a durable checkpoint first), or fails.
+    @Test func refusedLanesRetire() {
+        var machine = Self.split(lanes: 3)
+        let refused = Self.report(.retry(status: 503, retryAfter: nil))
+        #expect(Self.lane(&machine, 1, refused, receiving: [0]).hasPrefix("retire: the server refused an extra connection"))
+        #expect(Self.lane(&machine, 2, refused) == "wait 0.5 (1/5): HTTP 503 Service Unavailable")
+        #expect(machine.transfer?.activeLanes == 2)
+
+        var spent = Self.machine(maxRetries: 0)
+        spent.transferStarted(lanes: 2, split: true, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        let dropped = Self.report(.accept(bodyStart: 0, validators: Self.validators), .failure(.init(.network, "reset")), written: 0)
+        #expect(Self.lane(&spent, 1, dropped, receiving: [0]).hasPrefix("retire: giving up after 0 retries on one connection"))
+        #expect(Self.lane(&spent, 0, dropped) == "stop", "the last lane out of retries ends the download")
+        #expect(Self.describe(spent.transferEnded(allComplete: false)).hasPrefix("fail retriesExhausted"))
+
+        var alone = Self.alone()
+        #expect(Self.lane(&alone, 0, refused) == "wait 0.5 (1/5): HTTP 503 Service Unavailable +checkpoint")
+    }
+
+    /// Redirects: said on the download's one connection, followed quietly by lanes; each lane has its own
+    /// sequence, and a new segment starts from the start URL.
+    @Test func redirectsPerLane() {
+        var alone = Self.alone()
+        #expect(Self.lane(&alone, 0, Self.report(.redirect(location: "/c"))) == "redirected http://example.test/c")
+        #expect(alone.first.url.absoluteString == "http://example.test/c", "one connection continues the download's own")
+
+        var machine = Self.split(lanes: 2)
+        #expect(Self.lane(&machine, 0, Self.report(.redirect(location: "/c"))) == "again")
+        let next = machine.nextRequest(0, written: 0, end: 16 * Self.mib, known: Self.validators, overlapWindow: 0)
+        #expect(next?.url.absoluteString == "http://example.test/c")
+        let other = machine.nextRequest(1, written: 16 * Self.mib, end: 32 * Self.mib, known: Self.validators, overlapWindow: 0)
+        #expect(other?.url == Self.start)
+        machine.released(0)
+        let again = machine.nextRequest(0, written: 0, end: 16 * Self.mib, known: Self.validators, overlapWindow: 0)
+        #expect(again?.url == Self.start)
+    }
+
+    /// Idle lanes take free segments, then wait for the end game; with one lane or everything written, they stop.
+    /// A steal is reported back once the executor has split the part file.
+    @Test func idleLanes() {
+        var machine = Self.split(lanes: 2)
+        let segments = Self.segments([16, 16, 3, 16])
+        #expect(Self.idle(&machine, segments) == .fetch(2))
+        #expect(Self.idle(&machine, segments, young: [2]) == .wait, "too young to judge: presumed fine")
+        #expect(Self.idle(&machine, Self.segments([16, 16, 16, 16])) == .stop)
+        var one = Self.split(lanes: 1)
+        #expect(Self.idle(&one, Self.segments([16, 16, 16, 16])) == .stop)
+        #expect(Self.idle(&one, segments) == .fetch(2))
+        #expect(Self.idle(&one, segments, young: [2]) == .stop, "one lane never waits for an end game")
+        one.released(2)
+        #expect(Self.idle(&one, segments) == .fetch(2), "a released unfinished segment is taken again")
+    }
+
+    /// A whole download over lanes, as the executors drive it: the first response splits, the lanes fetch their
+    /// segments (one cut short by a split asks again), every segment completes, the download finishes.
+    @Test func aWholeSplitDownload() {
+        var machine = Self.machine()
+        #expect(Self.describe(machine.next(store: nil)) == "request \(Self.start)")
+        let split = Self.first(&machine, Self.report(written: Self.mib, saved: Self.mib), store: Store(segments: 4, written: Self.mib), splitNow: true)
+        #expect(split == "transfer split")
+        machine.transferStarted(lanes: 4, split: true, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        #expect(machine.state == .transferring(lanes: 4, split: true))
+        var segments = Self.segments([1, 0, 0, 0])
+        for slot in 0..<4 { #expect(Self.idle(&machine, segments) == .fetch(slot)) }
+        #expect(Self.lane(&machine, 3, Self.report(sink: .reachedEnd, written: 60 * Self.mib, end: 60 * Self.mib)) == "again")
+        for slot in 0..<4 {
+            segments[slot].durable = segments[slot].end!
+            #expect(Self.lane(&machine, slot, Self.report(written: segments[slot].end!, end: segments[slot].end!)) == "again")
+            #expect(Self.ask(&machine, slot, written: segments[slot].end!, end: segments[slot].end!, known: Self.validators, overlapWindow: 0) == nil)
+            machine.released(slot)
+        }
+        #expect(Self.idle(&machine, segments) == .stop)
+        #expect(Self.describe(machine.transferEnded(allComplete: true)) == "finish")
+        #expect(machine.state == .finishing && machine.transfer == nil)
     }
 }

@@ -75,6 +75,7 @@ struct AttemptStateMachine: Sendable {
     enum Scope: Sendable { case download, connection }
 
     let policy: RetryPolicy
+    let maxRedirects: Int
     let scope: Scope
     let startURL: URL
     /// The URL the next request goes to.
@@ -90,6 +91,7 @@ struct AttemptStateMachine: Sendable {
         self.startURL = startURL
         self.url = startURL
         self.policy = policy
+        self.maxRedirects = maxRedirects
         self.scope = scope
         self.redirects = RedirectChain(limit: maxRedirects)
     }

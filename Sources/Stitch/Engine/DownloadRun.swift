@@ -2,16 +2,17 @@ import Foundation
 import Glibc
 import Synchronization
 
-/// One call of ``Downloader/download(_:options:onEvent:)``: the attempt loop of its first connection, and the
-/// steps around it (what is on disk, restarts, the split over several connections, the end).
+/// One call of ``Downloader/download(_:options:onEvent:)``: the executor of the download's state machine
+/// (``DownloadStateMachine``). It finds what is on disk, performs the machine's actions — the first connection's
+/// requests for the whole file, the transfer over one lane or several (``SegmentedTransfer``, the lanes'
+/// executor), restarts, waits, the end — and reports what came of each. It decides nothing the machine decides.
 ///
-/// Threads: the engine's task runs `run()`. Each attempt has two phases: the transport hands over the response
+/// Threads: the engine's task runs `run()`. Each request has two phases: the transport hands over the response
 /// head, and the engine decides what it means on the blocking pool (`decide`: it may open, reopen, preallocate or
 /// hash files, which must never hold up the transport's thread that every transfer shares); then, while the body
-/// streams, the transport thread feeds the attempt's ``SegmentSink`` (a `pwrite` and counters) and the engine task
-/// waits. The awaits
-/// order the three, so the mutable fields below are never touched by two at once. Progress readers use the
-/// atomics only.
+/// streams, the transport thread feeds the request's ``SegmentSink`` (a `pwrite` and counters) and the engine task
+/// waits. The awaits order the three, so the mutable fields below are never touched by two at once. The state
+/// machine is behind ``core``, which the lanes share. Progress readers use the atomics only.
 final class DownloadRun: @unchecked Sendable {
     let request: DownloadRequest
     let options: DownloadOptions
@@ -29,8 +30,9 @@ final class DownloadRun: @unchecked Sendable {
     private var known: Validators?
     private var hasher: DigestHasher?
     private var resumedFrom: Int64 = 0
-    /// The download-level decisions: what comes next, the restart budget, one connection after a failed split.
-    private var steps: DownloadStateMachine
+    /// The download's state machine, with its lanes' requests beside it: the one lock this run's executors (this
+    /// object's task, the lanes, the decisions and the monitor) take to ask it.
+    let core: Mutex<EngineCore>
     private var currentURL: URL
 
     // Per attempt, set by the delegate.
@@ -68,7 +70,11 @@ final class DownloadRun: @unchecked Sendable {
         self.startURL = try validateURL(request.url)
         self.currentURL = startURL
         self.counters = TransferCounters(checkpointBytes: options.checkpointBytes)
-        self.steps = DownloadStateMachine(maxRestarts: options.maxRestarts)
+        self.core = Mutex(
+            EngineCore(
+                machine: DownloadStateMachine(
+                    startURL: startURL, retry: options.retry, maxRedirects: options.maxRedirects,
+                    maxRestarts: options.maxRestarts)))
         if let checksum = request.checksum { hasher = DigestHasher(checksum.algorithm) }
     }
 
@@ -76,7 +82,7 @@ final class DownloadRun: @unchecked Sendable {
         checkpointer?.stop()
     }
 
-    // MARK: The attempt loop
+    // MARK: The executor
 
     func run() async throws -> DownloadResult {
         defer {
@@ -95,75 +101,85 @@ final class DownloadRun: @unchecked Sendable {
             closeEvents()
         }
 
-        var machine = AttemptStateMachine(
-            startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects, scope: .download)
+        // The executor of the download's state machine: it performs each action and reports what came of it.
+        var action = machine { $0.next(store: storeFacts) }
         while true {
             if Task.isCancelled { throw try interrupted() }
-            // Once there are bytes (or segments) to continue from, every request is a transfer's: one lane for a
-            // download on one connection, several once it is split. Until then the first connection's requests
-            // come here: the one that names the file, creates the store, and decides whether to split.
-            let step = steps.next(
-                store: store.map { .init(segments: $0.snapshot.segments.count, written: $0.written(0)) },
-                splitNow: segmentNow, worthSplitting: { store.map(resplit) ?? false })
-            segmentNow = false
-            if let store, step != .firstRequest {
-                let done = step == .split ? try await runSegmented(store) : try await runAlone(store, machine: &machine)
-                if let done { return done }
-                machine.resetURL()
-                continue
-            }
-            // The whole file: nothing is kept yet.
-            plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
-            verdict = nil
-            probe = nil
-            setupError = nil
-            sink = nil
-            attemptFailure = nil
-            switchToResume = false
-            let before = store?.written(0) ?? 0
-            let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
-            currentURL = machine.url
-            let transportRequest = TransportRequest(
-                url: currentURL.absoluteString, headers: headers, options: options.transport)
-            let result = await attempt(transportRequest)
-
-            // What only the single connection's sequence has: a store that could not be made, a finished file or a
-            // partial found once the name was known, the switch to several connections.
-            if let setupError { throw setupError }
-            if let alreadyComplete { return alreadyComplete }
-            if segmentNow { continue }
-            if switchToResume {
-                machine.resetURL()
-                continue
-            }
-            if case .failure(let error) = result, error.isCancelled || Task.isCancelled { throw try interrupted() }
-            if case .accept = verdict, steps.exhausted { throw unstable() }
-
-            let written = store?.written(0) ?? 0
-            let report = AttemptReport(
-                verdict: verdict, result: result, sink: sinkOutcome(), written: written,
-                end: limit, saved: max(0, written - before),
-                durable: store?.durable.load(ordering: .acquiring) ?? 0)
-            switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
-            case .requestAgain:
-                continue
-            case .follow(let next):
-                emit(.redirected(to: next.absoluteString))
+            switch action {
+            case .requestWhole(let url):
+                // The whole file: nothing is kept yet. This request names the file, creates the store, and
+                // decides whether to split.
+                action = await requestWhole(url)
+                if let setupError { throw setupError }
+                if let alreadyComplete { return alreadyComplete }
+            case .considerSplit:
+                let didSplit = store.map(resplit) ?? false
+                action = machine { $0.splitConsidered(didSplit) }
+            case .transfer(let split):
+                guard let store else { throw DownloadError(.protocolViolation, "no part file to continue") }
+                action = try await runTransfer(store, split: split)
+            case .redirected(let url):
+                emit(.redirected(to: url.absoluteString))
+                action = machine { $0.next(store: storeFacts) }
             case .restart(let reason):
-                try restart(reason)
-                machine.resetURL()
-            case .complete:
-                return try await finish()
-            case .interrupted:
-                throw try interrupted()
-            case .fail(let error):
-                try? store?.checkpoint()
-                throw error
+                try discardForRestart(reason)
+                action = machine { $0.next(store: storeFacts) }
             case .wait(let delay, let attempt, let of, let reason):
                 emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
                 await checkpointOffPool()
                 do { try await clock.sleep(seconds: delay) } catch { throw try interrupted() }
+                action = machine { $0.next(store: storeFacts) }
+            case .finish:
+                return try await finish()
+            case .fail(let error):
+                try? store?.checkpoint()
+                throw error
+            case .interrupted:
+                throw try interrupted()
             }
+        }
+    }
+
+    /// Asks the state machine under the run's lock.
+    private func machine<T: Sendable>(_ body: (inout DownloadStateMachine) -> T) -> T {
+        core.withLock { body(&$0.machine) }
+    }
+
+    /// What the part file holds, for the state machine.
+    private var storeFacts: DownloadStateMachine.Store? {
+        store.map {
+            .init(segments: $0.snapshot.segments.count, written: $0.written(0), canCheckRanges: known?.ifRange != nil)
+        }
+    }
+
+    /// One request for the whole file on the first connection; returns what the state machine makes of it.
+    private func requestWhole(_ url: URL) async -> DownloadStateMachine.Action {
+        plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
+        verdict = nil
+        probe = nil
+        setupError = nil
+        sink = nil
+        attemptFailure = nil
+        switchToResume = false
+        let before = store?.written(0) ?? 0
+        let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
+        currentURL = url
+        let result = await attempt(TransportRequest(url: url.absoluteString, headers: headers, options: options.transport))
+        let written = store?.written(0) ?? 0
+        let report = AttemptReport(
+            verdict: verdict, result: result, sink: sinkOutcome(), written: written, end: limit,
+            saved: max(0, written - before), durable: store?.durable.load(ordering: .acquiring) ?? 0)
+        // A response that ended complete is taken even if the run is being cancelled at that moment.
+        var cancelled = false
+        if case .failure(let error) = result, error.isCancelled || Task.isCancelled { cancelled = true }
+        let splitNow = segmentNow
+        segmentNow = false
+        let facts = storeFacts
+        let now = clock.now()
+        return machine {
+            $0.firstRequestEnded(
+                report, store: facts, splitNow: splitNow, resumeSaved: switchToResume, cancelled: cancelled, now: now,
+                jitter: Double.random(in: 0...1))
         }
     }
 
@@ -335,11 +351,8 @@ final class DownloadRun: @unchecked Sendable {
         hasStore.store(true, ordering: .releasing)
     }
 
-    private func restart(
-        _ reason: RestartReason, whileSplit: Bool = false, connectionsDisagreed: Bool = false
-    ) throws {
-        let step = steps.restart(reason, whileSplit: whileSplit, connectionsDisagreed: connectionsDisagreed)
-        if step == .unstable { throw unstable() }
+    /// Discards what is kept for a restart from zero (the state machine counted it) and says why.
+    private func discardForRestart(_ reason: RestartReason) throws {
         emit(.restarting(reason))
         try store?.restart(validators: .none)
         hasher?.reset()
@@ -348,12 +361,6 @@ final class DownloadRun: @unchecked Sendable {
         position.store(0, ordering: .relaxed)
         counters.resetCheckpointCount()
         currentURL = startURL
-    }
-
-    func unstable() -> DownloadError {
-        DownloadError(
-            .unstableSource,
-            "the file kept changing on the server (\(steps.restarts - 1) restarts); try again later", resumable: false)
     }
 
     /// A durable checkpoint now (a retry's pause is a good moment), on the blocking pool: it syncs, and many
@@ -494,7 +501,7 @@ final class DownloadRun: @unchecked Sendable {
         self.probe = nil
         // Only for the response it was set up for: same length, and splitting still allowed.
         guard let known, known.totalLength == probe.total, known.acceptRanges, known.ifRange != nil,
-            steps.splittingFailed == nil
+            machine({ $0.splittingFailed }) == nil
         else { return false }
         let verdict = SplitPolicy.probe(
             offset: offset, elapsed: elapsed, total: probe.total, singleConnectionRate: options.singleConnectionRate,
@@ -541,7 +548,7 @@ final class DownloadRun: @unchecked Sendable {
     private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
         let (allowed, notice) = SplitPolicy.canSplit(
             validators, wanted: wantedLanes(for: validators), asked: options.connections,
-            minimumSplitSize: options.minimumSplitSize, failure: steps.splittingFailed)
+            minimumSplitSize: options.minimumSplitSize, failure: machine { $0.splittingFailed })
         if let notice { emit(.notice(notice)) }
         return allowed
     }
@@ -574,67 +581,41 @@ final class DownloadRun: @unchecked Sendable {
 
     private var resplitConsidered = false
 
-    /// Fetches the unfinished segments over several connections. Returns the result, or nil after a restart.
-    private func runSegmented(_ store: PartStore) async throws -> DownloadResult? {
-        guard let known, let ifRange = known.ifRange else {
-            // A partial of several segments without a strong validator cannot be resumed by ranges.
-            try restart(.untrustedPartial("the saved segments cannot be checked without a validator; starting over"))
-            return nil
+    /// Runs a transfer of the part file's segments: over several lanes (`split`), or the download's one segment
+    /// over one lane (a download on one connection). Returns what the state machine makes of its end.
+    private func runTransfer(_ store: PartStore, split: Bool) async throws -> DownloadStateMachine.Action {
+        let lanes: Int
+        if split, let known {
+            lanes = max(1, self.lanes(for: known))
+            hashFromDisk = true
+            if let total = known.totalLength, let error = store.preallocate(totalLength: total) {
+                throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
+            }
+            // The split is durable before any lane writes, so a crash in the first second keeps every lane's bytes.
+            try await offloaded { () throws(DownloadError) in try store.checkpoint(force: true) }
+        } else {
+            lanes = 1
         }
-        hashFromDisk = true
-        let checkpointer = self.checkpointer
+        let minimumSplitSize = options.minimumSplitSize
+        let rateLimited = options.rateLimiter != nil
+        machine {
+            $0.transferStarted(
+                lanes: lanes, split: split, rateLimited: rateLimited, pieceSize: store.pieceSize,
+                minimumSplitSize: minimumSplitSize)
+        }
         let transfer = SegmentedTransfer(
-            store: store, known: known, ifRange: ifRange, startURL: startURL, request: request, options: options,
-            transport: transport, clock: clock, lanes: max(1, lanes(for: known)),
-            emit: { [self] event in emit(event) }, checkpointer: checkpointer, counters: counters)
-        if let total = known.totalLength, let error = store.preallocate(totalLength: total) {
-            throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
-        }
-        // The split is durable before any lane writes, so a crash in the first second keeps every lane's bytes.
-        try await offloaded { () throws(DownloadError) in try store.checkpoint(force: true) }
-        let outcome: SegmentedTransfer.Outcome
+            store: store, known: known ?? store.snapshot.validators, split: split, request: request,
+            options: options, transport: transport, clock: clock, lanes: lanes,
+            emit: { [self] event in emit(event) }, checkpointer: checkpointer, counters: counters, owner: self)
         do {
-            outcome = try await transfer.run()
+            try await transfer.run()
         } catch is CancellationError {
             throw try interrupted()
         }
-        switch outcome {
-        case .complete:
-            steps.splitEnded(connectionsDisagreed: transfer.connectionsDisagree)
-            return try await finish()
-        case .restart(let reason):
-            // A server that ignored a range, or whose connections answer with different versions, gets one
-            // connection from now on; so does one that made a split download restart twice (a single change may
-            // split again).
-            try restart(reason, whileSplit: true, connectionsDisagreed: transfer.connectionsDisagree)
-            return nil
-        }
-    }
-
-    /// Continues the download's one segment on one connection: a transfer with one lane, which takes over this
-    /// run's retry state. Returns the result, or nil after a restart.
-    private func runAlone(_ store: PartStore, machine: inout AttemptStateMachine) async throws -> DownloadResult? {
-        let transfer = SegmentedTransfer(
-            store: store, known: known ?? store.snapshot.validators, ifRange: known?.ifRange, startURL: startURL,
-            request: request, options: options, transport: transport, clock: clock, lanes: 1,
-            emit: { [self] event in emit(event) }, checkpointer: checkpointer, counters: counters, owner: self,
-            machine: machine)
-        let outcome: SegmentedTransfer.Outcome
-        do {
-            outcome = try await transfer.run()
-        } catch is CancellationError {
-            throw try interrupted()
-        }
-        // The retry state goes on: what the lane counted is not forgotten after a restart.
-        if let continued = transfer.machineAfterwards { machine = continued }
-        known = transfer.known
-        switch outcome {
-        case .complete:
-            return try await finish()
-        case .restart(let reason):
-            try restart(reason)
-            return nil
-        }
+        // On one connection a response may have added to the validators.
+        if !split { known = transfer.known }
+        let allComplete = store.writtenSegments.allSatisfy(\.isComplete)
+        return machine { $0.transferEnded(allComplete: allComplete) }
     }
 
     // MARK: For the one lane of a download on one connection (on the decision pool)
@@ -645,7 +626,7 @@ final class DownloadRun: @unchecked Sendable {
     /// A 200 with the whole (new) file to the one connection's ranged request: restarts from zero in place, the
     /// body kept from its first byte. False when the restarts are used up (the download then fails as unstable).
     func restartInPlace(_ reason: RestartReason, validators: Validators) throws(DownloadError) -> Bool {
-        guard steps.restartInPlace() else { return false }
+        guard machine({ $0.restartInPlace() }) else { return false }
         emit(.restarting(reason))
         guard let store else { return false }
         try store.restart(validators: validators)

@@ -1,77 +1,189 @@
-/// The decisions of one download above its requests, as a pure state machine: what comes next (the first
-/// connection's requests, or a transfer over one lane or several), what a restart from zero costs (the restart
-/// budget, and whether the rest of the run stays on one connection), when a restart in place is still allowed.
-/// No I/O and no clock: ``DownloadRun`` passes what the part file holds and how a transfer ended, and performs the
-/// returned step. The requests' own decisions are ``AttemptStateMachine``'s; the lanes' scheduling is
-/// ``LaneScheduler``'s; whether and where to split is ``SplitPolicy``'s. Unit tests: DownloadStateMachineTests.
+import Foundation
+
+/// The decisions of one download, as one pure state machine with an explicit ``State`` and ``Action``, in the way
+/// of async-http-client's connection pool: its executors report what happened (a request for the whole file
+/// ended, a lane became idle, a lane's request ended, a transfer ended) and perform the returned action. It does
+/// no I/O and has no clock of its own (the time and the jitter are passed in), so every rule is a unit test with
+/// no sockets (DownloadStateMachineTests).
 ///
-/// The rules:
+/// Two executors drive it, under one lock (``DownloadRun/core``): ``DownloadRun`` for the download's steps (the
+/// first connection's requests, the transfer, restarts, the end) and ``SegmentedTransfer`` for its lanes (which
+/// segment an idle lane takes, what each lane's requests come to). What it is made of:
+/// - ``AttemptStateMachine``: what one request sequence does after each request (retry, backoff, redirect,
+///   restart, fail) — the first connection's, and one per lane.
+/// - ``LaneScheduler``: which segment an idle lane takes, steals and the end game, slow connections replaced.
+/// - ``SplitPolicy``: whether to split, the probe's verdict, the split's boundaries (asked by the executor, which
+///   applies them to the part file).
+///
+/// The rules of the download:
 /// - Until the part file holds bytes or several segments, the first connection asks for the whole file (it names
 ///   the file, creates the store, decides the split). From then on every request is a transfer's: over several
-///   lanes when the file is split (or was just split, or a resumed partial is worth splitting), else one lane.
+///   lanes when the file is split (or was just split, or a resumed partial is worth splitting, asked once per
+///   run), else over one lane. Several segments without a strong validator cannot be resumed by ranges: restart.
 /// - A restart from zero is counted; more than `maxRestarts` and the download fails as unstable.
 /// - After a restart while split: a server that ignored a range, connections that answered with different
 ///   versions, or a second such restart, keep the rest of the run on one connection.
+/// - A transfer finishes the download only when every segment is complete (or a body of unknown length ended
+///   complete); a transfer that ended otherwise without a failure is a failure, never a finished file.
+///
+/// The rules of a lane's request (see ``laneRequestEnded(_:_:running:now:jitter:)``):
+/// - Once the transfer is stopping (a restart, a failure), nothing else happens.
+/// - Files that could not be prepared for the body end the download.
+/// - A verdict that the kept bytes cannot be trusted (a 200 to a range, a changed validator, a bad
+///   `Content-Range`) stops every lane and the download restarts — unless another lane is left and the response
+///   looked like another edge's version of the file: then the lane retires and the rest goes over one connection.
+///   A download on one connection restarts in place on a 200 instead (the body is kept from byte 0); out of
+///   restarts, it fails as unstable.
+/// - Everything else is the lane's ``AttemptStateMachine``'s, except that a lane refused by the server (429, 503)
+///   or out of retries retires while another lane is receiving.
 struct DownloadStateMachine: Sendable {
+    // MARK: State and actions
+
+    /// Where the download is.
+    enum State: Sendable, Equatable {
+        /// Nothing kept yet: the first connection asks for the whole file.
+        case firstRequest
+        /// Waiting out a backoff of the first connection.
+        case waiting
+        /// A transfer over `lanes` lanes (`split`: several segments; else the download's one segment).
+        case transferring(lanes: Int, split: Bool)
+        /// Every byte is there: the executor verifies and renames.
+        case finishing
+        case failed
+    }
+
+    /// What the download's executor does next.
+    enum Action: Sendable {
+        /// Ask for the whole file on the first connection.
+        case requestWhole(URL)
+        /// Ask whether the resumed partial on one segment is worth splitting now, and report it
+        /// (``splitConsidered(_:)``).
+        case considerSplit
+        /// Run a transfer over the part file's segments: several lanes, or one.
+        case transfer(split: Bool)
+        /// A redirect was followed: say so.
+        case redirected(URL)
+        /// The kept bytes cannot be trusted: discard them and say why (the restart is counted).
+        case restart(RestartReason)
+        /// Say that the first connection retries, make a durable checkpoint, and wait.
+        case wait(seconds: Double, attempt: Int, of: Int, reason: String)
+        /// Every byte is there: verify, sync and rename into place.
+        case finish
+        /// The download ends with this error (the partial stays).
+        case fail(DownloadError)
+        /// The run is being interrupted.
+        case interrupted
+    }
+
     /// What the part file holds, as the machine needs it.
     struct Store: Sendable, Equatable {
         var segments: Int
         var written: Int64
-    }
-
-    /// What to do next.
-    enum Step: Sendable, Equatable {
-        /// A request for the whole file on the first connection.
-        case firstRequest
-        /// The download's segments over several lanes.
-        case split
-        /// The download's one segment over one lane.
-        case alone
-    }
-
-    /// What a restart from zero comes to.
-    enum RestartStep: Sendable, Equatable {
-        /// Start over (the count is taken).
-        case restart
-        /// Out of restarts: the file kept changing.
-        case unstable
+        /// A strong validator to send as `If-Range` is known.
+        var canCheckRanges: Bool = true
     }
 
     let maxRestarts: Int
+    private(set) var state = State.firstRequest
+    /// The first connection's requests; on one connection, its one lane's too (the same sequence goes on).
+    private(set) var first: AttemptStateMachine
     /// Restarts from zero so far (in place or not).
     private(set) var restarts = 0
     /// Why the rest of this run uses one connection, if it does.
     private(set) var splittingFailed: SplitPolicy.Failure?
     private var restartsWhileSplit = 0
+    private var splitConsidered = false
+    /// The running transfer's lanes, nil between transfers.
+    private(set) var transfer: Transfer?
 
-    init(maxRestarts: Int) {
+    init(startURL: URL, retry: RetryPolicy = RetryPolicy(), maxRedirects: Int = 10, maxRestarts: Int) {
         self.maxRestarts = maxRestarts
+        self.first = AttemptStateMachine(
+            startURL: startURL, policy: retry, maxRedirects: maxRedirects, scope: .download)
     }
 
-    /// The next step for a part file in `store` (nil: none yet). `splitNow`: the first response was just split;
-    /// `worthSplitting` is asked (once per run, by the caller) only for a resumed partial on one segment.
-    func next(store: Store?, splitNow: Bool, worthSplitting: () -> Bool) -> Step {
-        guard let store else { return .firstRequest }
-        if splitNow || store.segments > 1 { return .split }
-        guard store.written > 0 else { return .firstRequest }
-        return worthSplitting() ? .split : .alone
-    }
+    // MARK: The download's steps
 
-    /// A restart from zero for `reason`; `whileSplit`: it ended a transfer over several lanes, whose connections
-    /// may have disagreed about the version (`connectionsDisagreed`).
-    mutating func restart(_ reason: RestartReason, whileSplit: Bool = false, connectionsDisagreed: Bool = false)
-        -> RestartStep
-    {
-        if whileSplit {
-            restartsWhileSplit += 1
-            noteSplitFailure(reason, connectionsDisagreed: connectionsDisagreed)
+    /// The next step for a part file in `store` (nil: none yet). `splitNow`: the first response was just split.
+    mutating func next(store: Store?, splitNow: Bool = false) -> Action {
+        guard let store else { return requestWhole() }
+        if splitNow || store.segments > 1 {
+            // A partial of several segments without a strong validator cannot be resumed by ranges.
+            guard store.canCheckRanges else {
+                return restart(.untrustedPartial("the saved segments cannot be checked without a validator; starting over"))
+            }
+            return startTransfer(split: true)
         }
-        return take()
+        guard store.written > 0 else { return requestWhole() }
+        if !splitConsidered {
+            splitConsidered = true
+            return .considerSplit
+        }
+        return startTransfer(split: false)
     }
 
-    /// A transfer over several lanes ended complete, but its connections disagreed about the version.
-    mutating func splitEnded(connectionsDisagreed: Bool) {
-        if connectionsDisagreed { splittingFailed = .versionsDiffer }
+    /// The answer to ``Action/considerSplit``: whether the partial was split into several segments.
+    mutating func splitConsidered(_ didSplit: Bool) -> Action {
+        splitConsidered = true
+        return startTransfer(split: didSplit)
+    }
+
+    /// What the first connection's request for the whole file came to. `splitNow`: the probe split the file, the
+    /// response was stopped for the lanes; `resumeSaved`: the response named a file whose partial an earlier run
+    /// left, to be resumed with a proper range request; `cancelled`: the run is being interrupted.
+    mutating func firstRequestEnded(
+        _ report: AttemptReport, store: Store?, splitNow: Bool = false, resumeSaved: Bool = false,
+        cancelled: Bool = false, now: Int64, jitter: Double
+    ) -> Action {
+        if splitNow { return next(store: store, splitNow: true) }
+        if resumeSaved {
+            first.resetURL()
+            return next(store: store)
+        }
+        if cancelled { return .interrupted }
+        if case .accept = report.verdict, exhausted { return fail(unstable) }
+        switch first.attemptEnded(report, now: now, jitter: jitter) {
+        case .requestAgain:
+            return next(store: store)
+        case .follow(let url):
+            return .redirected(url)
+        case .restart(let reason):
+            return restart(reason)
+        case .complete:
+            state = .finishing
+            return .finish
+        case .interrupted:
+            return .interrupted
+        case .fail(let error):
+            return fail(error)
+        case .wait(let seconds, let attempt, let of, let reason):
+            state = .waiting
+            return .wait(seconds: seconds, attempt: attempt, of: of, reason: reason)
+        }
+    }
+
+    /// How a transfer ended: `allComplete`, every segment is written to its end.
+    mutating func transferEnded(allComplete: Bool) -> Action {
+        guard let transfer else { return fail(DownloadError(.protocolViolation, "no transfer was running")) }
+        self.transfer = nil
+        let disagreed = transfer.connectionsDisagree
+        switch transfer.stop {
+        case .restart(let reason):
+            // A server that ignored a range, or whose connections answer with different versions, gets one
+            // connection from now on; so does one that made a split download restart twice (a single change may
+            // split again).
+            return restart(reason, whileSplit: transfer.split, connectionsDisagreed: disagreed)
+        case .failure(let error):
+            return fail(error)
+        case nil:
+            break
+        }
+        guard transfer.completedWhole || allComplete else {
+            return fail(DownloadError(.protocolViolation, "segments left unfinished", resumable: true))
+        }
+        if transfer.split, disagreed { splittingFailed = .versionsDiffer }
+        state = .finishing
+        return .finish
     }
 
     /// A restart in place (a 200 with the whole file to the one connection's ranged request): whether one is left.
@@ -82,7 +194,43 @@ struct DownloadStateMachine: Sendable {
     /// Whether the restarts are used up (a response accepted after too many).
     var exhausted: Bool { restarts > maxRestarts }
 
-    private mutating func take() -> RestartStep {
+    /// The failure of a file that kept changing.
+    var unstable: DownloadError {
+        DownloadError(
+            .unstableSource, "the file kept changing on the server (\(restarts - 1) restarts); try again later",
+            resumable: false)
+    }
+
+    private mutating func requestWhole() -> Action {
+        state = .firstRequest
+        return .requestWhole(first.url)
+    }
+
+    private mutating func startTransfer(split: Bool) -> Action {
+        .transfer(split: split)
+    }
+
+    private mutating func fail(_ error: DownloadError) -> Action {
+        state = .failed
+        return .fail(error)
+    }
+
+    private mutating func restart(
+        _ reason: RestartReason, whileSplit: Bool = false, connectionsDisagreed: Bool = false
+    ) -> Action {
+        if whileSplit {
+            restartsWhileSplit += 1
+            noteSplitFailure(reason, connectionsDisagreed: connectionsDisagreed)
+        }
+        guard take() == .restart else { return fail(unstable) }
+        first.resetURL()
+        state = .firstRequest
+        return .restart(reason)
+    }
+
+    private enum Budget { case restart, unstable }
+
+    private mutating func take() -> Budget {
         restarts += 1
         return restarts > maxRestarts ? .unstable : .restart
     }
@@ -95,5 +243,287 @@ struct DownloadStateMachine: Sendable {
         } else if restartsWhileSplit >= 2 {
             splittingFailed = .restarted
         }
+    }
+
+    // MARK: The transfer's lanes
+
+    /// What a transfer's lanes share.
+    struct Transfer: Sendable {
+        let lanes: Int
+        let split: Bool
+        /// Which lane takes what, and which connections are replaced.
+        var scheduler: LaneScheduler
+        /// Lanes still working (not retired).
+        var activeLanes: Int
+        /// Why every lane stops, once one decided so.
+        var stop: Stop?
+        /// Each segment's request sequence (a lane's; on one connection the download's ``first``).
+        var attempts: [Int: AttemptStateMachine] = [:]
+        /// Set once connections answered with different versions of the file: the rest goes over one connection.
+        var versionsDiffer = false
+        /// Set once a lane's response was the version the download has.
+        var acceptedKnownVersion = false
+        /// Set when a response of unknown length ended complete: its segment has no end to say so.
+        var completedWhole = false
+
+        /// Whether some connections answered with the download's version and others with another: not a file that
+        /// changed for everyone (then every lane meets the new version), so splitting again would meet it again.
+        var connectionsDisagree: Bool { versionsDiffer && acceptedKnownVersion }
+    }
+
+    enum Stop: Sendable {
+        case restart(RestartReason)
+        case failure(DownloadError)
+    }
+
+    /// A transfer starts over `lanes` lanes (the action was ``Action/transfer(split:)``).
+    mutating func transferStarted(lanes: Int, split: Bool, rateLimited: Bool, pieceSize: Int64, minimumSplitSize: Int64)
+    {
+        state = .transferring(lanes: lanes, split: split)
+        transfer = Transfer(
+            lanes: lanes, split: split,
+            scheduler: LaneScheduler(
+                lanes: lanes, rateLimited: rateLimited, pieceSize: pieceSize, minimumSplitSize: minimumSplitSize),
+            activeLanes: lanes)
+    }
+
+    /// Whether the lanes are stopping.
+    var stopping: Bool { transfer?.stop != nil }
+
+    /// Stops every lane for `stop` (the first reason stands).
+    mutating func halt(_ stop: Stop) {
+        if transfer?.stop == nil { transfer?.stop = stop }
+    }
+
+    /// What an idle lane does.
+    enum LaneWork: Sendable, Equatable {
+        /// Fetch this segment (unowned and unfinished).
+        case fetch(Int)
+        /// Cut segment `victim` at `at`, report the new segment (``stole(_:)``) and fetch it; replace the victim's
+        /// connection if asked.
+        case steal(victim: Int, at: Int64, replaceVictim: Bool)
+        /// Nothing worth taking now: wait a moment in case a connection turns slow (the end game).
+        case wait
+        /// The lane is done (nothing left, or the lanes are stopping).
+        case stop
+        /// The lane retires: connections answered with different versions and another lane is left.
+        case retire
+    }
+
+    /// The work for an idle lane, given the segments as written and the requests running.
+    mutating func laneIdle(segments: [Segment], running: [Int: LaneScheduler.Running], now: Double) -> LaneWork {
+        guard var transfer, transfer.stop == nil, !transfer.completedWhole else { return .stop }
+        defer { self.transfer = transfer }
+        if transfer.versionsDiffer, transfer.activeLanes > 1 {
+            transfer.activeLanes -= 1
+            return .retire
+        }
+        switch transfer.scheduler.claim(segments: segments, running: running, now: now) {
+        case .segment(let slot):
+            return .fetch(slot)
+        case .steal(let victim, let at, let replaceVictim):
+            return .steal(victim: victim, at: at, replaceVictim: replaceVictim)
+        case .none:
+            return transfer.lanes == 1 || segments.allSatisfy(\.isComplete) ? .stop : .wait
+        }
+    }
+
+    /// The executor split a segment for a steal, and the calling lane fetches the new segment `slot`.
+    mutating func stole(_ slot: Int) {
+        transfer?.scheduler.own(slot)
+    }
+
+    /// The lane is done with `slot`.
+    mutating func released(_ slot: Int) {
+        transfer?.scheduler.release(slot)
+        guard let transfer, !(transfer.lanes == 1 && !transfer.split) else { return }
+        self.transfer?.attempts[slot] = nil
+    }
+
+    /// The next request for segment `slot` of `bounds` (where it is written to and where it ends; nil: unknown),
+    /// and the URL to ask. Nil: the segment is done, or the lanes are stopping. `known`: the validators the
+    /// download has; `overlapWindow`: what a resume without a validator re-fetches to compare.
+    mutating func nextRequest(
+        _ slot: Int, written: Int64, end: Int64?, known: Validators?, overlapWindow: Int64
+    ) -> (plan: RequestPlan, url: URL)? {
+        guard let transfer, transfer.stop == nil, !transfer.completedWhole else { return nil }
+        if let end, written >= end { return nil }
+        let plan: RequestPlan
+        if alone {
+            // As a resume does: a range from where the file got to, with If-Range or (no strong validator) an
+            // overlap to compare; no end.
+            plan = ResumePolicy.plan(offset: written, known: known, overlapWindow: overlapWindow)
+        } else {
+            guard let end, let ifRange = known?.ifRange else { return nil }  // several segments always have both
+            plan = RequestPlan(rangeStart: written, resumeOffset: written, ifRange: ifRange, rangeEnd: end)
+        }
+        return (plan, attempts(slot).url)
+    }
+
+    /// A lane's response was the version the download has.
+    mutating func acceptedKnownVersion() {
+        transfer?.acceptedKnownVersion = true
+    }
+
+    /// Whether the transfer is the download's one segment on one connection (N = 1).
+    var alone: Bool { transfer.map { $0.lanes == 1 && !$0.split } ?? false }
+
+    /// What one lane's request came to, as its executor saw it.
+    struct LaneReport: Sendable {
+        var attempt: AttemptReport
+        /// The files could not be prepared for the body (a state write, a restart in place).
+        var decisionError: DownloadError?
+        /// The body's sink was attached (false: the head was refused, or a restart in place was not allowed).
+        var sinkAttached = true
+        /// The sink stopped for the run's sake (a halt, a broken store, a failed checkpoint), not of its own.
+        var stoppedForRun = false
+    }
+
+    /// What a lane does after a request.
+    enum LaneAction: Sendable, Equatable {
+        /// Ask again for what is left of the segment (done, or shrunk by a split: the executor re-reads its end).
+        case again
+        /// A redirect was followed on the download's one connection: say so, and ask again.
+        case redirected(URL)
+        /// The segment is done.
+        case segmentDone
+        /// The lane retires and says why (`notice`; nil: said already); the others carry on.
+        case retire(notice: String?)
+        /// The lanes are stopping (``stopping``): the transfer's outcome says why.
+        case stop
+        /// Say that the lane retries, and wait (`checkpoint`: a durable checkpoint first, on one connection).
+        case wait(seconds: Double, attempt: Int, of: Int, reason: String, checkpoint: Bool)
+        /// The run is being interrupted.
+        case interrupted
+    }
+
+    /// The decision after a request of segment `slot` ended as `report` says; `running` are the lanes' requests
+    /// in flight (a lane may retire only while another is receiving).
+    mutating func laneRequestEnded(
+        _ slot: Int, _ report: LaneReport, running: [Int: LaneScheduler.Running], now: Int64, jitter: Double
+    ) -> LaneAction {
+        guard let transfer, transfer.stop == nil else { return .stop }
+        if let error = report.decisionError {
+            halt(.failure(error))
+            return .stop
+        }
+        switch report.attempt.verdict {
+        case .restartWithBody where alone:
+            // Restarted in place, the body kept from byte 0; without a sink, the restarts are used up.
+            if !report.sinkAttached {
+                halt(.failure(unstable))
+                return .stop
+            }
+        case .restart(let why), .restartWithBody(let why, _):
+            if Self.isAnotherVersion(why), let first = keepOneVersion() {
+                return .retire(
+                    notice: first
+                        ? "\(why) on one connection: the server's connections may answer with different versions "
+                            + "(edges of a CDN?); keeping only the bytes of the version this download has and "
+                            + "continuing with one connection" : nil)
+            }
+            halt(.restart(why))
+            return .stop
+        default:
+            break
+        }
+        if report.stoppedForRun { return .again }
+        var attempts = attempts(slot)
+        let action = attempts.attemptEnded(report.attempt, now: now, jitter: jitter)
+        setAttempts(slot, attempts)
+        switch action {
+        case .complete where report.attempt.end == nil:
+            self.transfer?.completedWhole = true  // an unknown length: the response's end is the file's
+            return .segmentDone
+        case .follow(let url) where alone:
+            return .redirected(url)
+        case .requestAgain, .follow, .complete:
+            return .again
+        case .restart(let why):
+            halt(.restart(why))
+            return .stop
+        case .interrupted:
+            return .interrupted
+        case .fail(let error):
+            // Out of retries (or refused) while other connections bring the file: this one is not needed.
+            let refusedOrSpent =
+                error.code == .retriesExhausted || error.code == .network
+                || error.httpStatus.map(Self.isRefusal) == true
+            if refusedOrSpent, retire(running: running, except: slot) {
+                return .retire(notice: "\(error.message); continuing with \(self.transfer!.activeLanes) connection(s)")
+            }
+            halt(.failure(error))
+            return .stop
+        case .wait(let seconds, let attempt, let of, let reason):
+            // A server that refuses extra connections (429, 503; nginx limit_conn) gets fewer of them.
+            if case .retry(let status, _) = report.attempt.verdict, Self.isRefusal(status),
+                retire(running: running, except: slot)
+            {
+                return .retire(
+                    notice: "the server refused an extra connection (\(reason)); continuing with "
+                        + "\(self.transfer!.activeLanes)")
+            }
+            return .wait(seconds: seconds, attempt: attempt, of: of, reason: reason, checkpoint: alone)
+        }
+    }
+
+    /// One sample of the receiving requests (see ``LaneScheduler/sample(segments:running:now:)``): the slots
+    /// whose connections are to be replaced.
+    mutating func sample(segments: [Segment], running: [Int: LaneScheduler.Running], now: Double) -> [Int] {
+        transfer?.scheduler.sample(segments: segments, running: running, now: now) ?? []
+    }
+
+    /// A request on `slot` ended (see ``LaneScheduler/requestEnded(_:wholeSpeed:)``).
+    mutating func requestEnded(_ slot: Int, wholeSpeed: Double?) {
+        transfer?.scheduler.requestEnded(slot, wholeSpeed: wholeSpeed)
+    }
+
+    /// Restart reasons that one edge of a CDN with another copy of the file would give.
+    static func isAnotherVersion(_ reason: RestartReason) -> Bool {
+        switch reason {
+        case .etagChanged, .lastModifiedChanged, .lengthChanged, .rangeIgnored: true
+        default: false
+        }
+    }
+
+    /// Statuses with which a server turns away a connection it will not serve now.
+    static func isRefusal(_ status: Int) -> Bool { status == 429 || status == 503 }
+
+    /// The request sequence of segment `slot`: on one connection the download's own, else the lane's.
+    private func attempts(_ slot: Int) -> AttemptStateMachine {
+        if alone { return first }
+        return transfer?.attempts[slot]
+            ?? AttemptStateMachine(
+                startURL: first.startURL, policy: first.policy, maxRedirects: first.maxRedirects, scope: .connection)
+    }
+
+    private mutating func setAttempts(_ slot: Int, _ attempts: AttemptStateMachine) {
+        if alone { first = attempts } else { transfer?.attempts[slot] = attempts }
+    }
+
+    /// The download carries on without the calling lane after its response was another version of the file: while
+    /// another lane is left, which either gets the known version (and the download goes on) or meets the other
+    /// one too and retires in turn; the last lane restarts the download. The others retire as they go idle
+    /// (``laneIdle(segments:running:now:)``). Returns whether this is the first such response (nil: the last lane).
+    private mutating func keepOneVersion() -> Bool? {
+        guard var transfer, transfer.activeLanes > 1 else { return nil }
+        transfer.activeLanes -= 1
+        let first = !transfer.versionsDiffer
+        transfer.versionsDiffer = true
+        transfer.scheduler.versionsDiffer = true
+        self.transfer = transfer
+        return first
+    }
+
+    /// Retires the calling lane if the download can go on without it: another lane is still working and one is
+    /// receiving now.
+    private mutating func retire(running: [Int: LaneScheduler.Running], except slot: Int) -> Bool {
+        guard var transfer, transfer.activeLanes > 1, running.contains(where: { $0.key != slot && $0.value.receiving })
+        else {
+            return false
+        }
+        transfer.activeLanes -= 1
+        self.transfer = transfer
+        return true
     }
 }

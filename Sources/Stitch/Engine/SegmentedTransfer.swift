@@ -2,10 +2,31 @@ import Foundation
 import Glibc
 import Synchronization
 
+/// The download's state machine (``DownloadStateMachine``) and what the lanes' executor keeps beside it, under the
+/// run's one lock (``DownloadRun/core``).
+struct EngineCore {
+    var machine: DownloadStateMachine
+    /// The request running on each segment, so a slow one can be told to make way.
+    var requests: [Int: LaneRequest] = [:]
+
+    /// What the scheduler knows of the running requests.
+    var running: [Int: LaneScheduler.Running] {
+        requests.mapValues { request in
+            LaneScheduler.Running(
+                startedAt: request.startedAt, resumeOffset: request.plan.resumeOffset, receiving: request.receiving)
+        }
+    }
+}
+
 /// Fetches the unfinished segments of one download over one or several connections: every request of a download
 /// that has bytes (or segments) to continue from is made here. A download on one connection is this transfer
 /// with one lane (``onlySegment``); only its first requests — the ones that name the file, create the store and
 /// decide whether to split — are made by ``DownloadRun`` before it hands over.
+///
+/// This is an executor: what each lane does is the download's state machine's (``DownloadStateMachine``, asked
+/// under the run's lock): which segment an idle lane takes or steals, the plan of each request, what its end
+/// comes to (ask again, retry after a pause, retire, stop every lane). The executor performs it: requests, splits
+/// of the part file, replaced connections, events, pauses.
 ///
 /// Each *lane* is a task that claims a segment, requests exactly its bytes (`Range: bytes=N-M` with `If-Range`),
 /// writes them with `pwrite` at their offsets and records them in the segment's live-record slot. Every 206 is
@@ -30,35 +51,21 @@ import Synchronization
 /// validators, so nothing is spliced. When the last lane meets another version too (the file changed for
 /// everyone), the download restarts from zero as before.
 ///
-/// Threads: lanes run on the engine's task group; their sinks on the transport thread. Shared state is behind one
-/// lock; the sinks read only the stop flag (an atomic) and their segment's end (the store's lock).
+/// Threads: lanes run on the engine's task group; their sinks on the transport thread. Shared state is behind the
+/// run's lock; the sinks read only the stop flag (an atomic) and their segment's end (the store's lock).
 final class SegmentedTransfer: Sendable {
-    enum Outcome: Sendable {
-        case complete
-        case restart(RestartReason)
-    }
-
     let store: PartStore
     /// The validators the download has; on one connection a response may add to them (see ``onlySegment``).
     var known: Validators { knownBox.withLock { $0 } }
     private let knownBox: Mutex<Validators>
-    /// What ranged requests send as `If-Range` (always there with several segments).
-    let ifRange: String?
     /// One lane over the download's one segment: a download on one connection is this transfer with N = 1. The
     /// lane then asks as a resume does (a range from where the file got to, with `If-Range` or, without a strong
     /// validator, re-fetching an overlap to compare; no end), takes the body to its end (a longer one is too long,
     /// an unknown length ends with the response), keeps the running digest, saves what a response adds to the
     /// validators, and restarts in place on a 200 to its range (the new file's body is kept from byte 0).
     let onlySegment: Bool
-    /// The download whose only segment this is (for its running digest, restart count and events).
-    let owner: DownloadRun?
-    /// The retry state the download's first connection had (one connection: the same request sequence goes on).
-    private let firstMachine: Mutex<AttemptStateMachine?>
-    /// The one connection's retry state when its lane stopped (see ``onlySegment``).
-    var machineAfterwards: AttemptStateMachine? { firstMachine.withLock { $0 } }
-    /// Set when a response of unknown length ended complete.
-    let completedWhole = AtomicFlag()
-    let startURL: URL
+    /// The download (its state machine, running digest and events).
+    let owner: DownloadRun
     let request: DownloadRequest
     let options: DownloadOptions
     let transport: any HTTPTransport
@@ -68,30 +75,6 @@ final class SegmentedTransfer: Sendable {
     let checkpointer: Checkpointer?
     private var brokenError: DownloadError {
         DownloadError(.io, "an earlier write of \(store.paths.part) failed; stopping", resumable: true)
-    }
-
-    private struct Shared {
-        var stop: Stop?
-        /// The request running on each segment, so a slow one can be told to make way.
-        var sinks: [Int: LaneRequest] = [:]
-        /// Lanes still working (not retired).
-        var activeLanes = 0
-        /// Which lane takes what, and which connections are replaced.
-        var scheduler: LaneScheduler
-
-        /// What the scheduler knows of the running requests.
-        var running: [Int: LaneScheduler.Running] {
-            sinks.mapValues { request in
-                LaneScheduler.Running(
-                    startedAt: request.startedAt, resumeOffset: request.plan.resumeOffset,
-                    receiving: request.receiving)
-            }
-        }
-    }
-
-    enum Stop: Sendable {
-        case restart(RestartReason)
-        case failure(DownloadError)
     }
 
     /// Bytes a running request may have in flight (socket buffers) when its range is cut short: what the client's
@@ -117,40 +100,22 @@ final class SegmentedTransfer: Sendable {
     /// ...and replaced after this many samples in a row (with the window, noticed within about half a second).
     static let slowTicksToReplace = 2
 
-    private let shared: Mutex<Shared>
+    /// Set once the state machine stops the lanes (read by the sinks on the transport thread).
     let stopped = Atomic<Bool>(false)
-    /// Set once connections answered with different versions of the file: the rest goes over one connection.
-    let versionsDiffer = Atomic<Bool>(false)
-    /// Set once a lane's response was the version the download has.
-    let acceptedKnownVersion = Atomic<Bool>(false)
-    /// Whether some connections answered with the download's version and others with another: not a file that
-    /// changed for everyone (then every lane meets the new version), so splitting again would meet it again.
-    var connectionsDisagree: Bool {
-        versionsDiffer.load(ordering: .acquiring) && acceptedKnownVersion.load(ordering: .acquiring)
-    }
     /// The download's byte counters, shared with its other attempts.
     let counters: TransferCounters
     private let finishedLanes = Atomic<Int>(0)
 
     init(
-        store: PartStore, known: Validators, ifRange: String?, startURL: URL, request: DownloadRequest,
-        options: DownloadOptions, transport: any HTTPTransport, clock: any DownloadClock, lanes: Int,
-        emit: @escaping @Sendable (DownloadEvent) -> Void,
-        checkpointer: Checkpointer?, counters: TransferCounters,
-        owner: DownloadRun? = nil, machine: AttemptStateMachine? = nil
+        store: PartStore, known: Validators, split: Bool, request: DownloadRequest, options: DownloadOptions,
+        transport: any HTTPTransport, clock: any DownloadClock, lanes: Int,
+        emit: @escaping @Sendable (DownloadEvent) -> Void, checkpointer: Checkpointer?, counters: TransferCounters,
+        owner: DownloadRun
     ) {
         self.store = store
         self.knownBox = Mutex(known)
-        self.shared = Mutex(
-            Shared(
-                scheduler: LaneScheduler(
-                    lanes: lanes, rateLimited: options.rateLimiter != nil, pieceSize: store.pieceSize,
-                    minimumSplitSize: options.minimumSplitSize)))
-        self.ifRange = ifRange
-        self.onlySegment = lanes == 1 && store.snapshot.segments.count == 1 && owner != nil
+        self.onlySegment = lanes == 1 && !split
         self.owner = owner
-        self.firstMachine = Mutex(machine)
-        self.startURL = startURL
         self.request = request
         self.options = options
         self.transport = transport
@@ -161,10 +126,17 @@ final class SegmentedTransfer: Sendable {
         self.counters = counters
     }
 
-    /// Runs the lanes until every segment is complete, a restart is needed, or a failure ends the download.
-    /// - Throws: ``DownloadError``, or `CancellationError` when the task is cancelled.
-    func run() async throws -> Outcome {
-        shared.withLock { $0.activeLanes = lanes }
+    /// Asks the download's state machine under the run's lock; once it stops the lanes, the sinks are told.
+    private func withCore<T: Sendable>(_ body: (inout EngineCore) -> T) -> T {
+        let (value, stopping) = owner.core.withLock { core in (body(&core), core.machine.stopping) }
+        if stopping { stopped.store(true, ordering: .releasing) }
+        return value
+    }
+
+    /// Runs the lanes until the state machine has no work left for them (every segment complete, or the lanes
+    /// stopping for a restart or a failure: ``DownloadStateMachine/transferEnded(allComplete:)`` says which).
+    /// - Throws: `CancellationError` when the task is cancelled.
+    func run() async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<lanes {
                 group.addTask {
@@ -188,45 +160,21 @@ final class SegmentedTransfer: Sendable {
                 }
             }
         }
-        switch shared.withLock({ $0.stop }) {
-        case .restart(let reason): return .restart(reason)
-        case .failure(let error): throw error
-        case nil: break
-        }
-        guard completedWhole.isSet || store.writtenSegments.allSatisfy(\.isComplete) else {
-            throw DownloadError(.protocolViolation, "segments left unfinished", resumable: true)
-        }
-        return .complete
     }
 
-    private func halt(_ stop: Stop) {
-        shared.withLock { state in
-            if state.stop == nil { state.stop = stop }
-        }
-        stopped.store(true, ordering: .releasing)
-    }
-
-    /// The next segment for a lane, as the scheduler says: an unowned unfinished one, else the end of the segment
-    /// that would finish last (the split made here, in the part file's state).
-    private func claim() -> Int? {
-        shared.withLock { state -> Int? in
-            guard state.stop == nil else { return nil }
-            let work = state.scheduler.claim(
-                segments: store.writtenSegments, running: state.running, now: monotonicNow())
-            switch work {
-            case .segment(let slot):
-                return slot
-            case .steal(let victim, let at, let replaceVictim):
-                guard let slot = store.split(victim, at: at) else { return nil }
-                state.scheduler.own(slot)
-                if replaceVictim, let request = state.sinks[victim] {
-                    // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
-                    request.replaceNow()
-                }
-                return slot
-            case .none:
-                return nil
+    /// The next work for an idle lane, as the state machine says; a steal's split is made here, in the part
+    /// file's state, under the same lock.
+    private func claim() -> DownloadStateMachine.LaneWork {
+        withCore { core in
+            let work = core.machine.laneIdle(segments: store.writtenSegments, running: core.running, now: monotonicNow())
+            guard case .steal(let victim, let at, let replaceVictim) = work else { return work }
+            guard let slot = store.split(victim, at: at) else { return .wait }
+            core.machine.stole(slot)
+            if replaceVictim {
+                // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
+                core.requests[victim]?.replaceNow()
             }
+            return .fetch(slot)
         }
     }
 
@@ -245,67 +193,50 @@ final class SegmentedTransfer: Sendable {
     /// limit, which makes connections slow on purpose. (The rules are the scheduler's.)
     private func monitor(now: Double) {
         let segments = store.writtenSegments
-        shared.withLock { state in
-            for slot in state.scheduler.sample(segments: segments, running: state.running, now: now) {
-                state.sinks[slot]?.replaceNow()
+        withCore { core in
+            for slot in core.machine.sample(segments: segments, running: core.running, now: now) {
+                core.requests[slot]?.replaceNow()
             }
         }
     }
 
-    /// Retires the calling lane if the download can go on without it: another lane is still working and one is
-    /// receiving now. Returns whether it did.
-    private func retire() -> Bool {
-        shared.withLock { state in
-            guard state.activeLanes > 1, state.sinks.values.contains(where: \.receiving) else { return false }
-            state.activeLanes -= 1
-            return true
-        }
-    }
-
-    private var activeLanes: Int { shared.withLock { $0.activeLanes } }
-
-    private func register(_ sink: LaneRequest?, for slot: Int) {
-        shared.withLock { state in
-            if sink == nil {
+    private func register(_ request: LaneRequest?, for slot: Int) {
+        withCore { core in
+            if request == nil {
                 // What a new request may expect: this one's speed over its last window, or (too short a request
                 // for a window) over its whole life.
-                let whole = state.sinks[slot].flatMap { sink -> Double? in
-                    let elapsed = monotonicNow() - sink.startedAt
-                    let bytes = sink.offset - sink.plan.resumeOffset
+                let whole = core.requests[slot].flatMap { request -> Double? in
+                    let elapsed = monotonicNow() - request.startedAt
+                    let bytes = request.offset - request.plan.resumeOffset
                     return elapsed > 0.01 && bytes >= Self.stealGranule ? Double(bytes) / elapsed : nil
                 }
-                state.scheduler.requestEnded(slot, wholeSpeed: whole)
+                core.machine.requestEnded(slot, wholeSpeed: whole)
             }
-            state.sinks[slot] = sink
+            core.requests[slot] = request
         }
-    }
-
-    private func release(_ slot: Int) {
-        shared.withLock { $0.scheduler.release(slot) }
     }
 
     // MARK: One lane
 
     private func lane() async throws {
-        while !stopped.load(ordering: .acquiring) {
-            // A body of unknown length ended complete: its segment has no end to say so.
-            if completedWhole.isSet { return }
-            if versionsDiffer.load(ordering: .acquiring), retireForOneVersion() { return }
-            guard let slot = claim() else {
+        while true {
+            switch claim() {
+            case .stop, .retire:
+                return
+            case .wait, .steal:
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
-                if lanes == 1 || completedWhole.isSet || store.writtenSegments.allSatisfy(\.isComplete) { return }
                 do {
                     try await Task.sleep(for: .milliseconds(Int64(Self.monitorInterval * 1000)))
                 } catch {
                     return
                 }
-                continue
-            }
-            defer { release(slot) }
-            do {
-                if try await fetch(slot) == .retired { return }
-            } catch is CancellationError where stopped.load(ordering: .acquiring) {
-                return  // cancelled because another lane halted the run: that halt is the outcome
+            case .fetch(let slot):
+                defer { withCore { $0.machine.released(slot) } }
+                do {
+                    if try await fetch(slot) == .retired { return }
+                } catch is CancellationError where stopped.load(ordering: .acquiring) {
+                    return  // cancelled because another lane halted the run: that halt is the outcome
+                }
             }
         }
     }
@@ -314,117 +245,80 @@ final class SegmentedTransfer: Sendable {
     private enum LaneEnd { case done, retired }
 
     /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures; or gives it back and
-    /// retires the lane when the server refuses this connection while others carry on.
+    /// retires the lane when the state machine says the download goes on without it.
     private func fetch(_ slot: Int) async throws -> LaneEnd {
-        var machine =
-            (onlySegment ? firstMachine.withLock { $0.take() } : nil)
-            ?? AttemptStateMachine(
-                startURL: startURL, policy: options.retry, maxRedirects: options.maxRedirects,
-                scope: onlySegment ? .download : .connection)
-        // One connection: its retry state goes back to the download (a restart continues the same sequence).
-        defer { if onlySegment { firstMachine.withLock { $0 = machine } } }
         while !stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
             if let failure = checkpointer?.error ?? (store.isBroken ? brokenError : nil) {
-                halt(.failure(failure))
+                withCore { $0.machine.halt(.failure(failure)) }
                 return .done
             }
             let start = store.written(slot)
             let end = store.end(slot)
-            if completedWhole.isSet { return .done }
-            if let end, start >= end { return .done }
-            let plan: RequestPlan
-            if onlySegment {
-                plan = ResumePolicy.plan(offset: start, known: known, overlapWindow: options.overlapWindow)
-            } else {
-                guard let end, let ifRange else { return .done }  // several segments always have both
-                plan = RequestPlan(rangeStart: start, resumeOffset: start, ifRange: ifRange, rangeEnd: end)
-            }
-            let sink = LaneRequest(transfer: self, slot: slot, plan: plan, known: known)
+            let known = self.known
+            let overlapWindow = options.overlapWindow
+            guard
+                let (plan, url) = withCore({
+                    $0.machine.nextRequest(slot, written: start, end: end, known: known, overlapWindow: overlapWindow)
+                })
+            else { return .done }
+            let laneRequest = LaneRequest(transfer: self, slot: slot, plan: plan, known: known)
             let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
-            register(sink, for: slot)
+            register(laneRequest, for: slot)
             // As lanes, unless the user asked for HTTP/2 streams of one connection.
-            let result = await sink.perform(
+            let result = await laneRequest.perform(
                 TransportRequest(
-                    url: machine.url.absoluteString, headers: headers, options: options.transport,
+                    url: url.absoluteString, headers: headers, options: options.transport,
                     lane: options.http2Streams || onlySegment ? nil : slot),
                 on: transport)
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return .done }
             try Task.checkCancellation()
-            if let error = sink.decisionError {
-                halt(.failure(error))  // the files could not be prepared (a state write, a restart)
-                return .done
-            }
 
-            // Every verdict that means the bytes cannot be trusted stops every lane: the download restarts. (One
-            // connection restarts in place on a 200, keeping its body; out of restarts, the download fails.)
-            switch sink.verdict {
-            case .restartWithBody where onlySegment:
-                if sink.sink == nil, let owner {
-                    halt(.failure(owner.unstable()))
-                    return .done
-                }
-            case .restart(let why), .restartWithBody(let why, _):
-                if Self.isAnotherVersion(why), keepOneVersion(why) { return .retired }
-                halt(.restart(why))
-                return .done
-            default:
-                break
-            }
             var outcome = AttemptReport.SinkOutcome.none
-            if let failure = sink.failure {
+            var stoppedForRun = false
+            if let failure = laneRequest.failure {
                 outcome = sinkOutcome(failure)
-            } else if sink.reachedEnd {
-                outcome = .reachedEnd  // the loop re-reads the end: done, or shrunk by a split
-            } else if sink.replace.isSet, Self.endedByUs(result) {
-                emit(.notice("replacing a slow connection"))
+            } else if laneRequest.reachedEnd {
+                outcome = .reachedEnd  // the next request re-reads the end: done, or shrunk by a split
+            } else if laneRequest.replace.isSet, Self.endedByUs(result) {
                 outcome = .replaced  // not a failure: ask again on a new connection
-            } else if case .failure(let error) = result, error.isAbortedBySink, case .accept = sink.verdict {
-                // The sink stopped for the run's sake (a halt, a broken store, a failed checkpoint): the loop's
-                // checks above say which; never a failure of its own.
-                continue
+            } else if case .failure(let error) = result, error.isAbortedBySink, case .accept = laneRequest.verdict {
+                // The sink stopped for the run's sake (a halt, a broken store, a failed checkpoint): the checks
+                // above say which; never a failure of its own.
+                stoppedForRun = true
             }
             let written = store.written(slot)
             // Read again: a split may have moved it, and a restart in place gives it the new file's length (none,
             // for a body of unknown length).
             let endNow = store.end(slot)
-            let report = AttemptReport(
-                verdict: sink.verdict, result: result, sink: outcome, written: written, end: endNow,
-                saved: max(0, written - start), durable: store.durable.load(ordering: .acquiring))
-            switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
-            case .complete where endNow == nil:
-                completedWhole.set()  // an unknown length: the response's end is the file's
-                return .done
-            case .follow(let next) where onlySegment:
+            let report = DownloadStateMachine.LaneReport(
+                attempt: AttemptReport(
+                    verdict: laneRequest.verdict, result: result, sink: outcome, written: written, end: endNow,
+                    saved: max(0, written - start), durable: store.durable.load(ordering: .acquiring)),
+                decisionError: laneRequest.decisionError, sinkAttached: laneRequest.sink != nil,
+                stoppedForRun: stoppedForRun)
+            let now = clock.now()
+            let jitter = Double.random(in: 0...1)
+            let action = withCore { core in
+                core.machine.laneRequestEnded(slot, report, running: core.running, now: now, jitter: jitter)
+            }
+            switch action {
+            case .again:
+                if case .replaced = outcome { emit(.notice("replacing a slow connection")) }
+            case .redirected(let next):
                 emit(.redirected(to: next.absoluteString))
-            case .requestAgain, .follow, .complete:
-                continue  // the loop re-reads the end: done, or more to ask for
-            case .restart(let why):
-                halt(.restart(why))
+            case .segmentDone, .stop:
                 return .done
+            case .retire(let notice):
+                if let notice { emit(.notice(notice)) }
+                return .retired
             case .interrupted:
                 throw CancellationError()
-            case .fail(let error):
-                // Out of retries (or refused) while other connections bring the file: this one is not needed.
-                if error.code == .retriesExhausted || error.code == .network || error.httpStatus.map(Self.isRefusal) == true,
-                    retire()
-                {
-                    emit(.notice("\(error.message); continuing with \(activeLanes) connection(s)"))
-                    return .retired
-                }
-                halt(.failure(error))
-                return .done
-            case .wait(let delay, let attempt, let of, let reason):
-                // A server that refuses extra connections (429, 503; nginx limit_conn) gets fewer of them.
-                if case .retry(let status, _) = sink.verdict, Self.isRefusal(status), retire() {
-                    emit(.notice(
-                        "the server refused an extra connection (\(reason)); continuing with \(activeLanes)"))
-                    return .retired
-                }
+            case .wait(let delay, let attempt, let of, let reason, let checkpoint):
                 emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
                 // A retry's pause is a good moment for a durable checkpoint (off the cooperative threads).
-                if onlySegment, !store.isBroken {
+                if checkpoint, !store.isBroken {
                     let store = self.store
                     _ = try? await offloaded { () throws(DownloadError) in try store.checkpoint() }
                 }
@@ -448,6 +342,11 @@ final class SegmentedTransfer: Sendable {
         knownBox.withLock { $0 = validators }
     }
 
+    /// The lane's response was the version the download has (on the decision pool).
+    fileprivate func acceptedKnownVersion() {
+        withCore { $0.machine.acceptedKnownVersion() }
+    }
+
     /// What a sink's own trouble means for the lane's state machine.
     private func sinkOutcome(_ failure: SegmentSink.Failure) -> AttemptReport.SinkOutcome {
         switch failure {
@@ -457,49 +356,6 @@ final class SegmentedTransfer: Sendable {
         case .overlapMismatch(let at): .overlapMismatch(at: at)
         }
     }
-
-    /// Restart reasons that one edge of a CDN with another copy of the file would give.
-    static func isAnotherVersion(_ reason: RestartReason) -> Bool {
-        switch reason {
-        case .etagChanged, .lastModifiedChanged, .lengthChanged, .rangeIgnored: true
-        default: false
-        }
-    }
-
-    /// Whether the download carries on without the calling lane after its response was another version of the
-    /// file: while another lane is left, which either gets the known version (and the download goes on) or meets
-    /// the other one too and retires in turn; the last lane restarts the download. Then the calling lane retires,
-    /// and the others follow as their requests end (see ``retireForOneVersion()``).
-    private func keepOneVersion(_ why: RestartReason) -> Bool {
-        let first: Bool? = shared.withLock { state in
-            guard state.activeLanes > 1 else { return nil }
-            state.activeLanes -= 1
-            defer { state.scheduler.versionsDiffer = true }
-            return !state.scheduler.versionsDiffer
-        }
-        guard let first else { return false }
-        versionsDiffer.store(true, ordering: .releasing)
-        if first {
-            emit(.notice(
-                "\(why) on one connection: the server's connections may answer with different versions (edges of "
-                    + "a CDN?); keeping only the bytes of the version this download has and continuing with one "
-                    + "connection"))
-        }
-        return true
-    }
-
-    /// After connections answered with different versions: retires the calling (idle) lane unless it is the last.
-    private func retireForOneVersion() -> Bool {
-        shared.withLock { state in
-            guard state.scheduler.versionsDiffer, state.activeLanes > 1 else { return false }
-            state.activeLanes -= 1
-            return true
-        }
-    }
-
-    /// Statuses with which a server turns away a connection it will not serve now.
-    static func isRefusal(_ status: Int) -> Bool { status == 429 || status == 503 }
-
 }
 
 /// One request of a lane: its plan, the engine's reading of its head, and its body's sink (the engine's one
@@ -576,7 +432,7 @@ final class LaneRequest: @unchecked Sendable {
             start = bodyStart
             validators = fresh
         case .restartWithBody(let reason, let fresh):
-            guard let owner = transfer.owner, try owner.restartInPlace(reason, validators: fresh) else { return .abort }
+            guard try transfer.owner.restartInPlace(reason, validators: fresh) else { return .abort }
             start = 0
             validators = fresh
         case .restart, .malformed, .refused:
@@ -599,11 +455,11 @@ final class LaneRequest: @unchecked Sendable {
         let sink = SegmentSink(
             store: store, slot: slot, bound: .fileLength(validators.totalLength), offset: start,
             verifyEnd: verifyEnd, rateLimiter: transfer.options.rateLimiter, checkpointer: transfer.checkpointer,
-            counters: transfer.counters, digest: transfer.owner?.runningDigest, pieces: pieces,
+            counters: transfer.counters, digest: transfer.owner.runningDigest, pieces: pieces,
             shouldStop: { transfer.stopped.load(ordering: .relaxed) })
         self.sink = sink
         receivingFlag.store(true, ordering: .relaxed)
-        transfer.owner?.receiving(status: head.status, offset: max(start, verifyEnd), validators: validators)
+        transfer.owner.receiving(status: head.status, offset: max(start, verifyEnd), validators: validators)
         return .receive(sink)
     }
 
@@ -613,7 +469,7 @@ final class LaneRequest: @unchecked Sendable {
         self.verdict = verdict
         switch verdict {
         case .accept(let start, _):
-            transfer.acceptedKnownVersion.store(true, ordering: .releasing)
+            transfer.acceptedKnownVersion()
             let store = transfer.store
             var pieces = PieceHasher(pieceSize: store.pieceSize, total: known.totalLength)
             pieces.start(at: start, segmentStart: store.segmentStart(slot), store: store)
