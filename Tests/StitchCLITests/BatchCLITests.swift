@@ -447,7 +447,9 @@ struct BatchCLITests {
         for (name, _) in small { list += "\(server.url("/" + name))\n  out=\(name)\n" }
         list += "\(server.url("/big.bin"))\n  out=big.bin\n  split=1\n"
         try Data(list.utf8).write(to: URL(fileURLWithPath: sandbox.path("list.txt")))
-        let arguments = ["get", "-i", "list.txt", "-d", "dl"]
+        // The big download waits at its stall for as long as the test takes (longer than the default 30 s stall
+        // timeout on a loaded machine under a sanitizer): it must not give up and ask again, unstalled.
+        let arguments = ["get", "-i", "list.txt", "-d", "dl", "--timeout", "600"]
 
         let first = try sandbox.start(arguments)
         let stalled = try await offload { server.waitForStall(timeout: .seconds(30)) }

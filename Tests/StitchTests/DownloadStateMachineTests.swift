@@ -109,6 +109,11 @@ import Testing
 
     static func restartInPlace(_ machine: inout Machine) -> Bool { machine.restartInPlace() }
 
+    /// A lane's request with the download's version, cut short at a split point.
+    static func accepted(_ machine: inout Machine, _ slot: Int) -> String {
+        lane(&machine, slot, report(sink: .reachedEnd, written: mib, end: mib))
+    }
+
     // MARK: The download's steps
 
     /// Nothing kept: the whole file on the first connection. Several segments: lanes (or, without a validator to
@@ -225,7 +230,9 @@ import Testing
         #expect(Self.lane(&machine, 1, Self.report()) == "stop", "nothing else happens once stopping")
         let end = Self.describe(machine.transferEnded(allComplete: false))
         #expect(end.hasPrefix("restart: "), "\(end)")
-        #expect(machine.restarts == 1 && machine.state == .firstRequest)
+        #expect(machine.restarts == 1 && machine.state == .betweenSteps)
+        #expect(Self.describe(machine.next(store: Store(segments: 1, written: 0))) == "request \(Self.start)")
+        #expect(machine.state == .firstRequest)
     }
 
     /// With other lanes left, only a response that looks like another edge's version of the file (another
@@ -273,7 +280,10 @@ import Testing
         let ranged = split.nextRequest(1, written: 17 * Self.mib, end: 32 * Self.mib, known: Self.validators, overlapWindow: 64)
         #expect(ranged?.plan == RequestPlan(rangeStart: 17 * Self.mib, resumeOffset: 17 * Self.mib, ifRange: "\"v\"", rangeEnd: 32 * Self.mib))
         #expect(ranged?.url == Self.start)
+        // Several segments without a validator to check them with: every lane stops and the download restarts.
         #expect(Self.ask(&split, 1, written: 17 * Self.mib, end: 32 * Self.mib, known: weak, overlapWindow: 64) == nil)
+        #expect(split.stopping)
+        #expect(Self.describe(split.transferEnded(allComplete: false)).hasPrefix("restart: the saved segments cannot be checked"))
     }
 
     /// On one connection a 200 to the range restarts in place (the body kept from byte 0, the restart counted by
@@ -298,7 +308,7 @@ import Testing
     @Test func anotherVersionKeepsOne() {
         var machine = Self.split(lanes: 3)
         for slot in 0..<3 { #expect(Self.idle(&machine, Self.segments()) == .fetch(slot)) }
-        machine.acceptedKnownVersion()
+        #expect(Self.accepted(&machine, 0) == "again")
         let changed = HeadVerdict.restart(.etagChanged(old: "\"v\"", new: "\"w\""))
         let firstRetire = Self.lane(&machine, 1, Self.report(changed))
         #expect(firstRetire.hasPrefix("retire: the file changed on the server (ETag \"v\" → \"w\") on one connection"))
@@ -309,10 +319,47 @@ import Testing
         #expect(machine.splittingFailed == .versionsDiffer)
 
         var completed = Self.split(lanes: 2)
-        completed.acceptedKnownVersion()
+        #expect(Self.accepted(&completed, 1) == "again")
         #expect(Self.lane(&completed, 0, Self.report(changed)).hasPrefix("retire: "))
         #expect(Self.describe(completed.transferEnded(allComplete: true)) == "finish")
         #expect(completed.splittingFailed == .versionsDiffer)
+    }
+
+    /// The lane that had the download's version may report after the last lane met another version and stopped
+    /// the transfer: the connections still disagreed, so the rest of the run keeps one connection.
+    @Test func disagreementSeenAfterTheStop() {
+        var machine = Self.split(lanes: 2)
+        let changed = HeadVerdict.restart(.etagChanged(old: "\"v\"", new: "\"w\""))
+        #expect(Self.lane(&machine, 1, Self.report(changed), receiving: [0]).hasPrefix("retire: "))
+        #expect(Self.lane(&machine, 0, Self.report(changed)) == "stop")
+        #expect(Self.accepted(&machine, 0) == "stop", "nothing else happens once stopping")
+        _ = machine.transferEnded(allComplete: false)
+        #expect(machine.splittingFailed == .versionsDiffer)
+
+        var changedForEveryone = Self.split(lanes: 2)
+        _ = Self.lane(&changedForEveryone, 1, Self.report(changed), receiving: [0])
+        _ = Self.lane(&changedForEveryone, 0, Self.report(changed))
+        _ = changedForEveryone.transferEnded(allComplete: false)
+        #expect(changedForEveryone.splittingFailed == nil, "the file changed for every connection: it may split again")
+    }
+
+    /// A request the engine cut short itself is asked again at once and never counts as a failure: a replaced
+    /// slow connection, or a sink stopped for the run's sake (a retry count that would otherwise run out).
+    @Test func requestsCutShortByTheEngineAreNotFailures() {
+        var machine = Self.machine(maxRetries: 0)
+        machine.transferStarted(lanes: 2, split: true, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        let accept = HeadVerdict.accept(bodyStart: 0, validators: Self.validators)
+        let cut = Self.report(accept, .failure(.abortedBySink), written: Self.mib, end: 16 * Self.mib)
+        for _ in 0..<3 {
+            let replaced = Self.lane(
+                &machine, 0, Self.report(accept, .failure(.cancelled), sink: .replaced, written: Self.mib, end: 16 * Self.mib))
+            #expect(replaced == "again")
+            let stopped = machine.laneRequestEnded(0, .init(attempt: cut, stoppedForRun: true), running: [:], now: 0, jitter: 0)
+            #expect(stopped == .again)
+        }
+        #expect(!machine.stopping)
+        // Without the engine's own reason the same cut is a failure (no retries here: the download ends).
+        #expect(Self.lane(&machine, 0, cut) == "stop")
     }
 
     /// After restarts while split: a server that ignored a range keeps one connection at once, a changed file may

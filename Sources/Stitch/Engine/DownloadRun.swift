@@ -104,7 +104,14 @@ final class DownloadRun: @unchecked Sendable {
         // The executor of the download's state machine: it performs each action and reports what came of it.
         var action = machine { $0.next(store: storeFacts) }
         while true {
-            if Task.isCancelled { throw try interrupted() }
+            switch action {
+            case .requestWhole, .considerSplit, .transfer:
+                // Before anything that asks the server; an action that ends the run, or a restart's discard of
+                // bytes the machine no longer trusts, is done even when the run is being cancelled.
+                if Task.isCancelled { throw try interrupted() }
+            default:
+                break
+            }
             switch action {
             case .requestWhole(let url):
                 // The whole file: nothing is kept yet. This request names the file, creates the store, and
@@ -569,8 +576,6 @@ final class DownloadRun: @unchecked Sendable {
     /// Whether a resumed single-segment partial should continue over several connections: once, at the start of
     /// the run, when what remains is worth splitting.
     private func resplit(_ store: PartStore) -> Bool {
-        guard !resplitConsidered else { return false }
-        resplitConsidered = true
         guard let known, let total = known.totalLength, store.snapshot.segments.count == 1,
             wantedLanes(for: known) > 1, known.acceptRanges, known.ifRange != nil,
             total - store.written(0) >= 2 * options.minimumSplitSize, lanes(for: known) > 1
@@ -578,8 +583,6 @@ final class DownloadRun: @unchecked Sendable {
         split(store, total: total, lanes: lanes(for: known))
         return store.snapshot.segments.count > 1
     }
-
-    private var resplitConsidered = false
 
     /// Runs a transfer of the part file's segments: over several lanes (`split`), or the download's one segment
     /// over one lane (a download on one connection). Returns what the state machine makes of its end.

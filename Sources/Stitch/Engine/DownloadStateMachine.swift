@@ -39,17 +39,23 @@ import Foundation
 struct DownloadStateMachine: Sendable {
     // MARK: State and actions
 
-    /// Where the download is.
+    /// Where the download is: what the last action handed to the executor is doing.
     enum State: Sendable, Equatable {
         /// Nothing kept yet: the first connection asks for the whole file.
         case firstRequest
         /// Waiting out a backoff of the first connection.
         case waiting
+        /// The executor prepares a transfer (a split, reserved space, the connections granted), or decides
+        /// whether a resumed partial is worth splitting.
+        case preparingTransfer
         /// A transfer over `lanes` lanes (`split`: several segments; else the download's one segment).
         case transferring(lanes: Int, split: Bool)
+        /// The executor discards the kept bytes, or says where a redirect led, before the next step.
+        case betweenSteps
         /// Every byte is there: the executor verifies and renames.
         case finishing
         case failed
+        case interrupted
     }
 
     /// What the download's executor does next.
@@ -84,7 +90,11 @@ struct DownloadStateMachine: Sendable {
     }
 
     let maxRestarts: Int
-    private(set) var state = State.firstRequest
+    /// Where the download is.
+    var state: State {
+        transfer.map { .transferring(lanes: $0.lanes, split: $0.split) } ?? phase
+    }
+    private var phase = State.firstRequest
     /// The first connection's requests; on one connection, its one lane's too (the same sequence goes on).
     private(set) var first: AttemptStateMachine
     /// Restarts from zero so far (in place or not).
@@ -106,26 +116,23 @@ struct DownloadStateMachine: Sendable {
 
     /// The next step for a part file in `store` (nil: none yet). `splitNow`: the first response was just split.
     mutating func next(store: Store?, splitNow: Bool = false) -> Action {
-        guard let store else { return requestWhole() }
+        guard let store else { return act(.requestWhole(first.url)) }
         if splitNow || store.segments > 1 {
             // A partial of several segments without a strong validator cannot be resumed by ranges.
-            guard store.canCheckRanges else {
-                return restart(.untrustedPartial("the saved segments cannot be checked without a validator; starting over"))
-            }
-            return startTransfer(split: true)
+            guard store.canCheckRanges else { return restart(.unverifiableSegments) }
+            return act(.transfer(split: true))
         }
-        guard store.written > 0 else { return requestWhole() }
+        guard store.written > 0 else { return act(.requestWhole(first.url)) }
         if !splitConsidered {
             splitConsidered = true
-            return .considerSplit
+            return act(.considerSplit)
         }
-        return startTransfer(split: false)
+        return act(.transfer(split: false))
     }
 
     /// The answer to ``Action/considerSplit``: whether the partial was split into several segments.
     mutating func splitConsidered(_ didSplit: Bool) -> Action {
-        splitConsidered = true
-        return startTransfer(split: didSplit)
+        act(.transfer(split: didSplit))
     }
 
     /// What the first connection's request for the whole file came to. `splitNow`: the probe split the file, the
@@ -140,31 +147,29 @@ struct DownloadStateMachine: Sendable {
             first.resetURL()
             return next(store: store)
         }
-        if cancelled { return .interrupted }
-        if case .accept = report.verdict, exhausted { return fail(unstable) }
+        if cancelled { return act(.interrupted) }
+        if case .accept = report.verdict, exhausted { return act(.fail(unstable)) }
         switch first.attemptEnded(report, now: now, jitter: jitter) {
         case .requestAgain:
             return next(store: store)
         case .follow(let url):
-            return .redirected(url)
+            return act(.redirected(url))
         case .restart(let reason):
             return restart(reason)
         case .complete:
-            state = .finishing
-            return .finish
+            return act(.finish)
         case .interrupted:
-            return .interrupted
+            return act(.interrupted)
         case .fail(let error):
-            return fail(error)
+            return act(.fail(error))
         case .wait(let seconds, let attempt, let of, let reason):
-            state = .waiting
-            return .wait(seconds: seconds, attempt: attempt, of: of, reason: reason)
+            return act(.wait(seconds: seconds, attempt: attempt, of: of, reason: reason))
         }
     }
 
     /// How a transfer ended: `allComplete`, every segment is written to its end.
     mutating func transferEnded(allComplete: Bool) -> Action {
-        guard let transfer else { return fail(DownloadError(.protocolViolation, "no transfer was running")) }
+        guard let transfer else { return act(.fail(DownloadError(.protocolViolation, "no transfer was running"))) }
         self.transfer = nil
         let disagreed = transfer.connectionsDisagree
         switch transfer.stop {
@@ -174,16 +179,15 @@ struct DownloadStateMachine: Sendable {
             // split again).
             return restart(reason, whileSplit: transfer.split, connectionsDisagreed: disagreed)
         case .failure(let error):
-            return fail(error)
+            return act(.fail(error))
         case nil:
             break
         }
         guard transfer.completedWhole || allComplete else {
-            return fail(DownloadError(.protocolViolation, "segments left unfinished", resumable: true))
+            return act(.fail(DownloadError(.protocolViolation, "segments left unfinished", resumable: true)))
         }
         if transfer.split, disagreed { splittingFailed = .versionsDiffer }
-        state = .finishing
-        return .finish
+        return act(.finish)
     }
 
     /// A restart in place (a 200 with the whole file to the one connection's ranged request): whether one is left.
@@ -201,18 +205,18 @@ struct DownloadStateMachine: Sendable {
             resumable: false)
     }
 
-    private mutating func requestWhole() -> Action {
-        state = .firstRequest
-        return .requestWhole(first.url)
-    }
-
-    private mutating func startTransfer(split: Bool) -> Action {
-        .transfer(split: split)
-    }
-
-    private mutating func fail(_ error: DownloadError) -> Action {
-        state = .failed
-        return .fail(error)
+    /// Hands `action` to the executor: the state follows what it will be doing.
+    private mutating func act(_ action: Action) -> Action {
+        switch action {
+        case .requestWhole: phase = .firstRequest
+        case .considerSplit, .transfer: phase = .preparingTransfer
+        case .redirected, .restart: phase = .betweenSteps
+        case .wait: phase = .waiting
+        case .finish: phase = .finishing
+        case .fail: phase = .failed
+        case .interrupted: phase = .interrupted
+        }
+        return action
     }
 
     private mutating func restart(
@@ -222,10 +226,9 @@ struct DownloadStateMachine: Sendable {
             restartsWhileSplit += 1
             noteSplitFailure(reason, connectionsDisagreed: connectionsDisagreed)
         }
-        guard take() == .restart else { return fail(unstable) }
+        guard take() == .restart else { return act(.fail(unstable)) }
         first.resetURL()
-        state = .firstRequest
-        return .restart(reason)
+        return act(.restart(reason))
     }
 
     private enum Budget { case restart, unstable }
@@ -279,7 +282,6 @@ struct DownloadStateMachine: Sendable {
     /// A transfer starts over `lanes` lanes (the action was ``Action/transfer(split:)``).
     mutating func transferStarted(lanes: Int, split: Bool, rateLimited: Bool, pieceSize: Int64, minimumSplitSize: Int64)
     {
-        state = .transferring(lanes: lanes, split: split)
         transfer = Transfer(
             lanes: lanes, split: split,
             scheduler: LaneScheduler(
@@ -354,15 +356,15 @@ struct DownloadStateMachine: Sendable {
             // overlap to compare; no end.
             plan = ResumePolicy.plan(offset: written, known: known, overlapWindow: overlapWindow)
         } else {
-            guard let end, let ifRange = known?.ifRange else { return nil }  // several segments always have both
+            // Several segments are only ever asked for with an end and If-Range; without them the bytes cannot be
+            // checked: every lane stops and the download restarts.
+            guard let end, let ifRange = known?.ifRange else {
+                halt(.restart(.unverifiableSegments))
+                return nil
+            }
             plan = RequestPlan(rangeStart: written, resumeOffset: written, ifRange: ifRange, rangeEnd: end)
         }
         return (plan, attempts(slot).url)
-    }
-
-    /// A lane's response was the version the download has.
-    mutating func acceptedKnownVersion() {
-        transfer?.acceptedKnownVersion = true
     }
 
     /// Whether the transfer is the download's one segment on one connection (N = 1).
@@ -402,7 +404,11 @@ struct DownloadStateMachine: Sendable {
     mutating func laneRequestEnded(
         _ slot: Int, _ report: LaneReport, running: [Int: LaneScheduler.Running], now: Int64, jitter: Double
     ) -> LaneAction {
-        guard let transfer, transfer.stop == nil else { return .stop }
+        guard let transfer else { return .stop }
+        // A response with the download's version, even one that ends after a stop: with another version seen,
+        // the connections disagreed (the file did not change for everyone).
+        if case .accept = report.attempt.verdict, !alone { self.transfer?.acceptedKnownVersion = true }
+        guard transfer.stop == nil else { return .stop }
         if let error = report.decisionError {
             halt(.failure(error))
             return .stop
@@ -526,4 +532,10 @@ struct DownloadStateMachine: Sendable {
         self.transfer = transfer
         return true
     }
+}
+
+extension RestartReason {
+    /// Several segments without a strong validator to send as `If-Range`: their bytes cannot be checked by ranges.
+    static let unverifiableSegments = RestartReason.untrustedPartial(
+        "the saved segments cannot be checked without a validator; starting over")
 }

@@ -162,19 +162,29 @@ final class SegmentedTransfer: Sendable {
         }
     }
 
+    /// What an idle lane does once the state machine's work is performed.
+    private enum Claim: Sendable { case fetch(Int), wait, done }
+
     /// The next work for an idle lane, as the state machine says; a steal's split is made here, in the part
     /// file's state, under the same lock.
-    private func claim() -> DownloadStateMachine.LaneWork {
+    private func claim() -> Claim {
         withCore { core in
-            let work = core.machine.laneIdle(segments: store.writtenSegments, running: core.running, now: monotonicNow())
-            guard case .steal(let victim, let at, let replaceVictim) = work else { return work }
-            guard let slot = store.split(victim, at: at) else { return .wait }
-            core.machine.stole(slot)
-            if replaceVictim {
-                // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
-                core.requests[victim]?.replaceNow()
+            switch core.machine.laneIdle(segments: store.writtenSegments, running: core.running, now: monotonicNow()) {
+            case .fetch(let slot):
+                return .fetch(slot)
+            case .steal(let victim, let at, let replaceVictim):
+                guard let slot = store.split(victim, at: at) else { return .wait }
+                core.machine.stole(slot)
+                if replaceVictim {
+                    // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
+                    core.requests[victim]?.replaceNow()
+                }
+                return .fetch(slot)
+            case .wait:
+                return .wait
+            case .stop, .retire:
+                return .done
             }
-            return .fetch(slot)
         }
     }
 
@@ -221,9 +231,9 @@ final class SegmentedTransfer: Sendable {
     private func lane() async throws {
         while true {
             switch claim() {
-            case .stop, .retire:
+            case .done:
                 return
-            case .wait, .steal:
+            case .wait:
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
                 do {
                     try await Task.sleep(for: .milliseconds(Int64(Self.monitorInterval * 1000)))
@@ -340,11 +350,6 @@ final class SegmentedTransfer: Sendable {
     /// What a response on the download's one connection added to the validators.
     fileprivate func adopt(_ validators: Validators) {
         knownBox.withLock { $0 = validators }
-    }
-
-    /// The lane's response was the version the download has (on the decision pool).
-    fileprivate func acceptedKnownVersion() {
-        withCore { $0.machine.acceptedKnownVersion() }
     }
 
     /// What a sink's own trouble means for the lane's state machine.
@@ -469,7 +474,6 @@ final class LaneRequest: @unchecked Sendable {
         self.verdict = verdict
         switch verdict {
         case .accept(let start, _):
-            transfer.acceptedKnownVersion()
             let store = transfer.store
             var pieces = PieceHasher(pieceSize: store.pieceSize, total: known.totalLength)
             pieces.start(at: start, segmentStart: store.segmentStart(slot), store: store)
