@@ -385,6 +385,26 @@ import Testing
         #expect(changing.restarts == 3)
     }
 
+    // MARK: Progress only for what could not be lost (rule 2)
+
+    /// Giving up offers a rerun only when bytes are durable, whatever was received or written: a rerun resumes
+    /// from the durable extent and the written record, never from bytes in flight.
+    @Test(arguments: [(Int64(0), false), (4096, true)])
+    func aRerunIsOfferedOnlyForDurableBytes(durable: Int64, offered: Bool) {
+        var machine = Self.machine(maxRetries: 0)
+        let dropped = Self.report(
+            .accept(bodyStart: 0, validators: Self.validators), .failure(.network("reset")), written: Self.mib,
+            saved: Self.mib, durable: durable)
+        let action = machine.firstRequestEnded(dropped, store: Store(segments: 1, written: Self.mib), now: 0, jitter: 0)
+        guard case .fail(let error) = action else {
+            Issue.record("\(Self.describe(action))")
+            return
+        }
+        #expect((error.remedy != nil) == offered, "\(error.message)")
+        #expect(error.isResumable == offered)
+        #expect(error.message.contains("bytes saved") == offered, "\(error.message)")
+    }
+
     // MARK: A failing disk ends the download, the partial kept (rule 4)
 
     /// A failed write or checkpoint, or files that could not be prepared for a body, stop every lane and end the
