@@ -5,8 +5,9 @@ import Synchronization
 /// `stitch get URL1 URL2 …` and `stitch get -i FILE`: many downloads through one ``DownloadManager``, `-j` at
 /// once, one progress view, a summary at the end.
 ///
-/// The manager's catalog is temporary: what makes a rerun resume only what is unfinished is each download's
-/// own state file (and the completion mark on finished files), exactly as for a single `stitch get`.
+/// The manager's catalog lives in memory only (nothing is left behind, even after `kill -9`): what makes a rerun
+/// resume only what is unfinished is each download's own state file (and the completion mark on finished
+/// files), exactly as for a single `stitch get`.
 enum Batch {
     /// One line of the list, ready to add (or already failed to parse into one).
     struct Item {
@@ -57,12 +58,6 @@ enum Batch {
             }
         }
 
-        let catalogDirectory = makeTemporaryDirectory()
-        defer { if let catalogDirectory { try? FileManager.default.removeItem(atPath: catalogDirectory) } }
-        guard let catalogDirectory else {
-            output.error("cannot create a temporary directory for the download list: \(Errno(rawValue: errno))")
-            return .io
-        }
         var configuration = DownloadManager.Configuration(downloadDirectory: normalizedPath(options.directory ?? "."))
         configuration.maxConcurrentDownloads = options.jobs ?? 5
         configuration.maxConnectionsPerHost = max(16, configuration.maxConcurrentDownloads)
@@ -87,7 +82,7 @@ enum Batch {
 
         let manager: DownloadManager
         do {
-            manager = try DownloadManager(directory: catalogDirectory, configuration: configuration)
+            manager = try DownloadManager(configuration: configuration)
         } catch {
             output.error("\(error)")
             return .io
@@ -242,43 +237,6 @@ enum Batch {
         }
         for folder in folders where !folder.isEmpty {
             try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-        }
-    }
-
-    private static func makeTemporaryDirectory() -> String? {
-        let base = ProcessInfo.processInfo.environment["TMPDIR"].map { $0.hasSuffix("/") ? $0 : $0 + "/" } ?? "/tmp/"
-        removeAbandonedDirectories(in: base)
-        var template = Array((base + "stitch-list.XXXXXX").utf8CString)
-        return template.withUnsafeMutableBufferPointer { buffer in
-            guard let start = buffer.baseAddress, let result = mkdtemp(start) else { return nil }
-            return String(cString: result)
-        }
-    }
-}
-
-extension Batch {
-    /// Removes the temporary folders of earlier lists that were killed (`kill -9` leaves them): a folder over a
-    /// minute old whose catalog no process holds locked (a running list holds SQLite's lock on it all along).
-    static func removeAbandonedDirectories(in base: String) {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: base) else { return }
-        let now = time(nil)
-        for name in names where name.hasPrefix("stitch-list.") {
-            let folder = base + name
-            var info = stat()
-            guard lstat(folder, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR, now - info.st_mtim.tv_sec > 60
-            else { continue }
-            let catalog = folder + "/catalog.sqlite3"
-            let fd = open(catalog, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-            if fd >= 0 {
-                var probe = flock()
-                probe.l_type = Int16(F_WRLCK)
-                probe.l_whence = Int16(SEEK_SET)
-                let asked = fcntl(fd, F_GETLK, &probe)
-                close(fd)
-                // Held by another process (or unknowable): leave it.
-                guard asked == 0, probe.l_type == Int16(F_UNLCK) else { continue }
-            }
-            try? FileManager.default.removeItem(atPath: folder)
         }
     }
 }

@@ -208,7 +208,12 @@ import Testing
         // What was written before the fault is not asked for again (a reset may lose what was in flight).
         let again = onTarget.dropFirst()
         let resumedAt = again.map(\.start).min()!
+        // On a loaded machine the faulty lane's own first request may be replaced as slow before its fault: it
+        // then asks again from wherever it had got to.
+        let replacements = f.watch.notices.count { $0.contains("replacing a slow connection") }
         switch kind {
+        case .drop where replacements > 0, .shortBody where replacements > 0, .stall where replacements > 0:
+            #expect(resumedAt >= target.start && resumedAt <= target.start + cut, "asked again: \(again)")
         case .drop, .shortBody, .stall:
             #expect(resumedAt == target.start + cut, "asked again: \(again)")
         case .reset:

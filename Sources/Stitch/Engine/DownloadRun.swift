@@ -600,7 +600,7 @@ final class DownloadRun: @unchecked Sendable {
             lanes = 1
         }
         let minimumSplitSize = options.minimumSplitSize
-        let rateLimited = options.rateLimiter != nil
+        let rateLimited = options.rateLimiter?.isEnabled ?? false
         machine {
             $0.transferStarted(
                 lanes: lanes, split: split, rateLimited: rateLimited, pieceSize: store.pieceSize,

@@ -39,6 +39,7 @@ public final class RateLimiter: Sendable {
     }
 
     private let state: Mutex<State>
+    private let enabled = Atomic<Bool>(true)
 
     /// A full bucket refilling at `bytesPerSecond` (> 0) and holding at most `burst` bytes (> 0; default
     /// ``defaultBurst(forRate:)``, which then follows later rate changes).
@@ -74,11 +75,21 @@ public final class RateLimiter: Sendable {
     /// The most the bucket holds.
     public var burst: Int64 { state.withLock { $0.burst } }
 
+    /// Whether the limit applies. Off, ``take(_:now:)`` lets every chunk through at once (one atomic load, no
+    /// lock), so a limiter shared by many downloads can be switched off and on while they run (a daemon's
+    /// `max-overall-download-limit` set to 0 and back). Switched on again, the bucket starts from what it held,
+    /// refilled for the time in between (at most a burst).
+    public var isEnabled: Bool {
+        get { enabled.load(ordering: .relaxed) }
+        set { enabled.store(newValue, ordering: .relaxed) }
+    }
+
     /// Asks to write `bytes` (≥ 0) at time `now` (seconds, monotonic). Returns nil when they may be written now
     /// (their tokens are spent), else the seconds (> 0, ≤ ``maximumWait``) to wait before asking again with the
     /// same chunk. A `now` earlier than one already seen adds no tokens.
     public func take(_ bytes: Int, now: Double) -> Double? {
         precondition(bytes >= 0, "RateLimiter: negative byte count")
+        guard enabled.load(ordering: .relaxed) else { return nil }
         return state.withLock { s -> Double? in
             if let last = s.last {
                 if now > last {

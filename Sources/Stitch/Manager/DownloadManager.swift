@@ -16,7 +16,9 @@ import Synchronization
 /// Per-byte progress lives in each download's own state file beside its destination; the catalog never claims
 /// more than those prove.
 public actor DownloadManager {
-    /// How a manager runs its downloads.
+    /// How a manager runs its downloads. The concurrency, the rate limit and the per-host cap can change while
+    /// downloads run (``setMaxConcurrentDownloads(_:)``, ``setRateLimit(_:)``, ``setMaxConnectionsPerHost(_:)``);
+    /// ``configuration`` says what is in force.
     public struct Configuration: Sendable {
         /// Where downloads go unless added with another folder or path. Created if missing.
         public var downloadDirectory: String
@@ -59,6 +61,11 @@ public actor DownloadManager {
         public var priority = 0
         /// Add without starting (status ``DownloadStatus/paused``).
         public var paused = false
+        /// When the manager already holds a download of this URL (current or former) going to the same place —
+        /// the same file for an `out`, else the same folder — return that one instead of adding another, so an
+        /// app or a client that adds its downloads again after a relaunch does not get `NAME.1.EXT`. Whatever
+        /// its status; a removed download is gone and does not count.
+        public var reuseExisting = false
 
         public init(out: String? = nil, directory: String? = nil) {
             self.out = out
@@ -78,12 +85,15 @@ public actor DownloadManager {
         public var recoveredFromStateFiles: Int
     }
 
-    public nonisolated let configuration: Configuration
+    /// What is in force now: the configuration the manager was opened with, and the changes made since.
+    public private(set) var configuration: Configuration
     public nonisolated let restoreReport: RestoreReport
 
     private let catalog: Catalog
     private let downloader: Downloader
-    private let rateLimiter: RateLimiter?
+    /// The limit over all downloads; always there, switched off without a limit, so that a limit set later applies
+    /// to running downloads too.
+    private let rateLimiter: RateLimiter
     private let hosts: HostSlots
     private let claims = PathClaims()
     private var table: [DownloadID: Managed] = [:]
@@ -132,10 +142,6 @@ public actor DownloadManager {
         clock: any DownloadClock = SystemClock()
     ) throws {
         let configuration = configuration ?? Configuration(downloadDirectory: directory)
-        self.configuration = configuration
-        self.downloader = Downloader(transport: transport, clock: clock)
-        self.rateLimiter = configuration.rateLimit.map { RateLimiter(bytesPerSecond: $0) }
-        self.hosts = HostSlots(cap: max(1, configuration.maxConnectionsPerHost))
         try? FileOperations.createDirectory(configuration.downloadDirectory)
         let catalog: Catalog
         do {
@@ -143,6 +149,37 @@ public actor DownloadManager {
         } catch {
             throw DownloadManagerError(.catalog(error.description))
         }
+        try self.init(catalog: catalog, configuration: configuration, transport: transport, clock: clock)
+    }
+
+    /// A manager whose list of downloads lives in memory only: nothing is written besides the downloads' own
+    /// files, and a manager opened later knows none of them. Each download still keeps its partial data and
+    /// state file beside its destination, so adding the same URL to the same place later resumes it (what the
+    /// command line's list of URLs does).
+    /// - Throws: ``DownloadManagerError`` when SQLite cannot make the in-memory catalog.
+    public init(
+        configuration: Configuration, transport: any HTTPTransport = CurlTransport.shared,
+        clock: any DownloadClock = SystemClock()
+    ) throws {
+        try? FileOperations.createDirectory(configuration.downloadDirectory)
+        let catalog: Catalog
+        do {
+            catalog = try Catalog(inMemory: ())
+        } catch {
+            throw DownloadManagerError(.catalog(error.description))
+        }
+        try self.init(catalog: catalog, configuration: configuration, transport: transport, clock: clock)
+    }
+
+    private init(
+        catalog: Catalog, configuration: Configuration, transport: any HTTPTransport, clock: any DownloadClock
+    ) throws {
+        self.configuration = configuration
+        self.downloader = Downloader(transport: transport, clock: clock)
+        let limiter = RateLimiter(bytesPerSecond: configuration.rateLimit ?? Self.unlimitedRate)
+        limiter.isEnabled = configuration.rateLimit != nil
+        self.rateLimiter = limiter
+        self.hosts = HostSlots(cap: max(1, configuration.maxConnectionsPerHost))
         self.catalog = catalog
         var recovered = 0
         var entries: [CatalogEntry]
@@ -201,9 +238,14 @@ public actor DownloadManager {
         let now = Date().timeIntervalSince1970
         var batchIDs: Set<DownloadID> = []
         var claimed: [(String, DownloadID)] = []
+        var ids: [DownloadID] = []
         // Claims made for this batch are given back if any item (or the catalog) refuses it.
         func rollBack() { for (path, id) in claimed { claims.release(path, for: id) } }
         for (url, options) in items {
+            if options.reuseExisting, let existing = heldDownload(url, options, alsoAmong: entries) {
+                ids.append(existing)
+                continue
+            }
             do { _ = try validateURL(url) } catch {
                 rollBack()
                 throw DownloadManagerError(.invalidRequest(error.message))
@@ -241,6 +283,7 @@ public actor DownloadManager {
                     options: StoredOptions(connections: options.connections, overwrite: options.overwrite),
                     status: options.paused ? CatalogEntry.Status.paused : CatalogEntry.Status.queued,
                     priority: options.priority, position: position, createdAt: now, updatedAt: now))
+            ids.append(id)
         }
         do { try catalog.insert(entries) } catch {
             rollBack()
@@ -254,7 +297,21 @@ public actor DownloadManager {
         }
         invalidateOrder()
         schedule()
-        return entries.map(\.id)
+        return ids
+    }
+
+    /// A download this manager holds (or this batch adds) for `url` going where `options` say, for
+    /// ``AddOptions/reuseExisting``.
+    private func heldDownload(_ url: String, _ options: AddOptions, alsoAmong batch: [CatalogEntry]) -> DownloadID? {
+        let folder = absolutePath(options.directory ?? configuration.downloadDirectory)
+        let kind: CatalogEntry.DestinationKind = options.out == nil ? .directory : .file
+        let path = options.out.map { withoutDotComponents($0.hasPrefix("/") ? $0 : folder + "/" + $0) } ?? folder
+        func matches(_ entry: CatalogEntry) -> Bool {
+            (entry.url == url || entry.options.formerURLs.contains(url)) && entry.destinationKind == kind
+                && entry.destinationPath == path
+        }
+        if let entry = batch.first(where: matches) { return entry.id }
+        return order.first { id in table[id].map { $0.status != .removed && matches($0.entry) } ?? false }
     }
 
     // MARK: Controlling
@@ -340,6 +397,112 @@ public actor DownloadManager {
         schedule()
     }
 
+    /// Where to move a waiting download, counted as aria2's `changePosition` counts (`POS_SET`, `POS_CUR`,
+    /// `POS_END`) over the waiting queue (``waitingQueue()``). A place before the front or past the end is the
+    /// front or the end.
+    public enum QueuePosition: Sendable, Hashable {
+        /// `n` places from the front (0 is the front).
+        case fromStart(Int)
+        /// `n` places from where it is now (negative: towards the front).
+        case fromCurrent(Int)
+        /// `n` places from the end (0 is the end, -1 the place before it).
+        case fromEnd(Int)
+    }
+
+    /// The downloads waiting to start (queued or paused), in the order they would start.
+    public func waitingQueue() -> [DownloadID] {
+        order.filter { table[$0].map { Self.isWaiting($0.status) } ?? false }
+    }
+
+    /// Moves a waiting download within the waiting queue and returns its new place there (0 is the front). It
+    /// takes the priority of the download it now stands before (at the end, after), so that the order is the one
+    /// asked for.
+    /// - Throws: ``DownloadManagerError``: `.unknownDownload`, or `.invalidRequest` when the download is not
+    ///   waiting (running, completed or failed).
+    @discardableResult
+    public func move(_ id: DownloadID, to place: QueuePosition) throws -> Int {
+        try checkOpen()
+        guard let managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        var waiting = waitingQueue()
+        guard let current = waiting.firstIndex(of: id) else {
+            throw DownloadManagerError(.invalidRequest("download \(id) is \(managed.status.name), not waiting in the queue"))
+        }
+        let last = waiting.count - 1
+        let (base, offset) =
+            switch place {
+            case .fromStart(let n): (0, n)
+            case .fromCurrent(let n): (current, n)
+            case .fromEnd(let n): (last, n)
+            }
+        let (sum, overflow) = base.addingReportingOverflow(offset)
+        let destination = overflow ? (offset < 0 ? 0 : last) : min(max(sum, 0), last)
+        guard destination != current else { return current }
+        waiting.remove(at: current)
+        waiting.insert(id, at: destination)
+        let neighbour = destination + 1 < waiting.count ? waiting[destination + 1] : waiting[destination - 1]
+        var priorities = Dictionary(uniqueKeysWithValues: waiting.map { ($0, table[$0]!.entry.priority) })
+        priorities[id] = table[neighbour]!.entry.priority
+        // Priorities never rise along the queue, so numbering the waiting downloads in their new order gives the
+        // order asked for; only those whose place changed are written.
+        let first = waiting.compactMap { table[$0]?.entry.position }.min() ?? 0
+        var changes: [(id: DownloadID, priority: Int, position: Int64)] = []
+        for (index, waitingID) in waiting.enumerated() {
+            let entry = table[waitingID]!.entry
+            let position = first + Int64(index)
+            let priority = priorities[waitingID]!
+            if entry.position != position || entry.priority != priority {
+                changes.append((waitingID, priority, position))
+            }
+        }
+        do { try catalog.setPositions(changes) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        for change in changes {
+            table[change.id]?.entry.priority = change.priority
+            table[change.id]?.entry.position = change.position
+        }
+        invalidateOrder()
+        schedule()
+        return destination
+    }
+
+    // MARK: Settings that change while downloads run
+
+    /// Changes how many downloads transfer at once (at least 1). Raised, queued downloads start at once; lowered,
+    /// running downloads go on and no other starts until fewer run.
+    public func setMaxConcurrentDownloads(_ count: Int) throws {
+        try checkOpen()
+        guard count >= 1 else {
+            throw DownloadManagerError(.invalidRequest("the concurrent downloads must be at least 1, not \(count)"))
+        }
+        configuration.maxConcurrentDownloads = count
+        schedule()
+    }
+
+    /// Changes the limit over all downloads, in bytes per second (nil: none). Running downloads follow it within
+    /// about a second.
+    public func setRateLimit(_ bytesPerSecond: Int64?) throws {
+        try checkOpen()
+        if let bytesPerSecond {
+            guard bytesPerSecond > 0 else {
+                throw DownloadManagerError(.invalidRequest("the rate limit must be positive, not \(bytesPerSecond)"))
+            }
+            rateLimiter.bytesPerSecond = bytesPerSecond
+        }
+        rateLimiter.isEnabled = bytesPerSecond != nil
+        configuration.rateLimit = bytesPerSecond
+    }
+
+    /// Changes how many connections all running downloads may hold to one host (at least 1). Lowered, running
+    /// downloads keep the connections they have; new ones are granted once the host is below the cap.
+    public func setMaxConnectionsPerHost(_ count: Int) throws {
+        try checkOpen()
+        guard count >= 1 else {
+            throw DownloadManagerError(.invalidRequest("the connections per host must be at least 1, not \(count)"))
+        }
+        configuration.maxConnectionsPerHost = count
+        hosts.setCap(count)
+        schedule()
+    }
+
     /// Changes a download's priority: higher priorities start first (running downloads are not stopped).
     public func setPriority(_ id: DownloadID, _ priority: Int) throws {
         try checkOpen()
@@ -406,8 +569,8 @@ public actor DownloadManager {
     /// Events about one download, from now on. The stream ends once it is removed or the manager closes.
     public func events(for id: DownloadID) -> AsyncStream<DownloadManagerEvent> { subscribe(id) }
 
-    /// Calls `handler` with each progress report of download `id` until it is paused, completes, fails or is
-    /// removed. Cancel the returned task to stop early.
+    /// Calls `handler` with each progress report of download `id` until it completes, fails or is removed —
+    /// across pauses and resumes. Cancel the returned task to stop early.
     @discardableResult
     public func onProgress(_ id: DownloadID, _ handler: @escaping @Sendable (TransferProgress) -> Void)
         -> Task<Void, Never>
@@ -418,8 +581,7 @@ public actor DownloadManager {
                 switch event {
                 case .progress(_, let progress):
                     handler(progress)
-                case .statusChanged(_, .completed), .statusChanged(_, .failed), .statusChanged(_, .removed),
-                    .statusChanged(_, .paused):
+                case .statusChanged(_, .completed), .statusChanged(_, .failed), .statusChanged(_, .removed):
                     return  // ending the stream unsubscribes it
                 default:
                     continue
@@ -516,6 +678,12 @@ public actor DownloadManager {
     private var queueHead = 0
 
     private static func isActive(_ status: DownloadStatus) -> Bool { status == .queued || status == .running }
+
+    /// Waiting to start: queued, or paused (aria2's waiting list holds both).
+    private static func isWaiting(_ status: DownloadStatus) -> Bool { status == .queued || status == .paused }
+
+    /// A rate for the limiter while it is switched off (it is never consulted then).
+    private static let unlimitedRate: Int64 = 1 << 40
 
     private func invalidateOrder() {
         orderCache = nil
@@ -893,14 +1061,18 @@ public actor DownloadManager {
 
 /// Connections in use per host, shared with the engine's threads (which ask for more when they split).
 final class HostSlots: Sendable {
-    private let cap: Int
+    private let cap: Atomic<Int>
     private let used = Mutex<[String: Int]>([:])
 
-    init(cap: Int) { self.cap = cap }
+    init(cap: Int) { self.cap = Atomic(cap) }
+
+    /// A new cap; connections held above it stay until released.
+    func setCap(_ cap: Int) { self.cap.store(cap, ordering: .relaxed) }
 
     /// Takes up to `count` connections on `host`; returns how many it got (0 when the host is at its cap).
     func acquire(_ host: String, upTo count: Int) -> Int {
         guard count > 0 else { return 0 }
+        let cap = cap.load(ordering: .relaxed)
         return used.withLock { used in
             let granted = min(count, cap - used[host, default: 0])
             guard granted > 0 else { return 0 }

@@ -90,6 +90,15 @@ final class Catalog {
             rebuiltBecause: rebuiltBecause)
     }
 
+    /// A catalog that lives in memory only (SQLite's `:memory:` database): for a manager whose downloads need
+    /// not outlive the process, such as the command line's list of URLs, where each download's own state file
+    /// is what a rerun resumes from. No file is created.
+    init(inMemory: Void) throws(CatalogError) {
+        path = ":memory:"
+        connection = try Self.openAndPrepare(":memory:").connection
+        openReport = OpenReport(created: true, migratedFrom: nil, rebuiltBecause: nil)
+    }
+
     deinit {
         close()
     }
@@ -199,6 +208,19 @@ final class Catalog {
     /// Moves a download in the queue, and sets its `updatedAt`.
     ///
     /// - Throws: `.notFound` if the catalog has no such download.
+    /// Sets the priority and position of several downloads in one transaction: all or none.
+    ///
+    /// - Throws: `.notFound` if the catalog has one of them not.
+    func setPositions(_ changes: [(id: DownloadID, priority: Int, position: Int64)]) throws(CatalogError) {
+        guard !changes.isEmpty else { return }
+        let now = Date().timeIntervalSince1970
+        try transaction("cannot move downloads") { () throws(CatalogError) in
+            for change in changes {
+                try setPosition(change.id, priority: change.priority, position: change.position, updatedAt: now)
+            }
+        }
+    }
+
     func setPosition(
         _ id: DownloadID, priority: Int, position: Int64, updatedAt: Double = Date().timeIntervalSince1970
     ) throws(CatalogError) {

@@ -1,0 +1,252 @@
+import Foundation
+import Glibc
+import StitchTestSupport
+import Synchronization
+import Testing
+
+@testable import Stitch
+
+/// What a daemon needs of the manager (issue 11): settings that change while downloads run, aria2's queue
+/// positions, adding a download it already holds, progress that lasts across pauses, and a manager whose list
+/// lives in memory. Against the fault-injecting loopback server; faults fire on byte counts and explicit
+/// signals, never after a sleep.
+@Suite struct ManagerDaemonReadinessTests {
+    // MARK: Queue positions
+
+    /// aria2's `changePosition` over the waiting queue (queued and paused downloads): `POS_SET`, `POS_CUR` and
+    /// `POS_END` with places before the front and past the end clamped, the new place returned — the same table
+    /// as aria2's own test of its queue. The order survives a new manager on the same catalog.
+    @Test func positionsAsAria2CountsThem() async throws {
+        let f = try ManagerFixture()
+        let manager = try f.open()
+        var added: [DownloadID] = []
+        for name in ["a", "b", "c", "d", "e"] {
+            var options = DownloadManager.AddOptions(out: "\(name).bin")
+            options.paused = true
+            added.append(try await manager.add(f.server.url("/\(name).bin"), options: options))
+        }
+        let (a, b, c, d, e) = (added[0], added[1], added[2], added[3], added[4])
+        func queue() async -> [DownloadID] { await manager.waitingQueue() }
+        #expect(await queue() == [a, b, c, d, e])
+        #expect(try await manager.move(d, to: .fromStart(0)) == 0)
+        #expect(await queue() == [d, a, b, c, e])
+        #expect(try await manager.move(d, to: .fromStart(99)) == 4)
+        #expect(await queue() == [a, b, c, e, d])
+        #expect(try await manager.move(a, to: .fromCurrent(2)) == 2)
+        #expect(await queue() == [b, c, a, e, d])
+        #expect(try await manager.move(a, to: .fromCurrent(-1)) == 1)
+        #expect(await queue() == [b, a, c, e, d])
+        #expect(try await manager.move(c, to: .fromCurrent(Int.min)) == 0)
+        #expect(await queue() == [c, b, a, e, d])
+        #expect(try await manager.move(c, to: .fromEnd(0)) == 4)
+        #expect(await queue() == [b, a, e, d, c])
+        #expect(try await manager.move(c, to: .fromEnd(-1)) == 3)
+        #expect(await queue() == [b, a, e, c, d])
+        #expect(try await manager.move(b, to: .fromEnd(-10)) == 0)
+        #expect(await queue() == [b, a, e, c, d])
+
+        // A download of a higher priority moved behind lower ones takes their priority: the order is the one asked.
+        try await manager.setPriority(d, 9)
+        #expect(await queue().first == d)
+        #expect(try await manager.move(d, to: .fromEnd(0)) == 4)
+        #expect(await queue() == [b, a, e, c, d])
+        #expect(await manager.download(d)?.priority == 0)
+        await manager.close()
+
+        let reopened = try f.open()
+        #expect(await reopened.waitingQueue() == [b, a, e, c, d])
+        await reopened.close()
+    }
+
+    /// Only waiting downloads have a place in the waiting queue: a running one is refused by name.
+    @Test func runningDownloadsHaveNoQueuePlace() async throws {
+        let f = try ManagerFixture()
+        f.server.serve("/hold.bin", file: .random(size: 64 << 10, seed: 90), faults: .onRequest(0, .stallBeforeHeaders()))
+        let manager = try f.open()
+        let hold = try await manager.add(f.server.url("/hold.bin"))
+        let server = f.server
+        try #require(await blocking { server.waitForStall() })
+        await #expect(throws: DownloadManagerError.self) { try await manager.move(hold, to: .fromStart(0)) }
+        #expect(await manager.waitingQueue().isEmpty)
+        server.releaseStalls()
+        await manager.waitUntilIdle()
+        await manager.close()
+    }
+
+    // MARK: Adding what the manager already holds
+
+    /// With `reuseExisting`, adding a URL the manager holds for the same place returns that download (also within
+    /// one batch, and by a former URL); another place, or no `reuseExisting`, is a new download.
+    @Test func addingAHeldDownloadReturnsIt() async throws {
+        let f = try ManagerFixture()
+        let manager = try f.open()
+        var reuse = DownloadManager.AddOptions()
+        reuse.reuseExisting = true
+        reuse.paused = true
+        let url = f.server.url("/same.bin")
+        let first = try await manager.add(url, options: reuse)
+        #expect(try await manager.add(url, options: reuse) == first)
+        var paused = DownloadManager.AddOptions()
+        paused.paused = true
+        let second = try await manager.add(url, options: paused)
+        #expect(second != first, "without reuseExisting: a second download")
+        var elsewhere = reuse
+        elsewhere.directory = f.downloads + "/other"
+        #expect(try await manager.add(url, options: elsewhere) != first)
+
+        var named = reuse
+        named.out = "named.bin"
+        let batch = try await manager.add([(url, named), (url, named), (url, reuse)])
+        #expect(batch[0] == batch[1], "the batch's own earlier item")
+        #expect(batch[2] == first)
+        let moved = f.server.url("/moved.bin")
+        try await manager.updateSource(first, url: moved)
+        #expect(try await manager.add(url, options: reuse) == first, "found by its former URL")
+        #expect(try await manager.add(moved, options: reuse) == first)
+        #expect(await manager.downloads().count == 4)
+        await manager.close()
+    }
+
+    // MARK: Settings that change while downloads run
+
+    /// Raising the concurrency starts queued downloads at once; lowering it stops none; bad values are refused.
+    @Test func concurrencyChangesWhileRunning() async throws {
+        let f = try ManagerFixture()
+        for name in ["a", "b", "c"] {
+            f.server.serve(
+                "/\(name).bin", file: .random(size: 64 << 10, seed: 91, etag: "\"\(name)\""),
+                faults: .onRequest(0, .stallBeforeHeaders()))
+        }
+        let manager = try f.open { $0.maxConcurrentDownloads = 1 }
+        let server = f.server
+        let ids = try await manager.add(["a", "b", "c"].map { (f.server.url("/\($0).bin"), .init(out: "\($0).bin")) })
+        try #require(await blocking { server.waitForRequests(1) })
+        #expect(server.requests.count == 1)
+        try await manager.setMaxConcurrentDownloads(3)
+        #expect(await blocking { server.waitForRequests(3, timeout: .seconds(30)) }, "raised: the others start")
+        try await manager.setMaxConcurrentDownloads(1)
+        #expect(await manager.configuration.maxConcurrentDownloads == 1)
+        #expect(await manager.downloads().filter { $0.status == .running }.count == 3, "lowered: none is stopped")
+        await #expect(throws: DownloadManagerError.self) { try await manager.setMaxConcurrentDownloads(0) }
+        await #expect(throws: DownloadManagerError.self) { try await manager.setRateLimit(0) }
+        await #expect(throws: DownloadManagerError.self) { try await manager.setMaxConnectionsPerHost(0) }
+        server.releaseStalls()
+        await manager.waitUntilIdle()
+        for id in ids { #expect(await manager.download(id)?.status == .completed) }
+        await manager.close()
+    }
+
+    /// A limit set while a download runs applies to it: 640 KiB at 256 KiB/s cannot take less than two
+    /// seconds (a lower bound only; a loaded machine only makes it longer). Without a limit set the manager's
+    /// limiter lets everything through.
+    @Test func rateLimitSetWhileRunning() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 640 << 10, seed: 92, etag: "\"r\"")
+        f.server.serve("/r.bin", file: file, faults: .onRequest(0, .stallAfter(64 << 10)))
+        let manager = try f.open()
+        #expect(await manager.configuration.rateLimit == nil)
+        let id = try await manager.add(f.server.url("/r.bin"), options: .init(out: "r.bin"))
+        let server = f.server
+        try #require(await blocking { server.waitForStall() })
+        try await manager.setRateLimit(256 << 10)
+        #expect(await manager.configuration.rateLimit == 256 << 10)
+        let started = ContinuousClock.now
+        server.releaseStalls()
+        await manager.waitUntilIdle()
+        let elapsed = ContinuousClock.now - started
+        #expect(await manager.download(id)?.status == .completed)
+        expectFile(f.path("r.bin"), file.data)
+        // 576 KiB left, less the bucket's 64 KiB burst, at 256 KiB/s: at least two seconds.
+        #expect(elapsed >= .seconds(1.9), "took \(elapsed)")
+        try await manager.setRateLimit(nil)
+        #expect(await manager.configuration.rateLimit == nil)
+        await manager.close()
+    }
+
+    /// The limiter switched off lets every chunk through at once; switched on again it limits from a full bucket
+    /// at most; the rate can change while it is off.
+    @Test func limiterSwitchesOffAndOn() {
+        let limiter = RateLimiter(bytesPerSecond: 1000, burst: 1000)
+        #expect(limiter.take(1000, now: 0) == nil)
+        #expect(limiter.take(500, now: 0) != nil, "the bucket is empty")
+        limiter.isEnabled = false
+        for _ in 0..<100 { #expect(limiter.take(1 << 20, now: 0) == nil) }
+        limiter.bytesPerSecond = 2000
+        limiter.isEnabled = true
+        #expect(limiter.take(500, now: 0) != nil, "on again: still empty at the same instant")
+        #expect(limiter.take(500, now: 0.25) == nil, "refilled at the new rate")
+    }
+
+    /// A lower per-host cap applies to the next download's connections: one wanting four gets one.
+    @Test func perHostCapLoweredWhileRunning() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 4 << 20, seed: 93, etag: "\"p\"")
+        f.server.serve("/p.bin", file: file)
+        let manager = try f.open {
+            $0.minimumSplitSize = 256 << 10
+            $0.singleConnectionRate = nil
+        }
+        try await manager.setMaxConnectionsPerHost(1)
+        #expect(await manager.configuration.maxConnectionsPerHost == 1)
+        var options = DownloadManager.AddOptions(out: "p.bin")
+        options.connections = 4
+        let id = try await manager.add(f.server.url("/p.bin"), options: options)
+        await manager.waitUntilIdle()
+        #expect(await manager.download(id)?.status == .completed)
+        expectFile(f.path("p.bin"), file.data)
+        #expect(f.server.requests(for: "/p.bin").count == 1, "one connection: \(f.server.requests.map(\.range))")
+        await manager.close()
+    }
+
+    // MARK: Progress across pauses
+
+    /// `onProgress` keeps calling across a pause and a resume and ends only when the download completes.
+    @Test func progressLastsAcrossPauseAndResume() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 512 << 10, seed: 94, etag: "\"q\"")
+        f.server.serve("/q.bin", file: file, faults: .onRequest(0, .stallAfter(128 << 10)))
+        let manager = try f.open()
+        let id = try await manager.add(f.server.url("/q.bin"), options: .init(out: "q.bin"))
+        let seen = Mutex<[Int64]>([])
+        let subscription = await manager.onProgress(id) { progress in seen.withLock { $0.append(progress.bytes) } }
+        let server = f.server
+        try #require(await blocking { server.waitForStall() })
+        try await manager.pause(id)
+        server.releaseStalls()
+        let pausedAt = seen.withLock { $0.count }
+        try await manager.resume(id)
+        await subscription.value  // ends by itself at completion
+        #expect(await manager.download(id)?.status == .completed)
+        let all = seen.withLock { $0 }
+        #expect(all.count > pausedAt, "progress after the resume: \(all)")
+        #expect(all.last == Int64(file.data.count))
+        expectFile(f.path("q.bin"), file.data)
+        await manager.close()
+    }
+
+    // MARK: A list in memory
+
+    /// A manager without a directory writes no catalog anywhere; its downloads still keep their state files, so
+    /// another in-memory manager adding the same URL to the same place finds the finished file.
+    @Test func inMemoryManagerLeavesOnlyTheDownloads() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 100_000, seed: 95, etag: "\"m\"")
+        f.server.serve("/m.bin", file: file)
+        let manager = try DownloadManager(configuration: f.configuration())
+        let id = try await manager.add(f.server.url("/m.bin"), options: .init(out: "m.bin"))
+        await manager.waitUntilIdle()
+        #expect(await manager.download(id)?.status == .completed)
+        await manager.close()
+        expectFile(f.path("m.bin"), file.data)
+        #expect(!fileExists(f.managerDirectory), "no catalog directory")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: f.downloads) == ["m.bin"])
+
+        let again = try DownloadManager(configuration: f.configuration())
+        #expect(await again.downloads().isEmpty, "nothing remembered")
+        let second = try await again.add(f.server.url("/m.bin"), options: .init(out: "m.bin"))
+        await again.waitUntilIdle()
+        #expect(await again.download(second)?.status == .completed)
+        #expect(f.server.requests(for: "/m.bin").count == 1, "already complete: not fetched again")
+        await again.close()
+    }
+}
