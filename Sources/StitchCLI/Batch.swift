@@ -282,13 +282,25 @@ final class BatchView: Sendable {
             case .progress(_, let progress):
                 state.totalBytes += progress.bytes - state.bytes[id, default: 0]
                 state.bytes[id] = progress.bytes
+            case .alreadyComplete:
+                let url = state.urls[id] ?? "\(id)"
+                line = "\(state.paths[id] ?? url) is already complete"
+                json = ("notice", ["id": "\(id)", "url": url, "message": "already complete"])
+            case .restarting(_, let reason):
+                let url = state.urls[id] ?? "\(id)"
+                line = "stitch: \(url): starting over: \(reason)"
+                json = ("restart", ["id": "\(id)", "url": url, "reason": "\(reason)"])
+            case .retrying(_, let attempt, let maxRetries, let delay, let reason):
+                let url = state.urls[id] ?? "\(id)"
+                let text = "retry \(attempt)/\(maxRetries) in \(String(format: "%.1f", delay)) s: \(reason)"
+                line = "stitch: \(url): \(text)"
+                json = (
+                    "retry",
+                    ["id": "\(id)", "url": url, "attempt": attempt, "max": maxRetries, "delay": delay, "reason": reason]
+                )
             case .notice(_, let text):
                 let url = state.urls[id] ?? "\(id)"
-                if text == "already complete" {
-                    line = "\(state.paths[id] ?? url) is already complete"
-                } else {
-                    line = "stitch: \(url): \(text)"
-                }
+                line = "stitch: \(url): \(text)"
                 json = ("notice", ["id": "\(id)", "url": url, "message": text])
             case .statusChanged(_, let status):
                 let url = state.urls[id] ?? "\(id)"

@@ -449,7 +449,7 @@ import Testing
         }
         #expect(await blocking { server.waitUntilIdle() })
         #expect(server.bodyBytesSent(for: "/big.bin") == size)
-        #expect(!log.notices(of: id).contains { $0.contains("starting over") }, "\(log.notices(of: id))")
+        #expect(log.restarts(of: id).isEmpty, "\(log.restarts(of: id))")
 
         await manager.close()
         #expect(await blocking { server.waitForOpenConnections(atMost: 1) }, "open: \(server.openConnections)")
@@ -585,13 +585,13 @@ import Testing
         #expect(requests.first?.range == "bytes=\(cut)-")
         #expect(requests.first?.header("If-Range") == "\"v1\"")
         #expect(server.waitUntilIdle())
-        let starting = log.notices(of: id).filter { $0.contains("starting over") }
+        let starting = log.restarts(of: id)
         if sourceCase == .otherFile {
             #expect(server.bodyBytesSent(for: "/new.bin") == other.data.count)
-            #expect(starting.count == 1, "notices: \(log.notices(of: id))")
+            #expect(starting.count == 1, "restarts: \(starting)")
         } else {
             #expect(server.bodyBytesSent(for: "/new.bin") == size - cut, "only the remainder is fetched")
-            #expect(starting.isEmpty, "notices: \(log.notices(of: id))")
+            #expect(starting.isEmpty, "restarts: \(starting)")
         }
         await manager.close()
     }
@@ -963,6 +963,9 @@ final class EventLog: Sendable {
             case .progress: "progress"
             case .pathResolved: "path"
             case .notice: "notice"
+            case .restarting: "restarting"
+            case .retrying: "retrying"
+            case .alreadyComplete: "already complete"
             }
         }
     }
@@ -994,6 +997,11 @@ final class EventLog: Sendable {
 
     func notices(of id: DownloadID) -> [String] {
         events.compactMap { if case .notice(id, let text) = $0 { text } else { nil } }
+    }
+
+    /// Why download `id` started over from zero, each time it did.
+    func restarts(of id: DownloadID) -> [RestartReason] {
+        events.compactMap { if case .restarting(id, let reason) = $0 { reason } else { nil } }
     }
 
     /// Waits (up to `timeout` seconds) until the events satisfy `condition`.

@@ -868,7 +868,8 @@ public actor DownloadManager {
             managed.progress.total = total
             managed.entry.totalBytes = total
             table[id] = managed
-        case .progress where managed.status != .running, .notice where managed.status != .running:
+        case .progress where managed.status != .running, .notice where managed.status != .running,
+            .retrying where managed.status != .running:
             break  // the user paused, cancelled or removed it: the run's last words are not news
         case .progress(let progress):
             managed.meter.add(bytes: progress.bytes, at: monotonicNow())
@@ -883,9 +884,9 @@ public actor DownloadManager {
         case .restarting(let reason):
             managed.progress.bytes = 0
             table[id] = managed
-            publish(.notice(id, "starting over: \(reason)"))
+            publish(.restarting(id, reason))
         case .retrying(let attempt, let maxRetries, let delay, let reason):
-            publish(.notice(id, "retry \(attempt)/\(maxRetries) in \(String(format: "%.1f", delay)) s: \(reason)"))
+            publish(.retrying(id, attempt: attempt, maxRetries: maxRetries, delay: delay, reason: reason))
         case .notice(let text):
             publish(.notice(id, text))
         }
@@ -917,7 +918,7 @@ public actor DownloadManager {
             managed.progress = TransferProgress(bytes: result.bytes, total: result.bytes, durableBytes: result.bytes)
             table[id] = managed
             publish(.progress(id, managed.progress))
-            if result.alreadyComplete { publish(.notice(id, "already complete")) }
+            if result.alreadyComplete { publish(.alreadyComplete(id)) }
             setStatus(id, .completed)
         case .failure(let error):
             managed.entry.completedBytes = managed.progress.durableBytes

@@ -210,14 +210,24 @@ public enum DownloadManagerEvent: Sendable, Hashable {
     case progress(DownloadID, TransferProgress)
     /// The file's final path is known.
     case pathResolved(DownloadID, String)
-    /// Something worth telling that changes nothing (a retry, a restart from zero and why, a fallback).
+    /// The bytes kept could not be trusted (the file changed, the server ignored a range, …): the download
+    /// starts over from zero, for this reason.
+    case restarting(DownloadID, RestartReason)
+    /// A failure the download may recover from: it asks again after `delay` seconds (retry `attempt` of
+    /// `maxRetries`).
+    case retrying(DownloadID, attempt: Int, maxRetries: Int, delay: Double, reason: String)
+    /// The file was already complete at its destination: nothing was fetched.
+    case alreadyComplete(DownloadID)
+    /// Something else worth telling that changes nothing (a fallback, a connection replaced or retired).
     case notice(DownloadID, String)
 
     /// The download the event is about.
     public var id: DownloadID {
         switch self {
         case .added(let snapshot): snapshot.id
-        case .statusChanged(let id, _), .progress(let id, _), .pathResolved(let id, _), .notice(let id, _): id
+        case .statusChanged(let id, _), .progress(let id, _), .pathResolved(let id, _), .notice(let id, _),
+            .restarting(let id, _), .retrying(let id, _, _, _, _), .alreadyComplete(let id):
+            id
         }
     }
 }
