@@ -177,6 +177,60 @@ import Testing
         #expect(limiter.take(500, now: 0.25) == nil, "refilled at the new rate")
     }
 
+    /// A limiter nested within another passes a chunk only when both have room; when the outer one has none, the
+    /// inner one's tokens go back (no byte is counted twice against it).
+    @Test func nestedLimiterNeedsRoomInBoth() {
+        let all = RateLimiter(bytesPerSecond: 1000, burst: 1000)
+        let one = RateLimiter(bytesPerSecond: 10_000, burst: 10_000, within: all)
+        #expect(one.isLimiting)
+        #expect(one.take(1000, now: 0) == nil)
+        #expect(one.take(500, now: 0) != nil, "the outer bucket is empty")
+        all.isEnabled = false
+        #expect(one.take(9000, now: 0) == nil, "the refused 500 bytes went back to the inner bucket")
+        #expect(one.take(1, now: 0) != nil, "and now it is empty")
+        one.isEnabled = false
+        #expect(!one.isLimiting)
+        #expect(one.take(1 << 20, now: 0) == nil)
+        all.isEnabled = true
+        #expect(one.isLimiting, "the outer limit still applies")
+        #expect(one.take(1 << 20, now: 0) != nil)
+    }
+
+    /// One download's own limit, set while it runs, applies to it (a lower bound on the time only) and is kept in
+    /// the catalog; a limit given when added is too.
+    @Test func perDownloadLimitSetWhileRunning() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 640 << 10, seed: 96, etag: "\"d\"")
+        f.server.serve("/d.bin", file: file, faults: .onRequest(0, .stallAfter(64 << 10)))
+        let manager = try f.open()
+        let id = try await manager.add(f.server.url("/d.bin"), options: .init(out: "d.bin"))
+        var limited = DownloadManager.AddOptions(out: "other.bin")
+        limited.rateLimit = 1 << 20
+        limited.paused = true
+        let other = try await manager.add(f.server.url("/other.bin"), options: limited)
+        let server = f.server
+        try #require(await blocking { server.waitForStall() })
+        try await manager.setRateLimit(id, 256 << 10)
+        #expect(await manager.configuration.rateLimit == nil, "the manager's own limit is untouched")
+        let started = ContinuousClock.now
+        server.releaseStalls()
+        await manager.waitUntilIdle()
+        let elapsed = ContinuousClock.now - started
+        #expect(await manager.download(id)?.status == .completed)
+        expectFile(f.path("d.bin"), file.data)
+        #expect(elapsed >= .seconds(1.9), "took \(elapsed)")
+        await #expect(throws: DownloadManagerError.self) { try await manager.setRateLimit(id, -1) }
+        var bad = DownloadManager.AddOptions(out: "bad.bin")
+        bad.rateLimit = 0
+        await #expect(throws: DownloadManagerError.self) { try await manager.add(f.server.url("/bad.bin"), options: bad) }
+        await manager.close()
+
+        let reopened = try f.open()
+        #expect(await reopened.download(id)?.rateLimit == 256 << 10)
+        #expect(await reopened.download(other)?.rateLimit == 1 << 20)
+        await reopened.close()
+    }
+
     /// A lower per-host cap applies to the next download's connections: one wanting four gets one.
     @Test func perHostCapLoweredWhileRunning() async throws {
         let f = try ManagerFixture()

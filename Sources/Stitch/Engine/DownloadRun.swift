@@ -600,7 +600,7 @@ final class DownloadRun: @unchecked Sendable {
             lanes = 1
         }
         let minimumSplitSize = options.minimumSplitSize
-        let rateLimited = options.rateLimiter?.isEnabled ?? false
+        let rateLimited = options.rateLimiter?.isLimiting ?? false
         machine {
             $0.transferStarted(
                 lanes: lanes, split: split, rateLimited: rateLimited, pieceSize: store.pieceSize,

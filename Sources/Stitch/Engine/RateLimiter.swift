@@ -40,10 +40,16 @@ public final class RateLimiter: Sendable {
 
     private let state: Mutex<State>
     private let enabled = Atomic<Bool>(true)
+    /// The limiter this one is nested within (one download's limit within the limit over all of them).
+    public let parent: RateLimiter?
 
     /// A full bucket refilling at `bytesPerSecond` (> 0) and holding at most `burst` bytes (> 0; default
     /// ``defaultBurst(forRate:)``, which then follows later rate changes).
-    public init(bytesPerSecond: Int64, burst: Int64? = nil) {
+    ///
+    /// `within`: a limiter this one is nested in — a chunk passes only when both have room for it (one download's
+    /// own limit within the limit over all downloads).
+    public init(bytesPerSecond: Int64, burst: Int64? = nil, within parent: RateLimiter? = nil) {
+        self.parent = parent
         precondition(bytesPerSecond > 0, "RateLimiter: bytesPerSecond must be positive")
         precondition(burst.map { $0 > 0 } ?? true, "RateLimiter: burst must be positive")
         let size = burst ?? Self.defaultBurst(forRate: bytesPerSecond)
@@ -84,13 +90,24 @@ public final class RateLimiter: Sendable {
         set { enabled.store(newValue, ordering: .relaxed) }
     }
 
+    /// Whether this limiter or one it is nested within limits now.
+    public var isLimiting: Bool { isEnabled || parent?.isLimiting == true }
+
     /// Asks to write `bytes` (≥ 0) at time `now` (seconds, monotonic). Returns nil when they may be written now
     /// (their tokens are spent), else the seconds (> 0, ≤ ``maximumWait``) to wait before asking again with the
     /// same chunk. A `now` earlier than one already seen adds no tokens.
     public func take(_ bytes: Int, now: Double) -> Double? {
         precondition(bytes >= 0, "RateLimiter: negative byte count")
-        guard enabled.load(ordering: .relaxed) else { return nil }
-        return state.withLock { s -> Double? in
+        guard enabled.load(ordering: .relaxed) else { return parent?.take(bytes, now: now) }
+        if let wait = takeOwn(bytes, now: now) { return wait }
+        guard let parent, let wait = parent.take(bytes, now: now) else { return nil }
+        // The outer limit has no room: this one's tokens go back, the chunk is asked for again later.
+        state.withLock { $0.tokens = min(Double($0.burst), $0.tokens + Double(bytes)) }
+        return wait
+    }
+
+    private func takeOwn(_ bytes: Int, now: Double) -> Double? {
+        state.withLock { s -> Double? in
             if let last = s.last {
                 if now > last {
                     s.tokens = min(Double(s.burst), s.tokens + (now - last) * Double(s.rate))

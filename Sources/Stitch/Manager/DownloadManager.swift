@@ -56,6 +56,9 @@ public actor DownloadManager {
         public var headers = HTTPHeaders()
         public var checksum: ExpectedChecksum?
         public var connections: Int?
+        /// This download's own limit in bytes per second, within the manager's (``Configuration/rateLimit``);
+        /// nil for none. Changeable later with ``DownloadManager/setRateLimit(_:_:)``.
+        public var rateLimit: Int64?
         /// Replace an existing file that Stitch did not leave.
         public var overwrite = false
         public var priority = 0
@@ -122,9 +125,13 @@ public actor DownloadManager {
         let task: Mutex<Task<Void, Never>?> = Mutex(nil)
         /// Connections this run holds on its host beyond the first.
         let extra = Atomic<Int>(0)
-        init(token: Int, host: String) {
+        /// The download's own limit, within the manager's (switched off without one, so that one set while the
+        /// run goes applies at once).
+        let limiter: RateLimiter
+        init(token: Int, host: String, limiter: RateLimiter) {
             self.token = token
             self.host = host
+            self.limiter = limiter
         }
     }
 
@@ -254,6 +261,10 @@ public actor DownloadManager {
                 rollBack()
                 throw DownloadManagerError(.invalidRequest("connections must be 1…16, not \(connections)"))
             }
+            if let rate = options.rateLimit, rate <= 0 {
+                rollBack()
+                throw DownloadManagerError(.invalidRequest("the rate limit must be positive, not \(rate)"))
+            }
             var id = DownloadID.random()
             while table[id] != nil || batchIDs.contains(id) { id = DownloadID.random() }
             batchIDs.insert(id)
@@ -280,7 +291,8 @@ public actor DownloadManager {
                 CatalogEntry(
                     id: id, url: url, headers: options.headers.map { "\($0.name): \($0.value)" },
                     destinationKind: kind, destinationPath: path, checksum: options.checksum?.description,
-                    options: StoredOptions(connections: options.connections, overwrite: options.overwrite),
+                    options: StoredOptions(
+                        connections: options.connections, overwrite: options.overwrite, rateLimit: options.rateLimit),
                     status: options.paused ? CatalogEntry.Status.paused : CatalogEntry.Status.queued,
                     priority: options.priority, position: position, createdAt: now, updatedAt: now))
             ids.append(id)
@@ -489,6 +501,24 @@ public actor DownloadManager {
         }
         rateLimiter.isEnabled = bytesPerSecond != nil
         configuration.rateLimit = bytesPerSecond
+    }
+
+    /// Changes download `id`'s own limit, in bytes per second within the manager's (nil: none); a running download
+    /// follows it within about a second. Kept in the catalog.
+    public func setRateLimit(_ id: DownloadID, _ bytesPerSecond: Int64?) throws {
+        try checkOpen()
+        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        if let bytesPerSecond, bytesPerSecond <= 0 {
+            throw DownloadManagerError(.invalidRequest("the rate limit must be positive, not \(bytesPerSecond)"))
+        }
+        managed.entry.options.rateLimit = bytesPerSecond
+        managed.entry.updatedAt = Date().timeIntervalSince1970
+        do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        table[id] = managed
+        if let run = managed.run {
+            if let bytesPerSecond { run.limiter.bytesPerSecond = bytesPerSecond }
+            run.limiter.isEnabled = bytesPerSecond != nil
+        }
     }
 
     /// Changes how many connections all running downloads may hold to one host (at least 1). Lowered, running
@@ -785,7 +815,9 @@ public actor DownloadManager {
     private func start(_ id: DownloadID, host: String) {
         guard var managed = table[id] else { return }
         nextRunToken += 1
-        let run = Run(token: nextRunToken, host: host)
+        let limiter = RateLimiter(bytesPerSecond: managed.entry.options.rateLimit ?? Self.unlimitedRate, within: rateLimiter)
+        limiter.isEnabled = managed.entry.options.rateLimit != nil
+        let run = Run(token: nextRunToken, host: host, limiter: limiter)
         managed.run = run
         managed.restartAfterRun = false
         table[id] = managed
@@ -835,7 +867,7 @@ public actor DownloadManager {
         var options = DownloadOptions()
         options.retry = configuration.retry
         options.transport = configuration.transport
-        options.rateLimiter = rateLimiter
+        options.rateLimiter = run.limiter
         options.connections = entry.options.connections ?? configuration.connections
         options.http2Streams = entry.options.http2Streams
         options.minimumSplitSize = configuration.minimumSplitSize
@@ -943,7 +975,8 @@ public actor DownloadManager {
             destination: entry.destinationKind == .file ? .file(entry.destinationPath) : .directory(entry.destinationPath),
             path: entry.resolvedPath ?? (entry.destinationKind == .file ? entry.destinationPath : nil),
             status: managed.status, progress: managed.progress, priority: entry.priority, position: entry.position,
-            checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt)
+            checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt,
+            rateLimit: entry.options.rateLimit)
     }
 
     private func outcome(of id: DownloadID) -> Result<DownloadSnapshot, DownloadFailure>? {

@@ -200,6 +200,8 @@ public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
     public var checksum: ExpectedChecksum?
     /// Seconds since the epoch.
     public var addedAt: Double
+    /// This download's own limit in bytes per second (within the manager's), if it has one.
+    public var rateLimit: Int64? = nil
 }
 
 /// What the manager reports as downloads move.
