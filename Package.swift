@@ -37,6 +37,12 @@ let package = Package(
             dependencies: ["CCurl", "CCrypto", "CSQLite", "CStitchSystem", "CStitchCRC"],
             swiftSettings: swiftSettings
         ),
+        // aria2's JSON-RPC over a DownloadManager, without networking: what `stitch serve` hands request bodies to.
+        .target(
+            name: "StitchRPC",
+            dependencies: ["Stitch"],
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "StitchCLI",
             dependencies: ["Stitch"],
@@ -69,7 +75,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StitchTests",
-            dependencies: ["Stitch", "StitchTestSupport"],
+            dependencies: ["Stitch", "StitchTestSupport", "StitchRPC"],
             swiftSettings: swiftSettings
         ),
         .testTarget(

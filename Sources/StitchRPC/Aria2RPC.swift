@@ -1,0 +1,448 @@
+import Foundation
+public import Stitch
+
+/// aria2's JSON-RPC interface over a ``DownloadManager``: the JSON-RPC 2.0 envelope (single calls, batches,
+/// `system.multicall`), the secret token, and the methods with aria2's parameter and result shapes (numbers as
+/// strings, 16-hex-digit GIDs found by a unique prefix, the `keys` filter, negative offsets).
+///
+/// This is the layer a daemon's HTTP and WebSocket server hands request bodies to; it does no networking itself,
+/// so every rule is a test without sockets. Bounded: the body is parsed with a nesting limit, batches and
+/// multicalls have a maximum size, and nothing it is sent can make it write outside the manager's download
+/// folder (`out` is a plain file name; `dir` is not accepted yet).
+///
+/// Errors: the envelope's own (-32700 parse error, -32600 invalid request, -32601 method not found, -32602
+/// invalid params) as JSON-RPC defines them; a method's failure as aria2 does, code 1 with a message.
+public final class Aria2RPC: Sendable {
+    /// The bounds on what one request may ask.
+    public struct Limits: Sendable {
+        /// Arrays and objects nested deeper than this are refused (a parse error).
+        public var maxDepth = 32
+        /// Calls in one batch, or in one `system.multicall`.
+        public var maxCalls = 1_000
+        public init() {}
+    }
+
+    public let manager: DownloadManager
+    private let secret: [UInt8]?
+    private let limits: Limits
+
+    /// `secret`: the token every call must carry as its first parameter (`token:SECRET`), as aria2's
+    /// `--rpc-secret`; nil for none.
+    public init(manager: DownloadManager, secret: String?, limits: Limits = Limits()) {
+        self.manager = manager
+        self.secret = secret.map { Array($0.utf8) }
+        self.limits = limits
+    }
+
+    /// The methods this interface answers, as `system.listMethods` lists them.
+    public static let methods: [String] = [
+        "aria2.addUri", "aria2.remove", "aria2.forceRemove", "aria2.pause", "aria2.forcePause", "aria2.unpause",
+        "aria2.tellStatus", "aria2.tellActive", "aria2.tellWaiting", "aria2.tellStopped", "aria2.changePosition",
+        "aria2.getGlobalStat", "aria2.getVersion", "system.multicall", "system.listMethods",
+        "system.listNotifications",
+    ]
+
+    /// The notifications a WebSocket client may receive.
+    public static let notifications: [String] = [
+        "aria2.onDownloadStart", "aria2.onDownloadPause", "aria2.onDownloadStop", "aria2.onDownloadComplete",
+        "aria2.onDownloadError",
+    ]
+
+    // MARK: The envelope
+
+    /// Handles one request body (a call or a batch) and returns the response body; nil when nothing is to be
+    /// sent (only notifications, calls without an `id`).
+    public func handle(_ body: [UInt8]) async -> [UInt8]? {
+        let request: JSON
+        do {
+            request = try JSON.parse(body, maxDepth: limits.maxDepth)
+        } catch {
+            return Self.errorResponse(id: .null, code: -32700, message: "Parse error: \(error)").serialized
+        }
+        if case .array(let calls) = request {
+            guard !calls.isEmpty else {
+                return Self.errorResponse(id: .null, code: -32600, message: "Invalid Request: empty batch").serialized
+            }
+            guard calls.count <= limits.maxCalls else {
+                return Self.errorResponse(
+                    id: .null, code: -32600, message: "Invalid Request: more than \(limits.maxCalls) calls in a batch"
+                ).serialized
+            }
+            var responses: [JSON] = []
+            for call in calls {
+                if let response = await handleCall(call) { responses.append(response) }
+            }
+            return responses.isEmpty ? nil : JSON.array(responses).serialized
+        }
+        return await handleCall(request)?.serialized
+    }
+
+    /// One call: its response, or nil for a notification (no `id`).
+    private func handleCall(_ call: JSON) async -> JSON? {
+        guard case .object = call, let method = call["method"]?.string else {
+            return Self.errorResponse(id: call["id"] ?? .null, code: -32600, message: "Invalid Request")
+        }
+        let id = call["id"]
+        let params: [JSON]
+        switch call["params"] {
+        case nil: params = []
+        case .array(let values)?: params = values
+        default:
+            return id.map { Self.errorResponse(id: $0, code: -32602, message: "Invalid params: not an array") }
+        }
+        let result = await invoke(method, params)
+        guard let id else { return nil }
+        switch result {
+        case .success(let value):
+            return .object([("id", id), ("jsonrpc", .string("2.0")), ("result", value)])
+        case .failure(let error):
+            return Self.errorResponse(id: id, code: error.code, message: error.message)
+        }
+    }
+
+    static func errorResponse(id: JSON, code: Int, message: String) -> JSON {
+        .object([
+            ("id", id), ("jsonrpc", .string("2.0")),
+            ("error", .object([("code", .integer(Int64(code))), ("message", .string(message))])),
+        ])
+    }
+
+    /// A method's failure.
+    struct Failure: Error {
+        var code: Int
+        var message: String
+        /// aria2's code for a method's failure.
+        static func aria2(_ message: String) -> Failure { Failure(code: 1, message: message) }
+    }
+
+    // MARK: Methods
+
+    func invoke(_ method: String, _ params: [JSON]) async -> Result<JSON, Failure> {
+        switch method {
+        case "system.listMethods":
+            return .success(.array(Self.methods.map(JSON.string)))
+        case "system.listNotifications":
+            return .success(.array(Self.notifications.map(JSON.string)))
+        case "system.multicall":
+            return await multicall(params)
+        default:
+            break
+        }
+        guard Self.methods.contains(method) else { return .failure(Failure(code: -32601, message: "Method not found")) }
+        var params = params
+        if let secret {
+            guard let first = params.first?.string, first.hasPrefix("token:"),
+                Self.constantTimeEquals(Array(first.utf8.dropFirst(6)), secret)
+            else { return .failure(.aria2("Unauthorized")) }
+            params.removeFirst()
+        } else if let first = params.first?.string, first.hasPrefix("token:") {
+            params.removeFirst()  // a client that always sends one
+        }
+        do {
+            return .success(try await call(method, params))
+        } catch let failure as Failure {
+            return .failure(failure)
+        } catch let error as DownloadManagerError {
+            return .failure(.aria2(error.description))
+        } catch {
+            return .failure(.aria2("\(error)"))
+        }
+    }
+
+    private func call(_ method: String, _ params: [JSON]) async throws -> JSON {
+        switch method {
+        case "aria2.getVersion":
+            return .object([
+                ("version", .string(StitchVersion.string)),
+                ("enabledFeatures", .array(["HTTPS", "Async DNS"].map(JSON.string))),
+            ])
+        case "aria2.addUri":
+            return try await addUri(params)
+        case "aria2.remove", "aria2.forceRemove":
+            let id = try await gid(params, 0)
+            try await manager.remove(id)
+            return .string("\(id)")
+        case "aria2.pause", "aria2.forcePause":
+            let id = try await gid(params, 0)
+            try await manager.pause(id)
+            return .string("\(id)")
+        case "aria2.unpause":
+            let id = try await gid(params, 0)
+            try await manager.resume(id)
+            return .string("\(id)")
+        case "aria2.tellStatus":
+            let id = try await gid(params, 0)
+            guard let snapshot = await manager.download(id) else { throw Failure.aria2("GID \(id) is not found") }
+            return Self.status(snapshot, keys: try Self.keys(params, 1))
+        case "aria2.tellActive":
+            let keys = try Self.keys(params, 0)
+            return .array(await manager.downloads().filter { $0.status == .running }.map { Self.status($0, keys: keys) })
+        case "aria2.tellWaiting", "aria2.tellStopped":
+            let offset = try Self.int(params, 0, "offset")
+            let count = try Self.int(params, 1, "num")
+            let keys = try Self.keys(params, 2)
+            let all = await manager.downloads()
+            let list =
+                method == "aria2.tellWaiting"
+                ? all.filter { $0.status == .queued || $0.status == .paused }
+                : all.filter { if case .failed = $0.status { true } else { $0.status == .completed } }
+            return .array(Self.window(list, offset: offset, count: count).map { Self.status($0, keys: keys) })
+        case "aria2.changePosition":
+            let id = try await gid(params, 0)
+            let position = try Self.int(params, 1, "pos")
+            guard let how = params.count > 2 ? params[2].string : nil else {
+                throw Failure(code: -32602, message: "Invalid params: how must be POS_SET, POS_CUR or POS_END")
+            }
+            let place: DownloadManager.QueuePosition
+            switch how {
+            case "POS_SET": place = .fromStart(position)
+            case "POS_CUR": place = .fromCurrent(position)
+            case "POS_END": place = .fromEnd(position)
+            default: throw Failure(code: -32602, message: "Invalid params: how must be POS_SET, POS_CUR or POS_END")
+            }
+            return .integer(Int64(try await manager.move(id, to: place)))
+        case "aria2.getGlobalStat":
+            let all = await manager.downloads()
+            let speed = all.filter { $0.status == .running }.reduce(0.0) { $0 + $1.progress.bytesPerSecond }
+            return .object([
+                ("downloadSpeed", .string(String(Int64(speed)))), ("uploadSpeed", .string("0")),
+                ("numActive", .string(String(all.count { $0.status == .running }))),
+                ("numWaiting", .string(String(all.count { $0.status == .queued || $0.status == .paused }))),
+                ("numStopped", .string(String(all.count { Self.isStopped($0.status) }))),
+                ("numStoppedTotal", .string(String(all.count { Self.isStopped($0.status) }))),
+            ])
+        default:
+            throw Failure(code: -32601, message: "Method not found")
+        }
+    }
+
+    private func multicall(_ params: [JSON]) async -> Result<JSON, Failure> {
+        guard let calls = params.first?.array else {
+            return .failure(Failure(code: -32602, message: "Invalid params: system.multicall takes an array of calls"))
+        }
+        guard calls.count <= limits.maxCalls else {
+            return .failure(Failure(code: -32602, message: "Invalid params: more than \(limits.maxCalls) calls"))
+        }
+        var results: [JSON] = []
+        for call in calls {
+            guard let method = call["methodName"]?.string, method != "system.multicall" else {
+                results.append(.object([("code", .integer(1)), ("message", .string("invalid call in system.multicall"))]))
+                continue
+            }
+            let inner = call["params"]?.array ?? []
+            switch await invoke(method, inner) {
+            case .success(let value): results.append(.array([value]))
+            case .failure(let failure):
+                results.append(.object([("code", .integer(Int64(failure.code))), ("message", .string(failure.message))]))
+            }
+        }
+        return .success(.array(results))
+    }
+
+    // MARK: addUri
+
+    private func addUri(_ params: [JSON]) async throws -> JSON {
+        guard let uris = params.first?.array, !uris.isEmpty else {
+            throw Failure(code: -32602, message: "Invalid params: addUri takes an array of URIs")
+        }
+        let urls = try uris.map { uri -> String in
+            guard let text = uri.string else { throw Failure(code: -32602, message: "Invalid params: a URI is not a string") }
+            return text
+        }
+        var options = DownloadManager.AddOptions()
+        if params.count > 1 {
+            guard let members = params[1].members else {
+                throw Failure(code: -32602, message: "Invalid params: options must be an object")
+            }
+            for (name, value) in members { try Self.apply(name, value, to: &options) }
+        }
+        // Several URIs are mirrors of one file in aria2; this version uses the first.
+        let id = try await manager.add(urls[0], options: options)
+        if params.count > 2 {
+            let position = try Self.int(params, 2, "position")
+            if await manager.waitingQueue().contains(id) { try await manager.move(id, to: .fromStart(position)) }
+        }
+        return .string("\(id)")
+    }
+
+    /// aria2's option `name` (values are strings in aria2; numbers and booleans are taken too).
+    static func apply(_ name: String, _ value: JSON, to options: inout DownloadManager.AddOptions) throws {
+        let text: String
+        switch value {
+        case .string(let string): text = string
+        case .integer(let number): text = String(number)
+        case .bool(let flag): text = flag ? "true" : "false"
+        case .array where name == "header": text = ""
+        default: throw Failure.aria2("option \(name): not a string")
+        }
+        func flag() throws -> Bool {
+            switch text {
+            case "true": return true
+            case "false": return false
+            default: throw Failure.aria2("option \(name): expected true or false, not \(text)")
+            }
+        }
+        switch name {
+        case "out":
+            // A file name in the download folder: no folders, nothing that could lead outside it.
+            guard !text.isEmpty, !text.contains("/"), text != ".", text != "..", !text.contains("\u{0}") else {
+                throw Failure.aria2("option out: \(text.debugDescription) must be a file name (no folders)")
+            }
+            options.out = text
+        case "split", "max-connection-per-server":
+            guard let count = Int(text), (1...16).contains(count) else {
+                throw Failure.aria2("option \(name): \(text) is not 1…16")
+            }
+            if name == "split" { options.connections = count }
+        case "checksum":
+            do { options.checksum = try ExpectedChecksum(parsing: text) } catch {
+                throw Failure.aria2("option checksum: \(error.message)")
+            }
+        case "header":
+            let lines = value.array?.compactMap(\.string) ?? [text]
+            for line in lines {
+                guard let (field, content) = Downloader.parseHeaderLine(line) else {
+                    throw Failure.aria2("option header: \(line.debugDescription) is not a header")
+                }
+                options.headers.add(name: field, value: content)
+            }
+        case "max-download-limit":
+            if text == "0" {
+                options.rateLimit = nil
+            } else {
+                guard let rate = RateLimiter.parse(text) else { throw Failure.aria2("option \(name): \(text) is not a rate") }
+                options.rateLimit = rate
+            }
+        case "pause":
+            options.paused = try flag()
+        case "allow-overwrite":
+            options.overwrite = try flag()
+        case "continue":
+            _ = try flag()  // always: a partial with proof is resumed
+        case "dir":
+            throw Failure.aria2("option dir is not supported yet: downloads go to the daemon's folder")
+        default:
+            throw Failure.aria2("option \(name) is not supported")
+        }
+    }
+
+    // MARK: Shapes
+
+    /// The download `params[index]` names: 16 hex digits, or a prefix that only one download's GID has.
+    private func gid(_ params: [JSON], _ index: Int) async throws -> DownloadID {
+        guard index < params.count, let text = params[index].string, !text.isEmpty, text.count <= 16,
+            text.allSatisfy(\.isHexDigit)
+        else { throw Failure.aria2("a GID is 1 to 16 hex digits") }
+        let lowered = text.lowercased()
+        let matches = await manager.downloads().map(\.id).filter { "\($0)".hasPrefix(lowered) }
+        guard matches.count == 1 else {
+            throw Failure.aria2(matches.isEmpty ? "GID \(text) is not found" : "GID \(text) is ambiguous")
+        }
+        return matches[0]
+    }
+
+    static func int(_ params: [JSON], _ index: Int, _ name: String) throws -> Int {
+        guard index < params.count, let value = params[index].integer, let int = Int(exactly: value) else {
+            throw Failure(code: -32602, message: "Invalid params: \(name) must be an integer")
+        }
+        return int
+    }
+
+    static func keys(_ params: [JSON], _ index: Int) throws -> Set<String>? {
+        guard index < params.count else { return nil }
+        guard let names = params[index].array else {
+            throw Failure(code: -32602, message: "Invalid params: keys must be an array of strings")
+        }
+        return Set(names.compactMap(\.string))
+    }
+
+    /// aria2's window of a list: from `offset` (negative: counted from the end, the list then read backwards)
+    /// at most `count` entries.
+    static func window<T>(_ list: [T], offset: Int, count: Int) -> [T] {
+        guard count > 0, !list.isEmpty else { return [] }
+        if offset >= 0 {
+            guard offset < list.count else { return [] }
+            return Array(list[offset..<min(list.count, offset + count)])
+        }
+        let start = list.count + offset  // -1 is the last
+        guard start >= 0 else { return [] }
+        return Array(list[max(0, start - count + 1)...start].reversed())
+    }
+
+    static func isStopped(_ status: DownloadStatus) -> Bool {
+        if case .failed = status { return true }
+        return status == .completed || status == .removed
+    }
+
+    /// aria2's name for a status.
+    static func statusName(_ status: DownloadStatus) -> String {
+        switch status {
+        case .queued: "waiting"
+        case .running: "active"
+        case .paused: "paused"
+        case .completed: "complete"
+        case .failed(let failure): failure.code == .cancelled ? "removed" : "error"
+        case .removed: "removed"
+        }
+    }
+
+    /// A download as aria2's `tellStatus` shows it, limited to `keys` when given.
+    static func status(_ snapshot: DownloadSnapshot, keys: Set<String>?) -> JSON {
+        let total = snapshot.progress.total ?? 0
+        let done = snapshot.progress.bytes
+        let path = snapshot.path ?? ""
+        let directory: String
+        switch snapshot.destination {
+        case .directory(let folder): directory = folder
+        case .file(let file): directory = (file as NSString).deletingLastPathComponent
+        }
+        var members: [(String, JSON)] = [
+            ("gid", .string("\(snapshot.id)")), ("status", .string(statusName(snapshot.status))),
+            ("totalLength", .string(String(total))), ("completedLength", .string(String(done))),
+            ("uploadLength", .string("0")),
+            ("downloadSpeed", .string(String(Int64(snapshot.status == .running ? snapshot.progress.bytesPerSecond : 0)))),
+            ("uploadSpeed", .string("0")),
+            ("connections", .string(snapshot.status == .running ? "1" : "0")),
+            ("dir", .string(directory)),
+            (
+                "files",
+                .array([
+                    .object([
+                        ("index", .string("1")), ("path", .string(path)), ("length", .string(String(total))),
+                        ("completedLength", .string(String(done))), ("selected", .string("true")),
+                        ("uris", .array([.object([("uri", .string(snapshot.url)), ("status", .string("used"))])])),
+                    ])
+                ])
+            ),
+        ]
+        if case .failed(let failure) = snapshot.status {
+            members.append(("errorCode", .string(String(aria2ErrorCode(failure)))))
+            members.append(("errorMessage", .string(failure.message)))
+        }
+        guard let keys else { return .object(members) }
+        return .object(members.filter { keys.contains($0.0) })
+    }
+
+    /// aria2's exit-status code for a failure, where one fits (1: unknown).
+    static func aria2ErrorCode(_ failure: DownloadFailure) -> Int {
+        switch failure.code {
+        case .httpStatus: failure.httpStatus == 404 ? 3 : 22
+        case .retriesExhausted: 2
+        case .network: 19
+        case .checksumMismatch: 32
+        case .destinationExists: 13
+        case .io: 16
+        case .cancelled: 5
+        default: 1
+        }
+    }
+
+    /// Compares in time that depends on the lengths only, not on where the bytes first differ.
+    static func constantTimeEquals(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+        var difference = UInt8(a.count == b.count ? 0 : 1)
+        for index in 0..<max(a.count, b.count) {
+            difference |= (index < a.count ? a[index] : 0) ^ (index < b.count ? b[index] : 0)
+        }
+        return difference == 0
+    }
+}
