@@ -35,19 +35,20 @@ done
 scratch=Fuzz/.build
 build=$scratch/release
 bin=$scratch/bin
-swift build -c release --target Stitch --scratch-path "$scratch" \
+# StitchRPC builds Stitch too (the RPC layer's JSON reader is a target's subject).
+swift build -c release --target StitchRPC --scratch-path "$scratch" \
     -Xswiftc -sanitize=fuzzer,address -Xswiftc -enable-testing
 mkdir -p "$bin"
 # The C modules Stitch's interface mentions, and every object of the library (its C part included).
 includes=()
 for module in CCurl CCrypto CSQLite CStitchSystem; do includes+=(-I "Sources/$module"); done
 includes+=(-Xcc -fmodule-map-file="$build/CStitchCRC.build/module.modulemap" -Xcc -I -Xcc Sources/CStitchCRC/include)
-objects=("$build"/Stitch.build/*.o "$build"/CStitchCRC.build/*.o)
+objects=("$build"/Stitch.build/*.o "$build"/StitchRPC.build/*.o "$build"/CStitchCRC.build/*.o)
 pids=()
 for target in "${targets[@]}"; do
     # Relink only when the target, the shared helpers or the library changed.
     if [[ -x $bin/$target && $bin/$target -nt Fuzz/Targets/$target.swift && $bin/$target -nt Fuzz/Targets/Common.swift
-        && -z $(find "$build/Stitch.build" -name '*.o' -newer "$bin/$target" -print -quit) ]]; then
+        && -z $(find "$build/Stitch.build" "$build/StitchRPC.build" -name '*.o' -newer "$bin/$target" -print -quit) ]]; then
         continue
     fi
     swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name "Fuzz$target" \

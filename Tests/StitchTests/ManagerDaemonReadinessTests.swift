@@ -58,6 +58,30 @@ import Testing
         await reopened.close()
     }
 
+    /// A move renumbers only the waiting downloads, with the positions they had: one that is not waiting (a
+    /// cancelled one) keeps its position, no two downloads share one, and the order of everything is determined.
+    @Test func moveLeavesOthersInPlace() async throws {
+        let f = try ManagerFixture()
+        let manager = try f.open()
+        var paused = DownloadManager.AddOptions()
+        paused.paused = true
+        var ids: [DownloadID] = []
+        for name in ["a", "b", "r", "c"] {
+            paused.out = "\(name).bin"
+            ids.append(try await manager.add(f.server.url("/\(name).bin"), options: paused))
+        }
+        let (a, b, r, c) = (ids[0], ids[1], ids[2], ids[3])
+        try await manager.cancel(r)
+        let before = await manager.download(r)?.position
+        #expect(try await manager.move(a, to: .fromEnd(0)) == 2)
+        #expect(await manager.waitingQueue() == [b, c, a])
+        #expect(await manager.download(r)?.position == before, "not waiting: untouched")
+        let positions = await manager.downloads().map(\.position)
+        #expect(Set(positions).count == positions.count, "no two at one position: \(positions)")
+        #expect(await manager.downloads().map(\.id) == [b, c, r, a])
+        await manager.close()
+    }
+
     /// Only waiting downloads have a place in the waiting queue: a running one is refused by name.
     @Test func runningDownloadsHaveNoQueuePlace() async throws {
         let f = try ManagerFixture()
@@ -66,7 +90,15 @@ import Testing
         let hold = try await manager.add(f.server.url("/hold.bin"))
         let server = f.server
         try #require(await blocking { server.waitForStall() })
-        await #expect(throws: DownloadManagerError.self) { try await manager.move(hold, to: .fromStart(0)) }
+        do {
+            try await manager.move(hold, to: .fromStart(0))
+            Issue.record("a running download was moved")
+        } catch let error as DownloadManagerError {
+            guard case .invalidRequest = error.kind else {
+                Issue.record("\(error)")
+                return
+            }
+        }
         #expect(await manager.waitingQueue().isEmpty)
         server.releaseStalls()
         await manager.waitUntilIdle()
@@ -101,9 +133,22 @@ import Testing
         #expect(batch[2] == first)
         let moved = f.server.url("/moved.bin")
         try await manager.updateSource(first, url: moved)
-        #expect(try await manager.add(url, options: reuse) == first, "found by its former URL")
         #expect(try await manager.add(moved, options: reuse) == first)
-        #expect(await manager.downloads().count == 4)
+        // `second` still fetches `url` itself: it is the one that URL finds now; `first` only had it.
+        var secondPlace = reuse
+        secondPlace.paused = true
+        #expect(try await manager.add(url, options: secondPlace) == second, "the current URL before a former one")
+        try await manager.remove(second)
+        #expect(try await manager.add(url, options: reuse) == first, "then by a former URL")
+        // The folder however it is written.
+        var spelled = reuse
+        spelled.directory = f.downloads + "/./other/"
+        #expect(try await manager.add(url, options: spelled) == (try await manager.add(url, options: elsewhere)))
+        // A held download asked for with another checksum is refused, not returned unverified.
+        var checked = reuse
+        checked.checksum = try ExpectedChecksum(parsing: "sha-256=" + String(repeating: "ab", count: 32))
+        await #expect(throws: DownloadManagerError.self) { try await manager.add(url, options: checked) }
+        #expect(await manager.downloads().count == 3)
         await manager.close()
     }
 
@@ -120,10 +165,12 @@ import Testing
         let manager = try f.open { $0.maxConcurrentDownloads = 1 }
         let server = f.server
         let ids = try await manager.add(["a", "b", "c"].map { (f.server.url("/\($0).bin"), .init(out: "\($0).bin")) })
-        try #require(await blocking { server.waitForRequests(1) })
+        try #require(await blocking { server.waitForStall() })
         #expect(server.requests.count == 1)
         try await manager.setMaxConcurrentDownloads(3)
-        #expect(await blocking { server.waitForRequests(3, timeout: .seconds(30)) }, "raised: the others start")
+        // Every stall reached before any is released (a stall reached after the release would hold its request).
+        for _ in 0..<2 { #expect(await blocking { server.waitForStall(timeout: .seconds(30)) }, "raised: the others start") }
+        #expect(server.requests.count == 3)
         try await manager.setMaxConcurrentDownloads(1)
         #expect(await manager.configuration.maxConcurrentDownloads == 1)
         #expect(await manager.downloads().filter { $0.status == .running }.count == 3, "lowered: none is stopped")
@@ -175,6 +222,11 @@ import Testing
         limiter.isEnabled = true
         #expect(limiter.take(500, now: 0) != nil, "on again: still empty at the same instant")
         #expect(limiter.take(500, now: 0.25) == nil, "refilled at the new rate")
+        // Off for a long time, then on: at most a full bucket (the burst follows the new rate: 64 KiB).
+        limiter.isEnabled = false
+        limiter.isEnabled = true
+        #expect(limiter.take(Int(limiter.burst), now: 1000) == nil)
+        #expect(limiter.take(1, now: 1000) != nil, "more than a full bucket after the pause")
     }
 
     /// A limiter nested within another passes a chunk only when both have room; when the outer one has none, the
@@ -231,24 +283,33 @@ import Testing
         await reopened.close()
     }
 
-    /// A lower per-host cap applies to the next download's connections: one wanting four gets one.
+    /// A per-host cap lowered while a download runs: that download keeps its connection, and the next one on the
+    /// host, wanting four, gets no more than the cap leaves it (its first connection: one request).
     @Test func perHostCapLoweredWhileRunning() async throws {
         let f = try ManagerFixture()
         let file = ServedFile.random(size: 4 << 20, seed: 93, etag: "\"p\"")
         f.server.serve("/p.bin", file: file)
+        f.server.serve("/hold.bin", file: .random(size: 64 << 10, seed: 97), faults: .onRequest(0, .stallAfter(1000)))
         let manager = try f.open {
             $0.minimumSplitSize = 256 << 10
             $0.singleConnectionRate = nil
         }
-        try await manager.setMaxConnectionsPerHost(1)
-        #expect(await manager.configuration.maxConnectionsPerHost == 1)
+        let hold = try await manager.add(f.server.url("/hold.bin"), options: .init(out: "hold.bin"))
+        let server = f.server
+        try #require(await blocking { server.waitForStall() })
+        try await manager.setMaxConnectionsPerHost(2)
+        #expect(await manager.configuration.maxConnectionsPerHost == 2)
         var options = DownloadManager.AddOptions(out: "p.bin")
         options.connections = 4
         let id = try await manager.add(f.server.url("/p.bin"), options: options)
-        await manager.waitUntilIdle()
-        #expect(await manager.download(id)?.status == .completed)
+        await manager.onCompletion(id) { _ in }.value
+        #expect(await eventually { await manager.download(id)?.status == .completed })
         expectFile(f.path("p.bin"), file.data)
         #expect(f.server.requests(for: "/p.bin").count == 1, "one connection: \(f.server.requests.map(\.range))")
+        #expect(await manager.download(hold)?.status == .running, "the held download kept its connection")
+        server.releaseStalls()
+        await manager.waitUntilIdle()
+        #expect(await manager.download(hold)?.status == .completed)
         await manager.close()
     }
 

@@ -81,8 +81,9 @@ public final class RateLimiter: Sendable {
     /// The most the bucket holds.
     public var burst: Int64 { state.withLock { $0.burst } }
 
-    /// Whether the limit applies. Off, ``take(_:now:)`` lets every chunk through at once (one atomic load, no
-    /// lock), so a limiter shared by many downloads can be switched off and on while they run (a daemon's
+    /// Whether the limit applies. Off, ``take(_:now:)`` asks only the limiter this one is nested within (without
+    /// one, every chunk passes at once: one atomic load, no lock), so a limiter shared by many downloads can be
+    /// switched off and on while they run (a daemon's
     /// `max-overall-download-limit` set to 0 and back). Switched on again, the bucket starts from what it held,
     /// refilled for the time in between (at most a burst).
     public var isEnabled: Bool {

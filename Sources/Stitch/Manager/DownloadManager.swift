@@ -64,10 +64,12 @@ public actor DownloadManager {
         public var priority = 0
         /// Add without starting (status ``DownloadStatus/paused``).
         public var paused = false
-        /// When the manager already holds a download of this URL (current or former) going to the same place —
-        /// the same file for an `out`, else the same folder — return that one instead of adding another, so an
-        /// app or a client that adds its downloads again after a relaunch does not get `NAME.1.EXT`. Whatever
-        /// its status; a removed download is gone and does not count.
+        /// When the manager already holds a download of this URL going to the same place — the same file for an
+        /// `out`, else the same folder — return that one instead of adding another, so an app or a client that
+        /// adds its downloads again after a relaunch does not get `NAME.1.EXT`. One whose current URL it is comes
+        /// first, then one that had it before. Whatever its status; a removed download is gone and does not
+        /// count. The held download keeps its own options (the others given here are not applied), except that
+        /// a checksum other than its own is refused (`.invalidRequest`) rather than left unchecked.
         public var reuseExisting = false
 
         public init(out: String? = nil, directory: String? = nil) {
@@ -249,9 +251,16 @@ public actor DownloadManager {
         // Claims made for this batch are given back if any item (or the catalog) refuses it.
         func rollBack() { for (path, id) in claimed { claims.release(path, for: id) } }
         for (url, options) in items {
-            if options.reuseExisting, let existing = heldDownload(url, options, alsoAmong: entries) {
-                ids.append(existing)
-                continue
+            if options.reuseExisting {
+                let existing: DownloadID?
+                do { existing = try heldDownload(url, options, alsoAmong: entries) } catch {
+                    rollBack()
+                    throw error
+                }
+                if let existing {
+                    ids.append(existing)
+                    continue
+                }
             }
             do { _ = try validateURL(url) } catch {
                 rollBack()
@@ -313,17 +322,34 @@ public actor DownloadManager {
     }
 
     /// A download this manager holds (or this batch adds) for `url` going where `options` say, for
-    /// ``AddOptions/reuseExisting``.
-    private func heldDownload(_ url: String, _ options: AddOptions, alsoAmong batch: [CatalogEntry]) -> DownloadID? {
-        let folder = absolutePath(options.directory ?? configuration.downloadDirectory)
+    /// ``AddOptions/reuseExisting``: one whose current URL it is first, else one that had it before. Folders are
+    /// compared without `.` components and trailing slashes. A held download asked for with another checksum is
+    /// refused rather than returned unverified.
+    private func heldDownload(
+        _ url: String, _ options: AddOptions, alsoAmong batch: [CatalogEntry]
+    ) throws(DownloadManagerError) -> DownloadID? {
+        let folder = Self.comparable(absolutePath(options.directory ?? configuration.downloadDirectory))
         let kind: CatalogEntry.DestinationKind = options.out == nil ? .directory : .file
         let path = options.out.map { withoutDotComponents($0.hasPrefix("/") ? $0 : folder + "/" + $0) } ?? folder
-        func matches(_ entry: CatalogEntry) -> Bool {
-            (entry.url == url || entry.options.formerURLs.contains(url)) && entry.destinationKind == kind
-                && entry.destinationPath == path
+        let candidates = batch + order.compactMap { id in table[id].flatMap { $0.status == .removed ? nil : $0.entry } }
+        let here = candidates.filter {
+            $0.destinationKind == kind && Self.comparable($0.destinationPath) == Self.comparable(path)
         }
-        if let entry = batch.first(where: matches) { return entry.id }
-        return order.first { id in table[id].map { $0.status != .removed && matches($0.entry) } ?? false }
+        guard let entry = here.first(where: { $0.url == url }) ?? here.first(where: { $0.options.formerURLs.contains(url) })
+        else { return nil }
+        if let checksum = options.checksum, entry.checksum != checksum.description {
+            throw DownloadManagerError(
+                .invalidRequest(
+                    "download \(entry.id) of \(url) is already held with \(entry.checksum.map { "checksum \($0)" } ?? "no checksum")"))
+        }
+        return entry.id
+    }
+
+    /// A path as ``heldDownload`` compares it: without `.` components, repeated or trailing slashes.
+    private static func comparable(_ path: String) -> String {
+        var cleaned = withoutDotComponents(path)
+        while cleaned.count > 1 && cleaned.hasSuffix("/") { cleaned.removeLast() }
+        return cleaned
     }
 
     // MARK: Controlling
@@ -454,13 +480,17 @@ public actor DownloadManager {
         let neighbour = destination + 1 < waiting.count ? waiting[destination + 1] : waiting[destination - 1]
         var priorities = Dictionary(uniqueKeysWithValues: waiting.map { ($0, table[$0]!.entry.priority) })
         priorities[id] = table[neighbour]!.entry.priority
-        // Priorities never rise along the queue, so numbering the waiting downloads in their new order gives the
-        // order asked for; only those whose place changed are written.
-        let first = waiting.compactMap { table[$0]?.entry.position }.min() ?? 0
+        // The waiting downloads' own positions, sorted, handed out again in the new order: priorities never rise
+        // along the queue, so that is the order asked for, and no download that is not waiting changes its place
+        // among them (a paused or failed one resumed later goes back where it was). Only changes are written.
+        var positions = waiting.map { table[$0]!.entry.position }.sorted()
+        for index in positions.indices.dropFirst() where positions[index] <= positions[index - 1] {
+            positions[index] = positions[index - 1] + 1  // never two at one position
+        }
         var changes: [(id: DownloadID, priority: Int, position: Int64)] = []
         for (index, waitingID) in waiting.enumerated() {
             let entry = table[waitingID]!.entry
-            let position = first + Int64(index)
+            let position = positions[index]
             let priority = priorities[waitingID]!
             if entry.position != position || entry.priority != priority {
                 changes.append((waitingID, priority, position))

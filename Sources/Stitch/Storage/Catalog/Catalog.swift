@@ -205,12 +205,9 @@ final class Catalog {
         try expectOneChange(id)
     }
 
-    /// Moves a download in the queue, and sets its `updatedAt`.
-    ///
-    /// - Throws: `.notFound` if the catalog has no such download.
     /// Sets the priority and position of several downloads in one transaction: all or none.
     ///
-    /// - Throws: `.notFound` if the catalog has one of them not.
+    /// - Throws: `.notFound` if one of them is not in the catalog.
     func setPositions(_ changes: [(id: DownloadID, priority: Int, position: Int64)]) throws(CatalogError) {
         guard !changes.isEmpty else { return }
         let now = Date().timeIntervalSince1970
@@ -221,6 +218,9 @@ final class Catalog {
         }
     }
 
+    /// Moves a download in the queue, and sets its `updatedAt`.
+    ///
+    /// - Throws: `.notFound` if the catalog has no such download.
     func setPosition(
         _ id: DownloadID, priority: Int, position: Int64, updatedAt: Double = Date().timeIntervalSince1970
     ) throws(CatalogError) {
