@@ -458,7 +458,9 @@ import Testing
         #expect(ranged.count >= 4, "four segments, and on a slow machine steals of their ends")
         Self.expectNested(ranged.compactMap(AskedRange.init), total: 8 << 20)
         #expect(ranged.allSatisfy { $0.range != nil && $0.header("If-Range") == modified })
-        #expect(f.watch.notices.isEmpty)
+        // No fallback to one connection; a slow connection replaced on a loaded machine (seen under AddressSanitizer)
+        // is the engine at work, not a notice about the validator.
+        #expect(f.watch.notices.allSatisfy { $0 == "replacing a slow connection" }, "notices: \(f.watch.notices)")
         // The first response is aborted at its head; what the server had pushed into the socket by then is lost.
         #expect(await Self.settle(f.server))
         print("SegmentedTests: the aborted first response cost \(f.server.bodyBytesSent - file.data.count) bytes")
