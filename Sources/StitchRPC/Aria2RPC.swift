@@ -333,6 +333,8 @@ public final class Aria2RPC: Sendable {
         guard index < params.count, let text = params[index].string, !text.isEmpty, text.count <= 16,
             text.allSatisfy(\.isHexDigit)
         else { throw Failure.aria2("a GID is 1 to 16 hex digits") }
+        // A whole GID (what clients send nearly always) is one look-up; only a prefix needs the list.
+        if text.count == 16, let id = DownloadID(text), await manager.download(id) != nil { return id }
         let lowered = text.lowercased()
         let matches = await manager.downloads().map(\.id).filter { "\($0)".hasPrefix(lowered) }
         guard matches.count == 1 else {

@@ -338,8 +338,8 @@ struct DownloadStateMachine: Sendable {
     /// The lane is done with `slot`.
     mutating func released(_ slot: Int) {
         transfer?.scheduler.release(slot)
-        guard let transfer, !(transfer.lanes == 1 && !transfer.split) else { return }
-        self.transfer?.attempts[slot] = nil
+        // On one connection the sequence is the download's own (``first``), kept across segments.
+        if !alone { transfer?.attempts[slot] = nil }
     }
 
     /// The next request for segment `slot` of `bounds` (where it is written to and where it ends; nil: unknown),
