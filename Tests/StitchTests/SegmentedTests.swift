@@ -628,7 +628,17 @@ import Testing
         #expect(f.watch.restarts.isEmpty, "\(f.watch.restarts)")
         let resumed = f.server.requests[requestsBefore...]
         #expect(resumed.allSatisfy { $0.range != nil && $0.header("If-Range") == Self.etag })
-        #expect(Set(resumed.compactMap(AskedRange.init)) == Set(segments))
+        // Each empty segment is asked for exactly once; on a loaded machine the end game may also steal the tail of
+        // a slow lane's segment, which is a range inside one segment (seen in CI), never a whole-file request.
+        let asked = resumed.compactMap(AskedRange.init)
+        #expect(asked.count == resumed.count, "\(resumed.map(\.range))")
+        #expect(asked.filter(segments.contains).count == segments.count, "\(asked)")
+        #expect(Set(asked.filter(segments.contains)) == Set(segments), "\(asked)")
+        for steal in asked where !segments.contains(steal) {
+            #expect(
+                segments.contains { $0.start < steal.start && steal.last == $0.last },
+                "\(steal) is not the tail of one segment: \(asked)")
+        }
     }
 
     /// A crash (not a cancel) before any timed checkpoint after the split: the split itself was made durable before
