@@ -30,6 +30,16 @@ let package = Package(
             pkgConfig: "sqlite3",
             providers: [.apt(["libsqlite3-dev"])]
         ),
+        .systemLibrary(
+            name: "CMicroHTTPD",
+            pkgConfig: "libmicrohttpd",
+            providers: [.apt(["libmicrohttpd-dev"])]
+        ),
+        // libwslay ships no pkg-config file in Debian; the module map links it by name.
+        .systemLibrary(
+            name: "CWslay",
+            providers: [.apt(["libwslay-dev"])]
+        ),
         .systemLibrary(name: "CStitchSystem"),
         .target(name: "CStitchCRC"),
         .target(
@@ -43,9 +53,15 @@ let package = Package(
             dependencies: ["Stitch"],
             swiftSettings: swiftSettings
         ),
+        // `stitch serve`: the RPC over HTTP and WebSocket (libmicrohttpd + libwslay), the daemon's life.
+        .target(
+            name: "StitchServer",
+            dependencies: ["Stitch", "StitchRPC", "CMicroHTTPD", "CWslay"],
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "StitchCLI",
-            dependencies: ["Stitch"],
+            dependencies: ["Stitch", "StitchServer"],
             swiftSettings: swiftSettings
         ),
         .executableTarget(
@@ -75,12 +91,12 @@ let package = Package(
         ),
         .testTarget(
             name: "StitchTests",
-            dependencies: ["Stitch", "StitchTestSupport", "StitchRPC"],
+            dependencies: ["Stitch", "StitchTestSupport", "StitchRPC", "StitchServer"],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "StitchCLITests",
-            dependencies: ["Stitch", "StitchTestSupport", "StitchCLI"],
+            dependencies: ["Stitch", "StitchTestSupport", "StitchCLI", "StitchRPC"],
             swiftSettings: swiftSettings
         ),
     ],

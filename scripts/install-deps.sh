@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Stitch builds and tests with (run as root). Safe to rerun.
 #   build:  libcurl4-openssl-dev (HTTP transport), libssl-dev (libcrypto: checksums), libsqlite3-dev (catalog),
-#           pkg-config
+#           libmicrohttpd-dev + libwslay-dev (stitch serve: HTTP and WebSocket), pkg-config
 #   tests:  nginx-light + openssl (loopback integration server, self-signed certificate), curl, time,
 #           gcc + libc6-dev (build Tests/Shims/eintr_shim.c, the LD_PRELOAD shim of InterruptedWriteTests)
 set -euo pipefail
-packages=(libcurl4-openssl-dev libssl-dev libsqlite3-dev pkg-config ca-certificates nginx-light openssl curl time gcc
+packages=(libcurl4-openssl-dev libssl-dev libsqlite3-dev libmicrohttpd-dev libwslay-dev pkg-config ca-certificates nginx-light openssl curl time gcc
     libc6-dev)
 missing=()
 for p in "${packages[@]}"; do

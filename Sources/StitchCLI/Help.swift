@@ -9,10 +9,11 @@ enum Help {
           stitch get --resume DEST       continue the partial download saved at DEST
           stitch get URL URL… | -i FILE  several downloads at once (-j N), resumable the same way
           stitch verify DEST             check a partial download's pieces; damaged ones are fetched again
+          stitch serve --dir DIR         a download daemon that aria2 clients drive (JSON-RPC, WebSocket)
           stitch --version
-          stitch help [get]
+          stitch help [get | serve]
 
-        Run 'stitch get --help' for the options.
+        Run 'stitch get --help' or 'stitch serve --help' for the options.
         """
 
     static let get = """
@@ -64,5 +65,36 @@ enum Help {
         only those pieces again. Finds torn or rotted writes after a crash without asking the server.
 
         EXIT STATUS: 0 no damage   1 damaged pieces found (and marked)   64 no partial download at DEST
+        """
+
+    static let serve = """
+        USAGE: stitch serve --dir DIR [options]
+
+        Runs a download daemon on DIR until SIGTERM, SIGINT or an RPC shutdown (everything is saved; exit 0).
+        Clients speak aria2's JSON-RPC at /jsonrpc (POST, GET, WebSocket): aria2p, AriaNg, webui-aria2.
+        After a kill -9 or a reboot, the next start on DIR has every download back in its state and order.
+        The catalog lives in DIR/.stitch; nothing is written outside DIR.
+
+        OPTIONS:
+          -d, --dir DIR                  the folder to download into (required)
+              --rpc-listen ADDR          listen on HOST:PORT, [V6]:PORT or a bare PORT (repeatable; default
+                                         127.0.0.1:6800 and [::1]:6800); beyond loopback a secret is required
+              --rpc-listen-port PORT     aria2's spelling: both loopback addresses on PORT
+              --rpc-secret-file FILE     the token clients send as "token:SECRET" (or set STITCH_RPC_SECRET;
+                                         never on the command line)
+              --rpc-allow-origin-all     let web pages of any origin call (needs a secret)
+              --rpc-allow-host NAME      accept Host: NAME (a LAN name); IP addresses and localhost always are
+              --rpc-certificate FILE     serve HTTPS and WSS with this PEM certificate …
+              --rpc-private-key FILE     … and this PEM key
+              --rpc-max-request-size N   the largest request body or WebSocket message (default 16M)
+          -j, --max-concurrent-downloads N   downloads at once (default 5)
+              --max-overall-download-limit RATE   all downloads together at most RATE (500K, 2M; 0: none)
+              --max-connection-per-server N       connections to one host over all downloads (default 16)
+          -c, --split N                  connections per download, 1-16 (default: chosen per file)
+              --log FILE                 also append the log to FILE
+          -v, --verbose                  log debug lines too
+
+        EXIT STATUS: 0 stopped cleanly   1 could not start (address in use, DIR served already)
+          64 usage error (or listening beyond loopback without a secret)   74 cannot create DIR
         """
 }

@@ -48,6 +48,8 @@ struct StitchCommand {
         case "-h", "--help", "help":
             if arguments.dropFirst().first == "get" {
                 Output.stdout(Help.get + "\n")
+            } else if arguments.dropFirst().first == "serve" {
+                Output.stdout(Help.serve + "\n")
             } else {
                 Output.stdout(Help.main + "\n")
             }
@@ -62,6 +64,13 @@ struct StitchCommand {
                 return .success
             }
             return await get(rest)
+        case "serve":
+            let rest = Array(arguments.dropFirst())
+            if rest.contains("-h") || rest.contains("--help") {
+                Output.stdout(Help.serve + "\n")
+                return .success
+            }
+            return await Serve.run(rest)
         case "verify":
             let rest = Array(arguments.dropFirst())
             if rest.contains("-h") || rest.contains("--help") {

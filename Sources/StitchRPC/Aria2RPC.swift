@@ -28,18 +28,40 @@ public final class Aria2RPC: Sendable {
 
     /// `secret`: the token every call must carry as its first parameter (`token:SECRET`), as aria2's
     /// `--rpc-secret`; nil for none.
-    public init(manager: DownloadManager, secret: String?, limits: Limits = Limits()) {
+    /// - Parameters:
+    ///   - reservedFolder: a name in the download folder that `dir` and `out` may not use (the daemon's own
+    ///     state).
+    ///   - onShutdown: what `aria2.shutdown` and `aria2.forceShutdown` do (called after the reply is made); nil
+    ///     refuses them.
+    public init(
+        manager: DownloadManager, secret: String?, limits: Limits = Limits(), reservedFolder: String? = nil,
+        onShutdown: (@Sendable () -> Void)? = nil
+    ) {
         self.manager = manager
+        self.reservedFolder = reservedFolder
         self.secret = secret.map { Array($0.utf8) }
         self.limits = limits
+        self.onShutdown = onShutdown
+        var generator = SystemRandomNumberGenerator()
+        self.sessionID = (0..<20).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }
+            .joined()
     }
+
+    private let onShutdown: (@Sendable () -> Void)?
+    private let reservedFolder: String?
+    /// `aria2.getSessionInfo`'s id: new for each server that runs.
+    private let sessionID: String
 
     /// The methods this interface answers, as `system.listMethods` lists them.
     public static let methods: [String] = [
-        "aria2.addUri", "aria2.remove", "aria2.forceRemove", "aria2.pause", "aria2.forcePause", "aria2.unpause",
-        "aria2.tellStatus", "aria2.tellActive", "aria2.tellWaiting", "aria2.tellStopped", "aria2.changePosition",
-        "aria2.getGlobalStat", "aria2.getVersion", "system.multicall", "system.listMethods",
-        "system.listNotifications",
+        "aria2.addUri", "aria2.addTorrent", "aria2.addMetalink", "aria2.remove", "aria2.forceRemove", "aria2.pause",
+        "aria2.pauseAll", "aria2.forcePause", "aria2.forcePauseAll", "aria2.unpause", "aria2.unpauseAll",
+        "aria2.tellStatus", "aria2.getUris", "aria2.getFiles", "aria2.getPeers", "aria2.getServers",
+        "aria2.tellActive", "aria2.tellWaiting", "aria2.tellStopped", "aria2.changePosition",
+        "aria2.getOption", "aria2.changeOption", "aria2.getGlobalOption", "aria2.changeGlobalOption",
+        "aria2.getGlobalStat", "aria2.purgeDownloadResult", "aria2.removeDownloadResult", "aria2.getVersion",
+        "aria2.getSessionInfo", "aria2.shutdown", "aria2.forceShutdown", "aria2.saveSession", "system.multicall",
+        "system.listMethods", "system.listNotifications", "stitch.tellAll", "stitch.retry", "stitch.updateSource",
     ]
 
     /// The notifications a WebSocket client may receive.
@@ -50,15 +72,54 @@ public final class Aria2RPC: Sendable {
 
     // MARK: The envelope
 
+    /// What one request body came to.
+    public struct Reply: Sendable {
+        /// The response body; nil when nothing is to be sent (only notifications, calls without an `id`).
+        public var body: [UInt8]?
+        /// Some call in it carried a wrong or missing secret (the server slows such clients down).
+        public var unauthorized: Bool
+    }
+
+    /// How a request arrived, which limits what it may do.
+    public enum Channel: Sendable {
+        /// A POST body or a WebSocket message: any method.
+        case full
+        /// An HTTP GET (`?method=…&params=<base64>`), which a web page of any site can make a browser send
+        /// (`<script>`, `<img>`) without the `Origin` header: only methods that change nothing.
+        case readOnly
+    }
+
     /// Handles one request body (a call or a batch) and returns the response body; nil when nothing is to be
     /// sent (only notifications, calls without an `id`).
-    public func handle(_ body: [UInt8]) async -> [UInt8]? {
+    public func handle(_ body: [UInt8]) async -> [UInt8]? { await handle(body, channel: .full).body }
+
+    /// Handles one request body that arrived over `channel`.
+    public func handle(_ body: [UInt8], channel: Channel) async -> Reply {
         let request: JSON
         do {
             request = try JSON.parse(body, maxDepth: limits.maxDepth)
         } catch {
-            return Self.errorResponse(id: .null, code: -32700, message: "Parse error: \(error)").serialized
+            let response = Self.errorResponse(id: .null, code: -32700, message: "Parse error: \(error)")
+            return Reply(body: response.serialized, unauthorized: false)
         }
+        return await handle(request, channel: channel)
+    }
+
+    /// Handles one parsed request (a call or a batch).
+    public func handle(_ request: JSON, channel: Channel) async -> Reply {
+        let record = CallRecord(channel: channel)
+        let body = await handle(request, record)
+        return Reply(body: body, unauthorized: record.unauthorized)
+    }
+
+    /// What the calls of one request share: how it came, and whether one of them failed the secret.
+    final class CallRecord: @unchecked Sendable {  // used by one task at a time, in turn
+        let channel: Channel
+        var unauthorized = false
+        init(channel: Channel) { self.channel = channel }
+    }
+
+    private func handle(_ request: JSON, _ record: CallRecord) async -> [UInt8]? {
         if case .array(let calls) = request {
             guard !calls.isEmpty else {
                 return Self.errorResponse(id: .null, code: -32600, message: "Invalid Request: empty batch").serialized
@@ -70,15 +131,15 @@ public final class Aria2RPC: Sendable {
             }
             var responses: [JSON] = []
             for call in calls {
-                if let response = await handleCall(call) { responses.append(response) }
+                if let response = await handleCall(call, record) { responses.append(response) }
             }
             return responses.isEmpty ? nil : JSON.array(responses).serialized
         }
-        return await handleCall(request)?.serialized
+        return await handleCall(request, record)?.serialized
     }
 
     /// One call: its response, or nil for a notification (no `id`).
-    private func handleCall(_ call: JSON) async -> JSON? {
+    private func handleCall(_ call: JSON, _ record: CallRecord) async -> JSON? {
         guard case .object = call, let method = call["method"]?.string else {
             return Self.errorResponse(id: call["id"] ?? .null, code: -32600, message: "Invalid Request")
         }
@@ -90,7 +151,7 @@ public final class Aria2RPC: Sendable {
         default:
             return id.map { Self.errorResponse(id: $0, code: -32602, message: "Invalid params: not an array") }
         }
-        let result = await invoke(method, params)
+        let result = await invoke(method, params, record)
         guard let id else { return nil }
         switch result {
         case .success(let value):
@@ -117,23 +178,44 @@ public final class Aria2RPC: Sendable {
 
     // MARK: Methods
 
-    func invoke(_ method: String, _ params: [JSON]) async -> Result<JSON, Failure> {
+    /// Methods that change nothing: the only ones an HTTP GET may call (see ``Channel/readOnly``).
+    public static let readOnlyMethods: Set<String> = [
+        "aria2.tellStatus", "aria2.getUris", "aria2.getFiles", "aria2.getPeers", "aria2.getServers",
+        "aria2.tellActive", "aria2.tellWaiting", "aria2.tellStopped", "aria2.getOption", "aria2.getGlobalOption",
+        "aria2.getGlobalStat", "aria2.getVersion", "aria2.getSessionInfo", "system.listMethods",
+        "system.listNotifications", "system.multicall", "stitch.tellAll",
+    ]
+
+    /// aria2's methods for BitTorrent and Metalink, which Stitch answers with "not supported".
+    static let unsupportedMethods: Set<String> = ["aria2.addTorrent", "aria2.addMetalink"]
+
+    func invoke(_ method: String, _ params: [JSON], _ record: CallRecord) async -> Result<JSON, Failure> {
+        if case .readOnly = record.channel, !Self.readOnlyMethods.contains(method) {
+            return .failure(
+                Failure(code: 1, message: "\(method) changes downloads and is refused over GET; send it in a POST"))
+        }
         switch method {
         case "system.listMethods":
             return .success(.array(Self.methods.map(JSON.string)))
         case "system.listNotifications":
             return .success(.array(Self.notifications.map(JSON.string)))
         case "system.multicall":
-            return await multicall(params)
+            return await multicall(params, record)
         default:
             break
+        }
+        if Self.unsupportedMethods.contains(method) {
+            return .failure(.aria2("\(method) is not supported: Stitch downloads over HTTP and HTTPS only"))
         }
         guard Self.methods.contains(method) else { return .failure(Failure(code: -32601, message: "Method not found")) }
         var params = params
         if let secret {
             guard let first = params.first?.string, first.hasPrefix("token:"),
                 Self.constantTimeEquals(Array(first.utf8.dropFirst(6)), secret)
-            else { return .failure(.aria2("Unauthorized")) }
+            else {
+                record.unauthorized = true
+                return .failure(.aria2("Unauthorized"))
+            }
             params.removeFirst()
         } else if let first = params.first?.string, first.hasPrefix("token:") {
             params.removeFirst()  // a client that always sends one
@@ -156,24 +238,74 @@ public final class Aria2RPC: Sendable {
                 ("version", .string(StitchVersion.string)),
                 ("enabledFeatures", .array(["HTTPS", "Async DNS"].map(JSON.string))),
             ])
+        case "aria2.getSessionInfo":
+            return .object([("sessionId", .string(sessionID))])
         case "aria2.addUri":
             return try await addUri(params)
         case "aria2.remove", "aria2.forceRemove":
+            // aria2's "removed": stopped for good, listed by tellStopped until its result is removed; the partial
+            // data stays.
             let id = try await gid(params, 0)
-            try await manager.remove(id)
+            try await manager.cancel(id)
             return .string("\(id)")
         case "aria2.pause", "aria2.forcePause":
             let id = try await gid(params, 0)
             try await manager.pause(id)
             return .string("\(id)")
+        case "aria2.pauseAll", "aria2.forcePauseAll":
+            await manager.pauseAll()
+            return .string("OK")
         case "aria2.unpause":
             let id = try await gid(params, 0)
+            guard await manager.download(id)?.status == .paused else {
+                throw Failure.aria2("GID \(id) cannot be unpaused now: it is not paused")
+            }
             try await manager.resume(id)
             return .string("\(id)")
-        case "aria2.tellStatus":
+        case "aria2.unpauseAll":
+            await manager.resumeAll()
+            return .string("OK")
+        case "stitch.retry":
             let id = try await gid(params, 0)
-            guard let snapshot = await manager.download(id) else { throw Failure.aria2("GID \(id) is not found") }
+            guard case .failed(let failure)? = await manager.download(id)?.status, failure.code != .cancelled else {
+                throw Failure.aria2("GID \(id) has not failed; only a failed download is retried")
+            }
+            try await manager.resume(id)
+            return .string("\(id)")
+        case "stitch.updateSource":
+            let id = try await gid(params, 0)
+            guard params.count > 1, let url = params[1].string else {
+                throw Failure(code: -32602, message: "Invalid params: stitch.updateSource takes a GID and a URL")
+            }
+            try Self.checkScheme(url)
+            var headers: HTTPHeaders?
+            if params.count > 2 {
+                var options = DownloadManager.AddOptions()
+                try Self.apply("header", params[2], to: &options)
+                headers = options.headers
+            }
+            try await manager.updateSource(id, url: url, headers: headers)
+            return .string("\(id)")
+        case "aria2.tellStatus":
+            let snapshot = try await snapshot(params, 0)
             return Self.status(snapshot, keys: try Self.keys(params, 1))
+        case "aria2.getUris":
+            let snapshot = try await snapshot(params, 0)
+            return Self.uris(snapshot)
+        case "aria2.getFiles":
+            let snapshot = try await snapshot(params, 0)
+            return Self.files(snapshot)
+        case "aria2.getPeers":
+            _ = try await snapshot(params, 0)
+            return .array([])
+        case "aria2.getServers":
+            let snapshot = try await snapshot(params, 0)
+            guard snapshot.status == .running else { throw Failure.aria2("No active download for GID \(snapshot.id)") }
+            let server: JSON = .object([
+                ("uri", .string(snapshot.url)), ("currentUri", .string(snapshot.url)),
+                ("downloadSpeed", .string(String(Int64(snapshot.progress.bytesPerSecond)))),
+            ])
+            return .array([.object([("index", .string("1")), ("servers", .array([server]))])])
         case "aria2.tellActive":
             let keys = try Self.keys(params, 0)
             return .array(await manager.downloads().filter { $0.status == .running }.map { Self.status($0, keys: keys) })
@@ -185,8 +317,11 @@ public final class Aria2RPC: Sendable {
             let list =
                 method == "aria2.tellWaiting"
                 ? all.filter { $0.status == .queued || $0.status == .paused }
-                : all.filter { if case .failed = $0.status { true } else { $0.status == .completed } }
+                : all.filter { Self.isStopped($0.status) }
             return .array(Self.window(list, offset: offset, count: count).map { Self.status($0, keys: keys) })
+        case "stitch.tellAll":
+            let keys = try Self.keys(params, 0)
+            return .array(await manager.downloads().map { Self.status($0, keys: keys) })
         case "aria2.changePosition":
             let id = try await gid(params, 0)
             let position = try Self.int(params, 1, "pos")
@@ -201,6 +336,24 @@ public final class Aria2RPC: Sendable {
             default: throw Failure(code: -32602, message: "Invalid params: how must be POS_SET, POS_CUR or POS_END")
             }
             return .integer(Int64(try await manager.move(id, to: place)))
+        case "aria2.getOption":
+            let snapshot = try await snapshot(params, 0)
+            return Self.options(of: snapshot)
+        case "aria2.changeOption":
+            let id = try await gid(params, 0)
+            guard params.count > 1, let members = params[1].members else {
+                throw Failure(code: -32602, message: "Invalid params: changeOption takes a GID and an object")
+            }
+            try await changeOption(id, members)
+            return .string("OK")
+        case "aria2.getGlobalOption":
+            return await globalOptions()
+        case "aria2.changeGlobalOption":
+            guard let members = params.first?.members else {
+                throw Failure(code: -32602, message: "Invalid params: changeGlobalOption takes an object")
+            }
+            try await changeGlobalOption(members)
+            return .string("OK")
         case "aria2.getGlobalStat":
             let all = await manager.downloads()
             let speed = all.filter { $0.status == .running }.reduce(0.0) { $0 + $1.progress.bytesPerSecond }
@@ -211,12 +364,36 @@ public final class Aria2RPC: Sendable {
                 ("numStopped", .string(String(all.count { Self.isStopped($0.status) }))),
                 ("numStoppedTotal", .string(String(all.count { Self.isStopped($0.status) }))),
             ])
+        case "aria2.purgeDownloadResult":
+            for snapshot in await manager.downloads() where Self.isStopped(snapshot.status) {
+                try? await manager.remove(snapshot.id)
+            }
+            return .string("OK")
+        case "aria2.removeDownloadResult":
+            let snapshot = try await snapshot(params, 0)
+            guard Self.isStopped(snapshot.status) else {
+                throw Failure.aria2("Could not remove download result of GID \(snapshot.id): it has not stopped")
+            }
+            try await manager.remove(snapshot.id)
+            return .string("OK")
+        case "aria2.saveSession":
+            return .string("OK")  // the catalog is written at every change
+        case "aria2.shutdown", "aria2.forceShutdown":
+            guard let onShutdown else { throw Failure.aria2("this server cannot be shut down over RPC") }
+            onShutdown()
+            return .string("OK")
         default:
             throw Failure(code: -32601, message: "Method not found")
         }
     }
 
-    private func multicall(_ params: [JSON]) async -> Result<JSON, Failure> {
+    private func snapshot(_ params: [JSON], _ index: Int) async throws -> DownloadSnapshot {
+        let id = try await gid(params, index)
+        guard let snapshot = await manager.download(id) else { throw Failure.aria2("GID \(id) is not found") }
+        return snapshot
+    }
+
+    private func multicall(_ params: [JSON], _ record: CallRecord) async -> Result<JSON, Failure> {
         guard let calls = params.first?.array else {
             return .failure(Failure(code: -32602, message: "Invalid params: system.multicall takes an array of calls"))
         }
@@ -230,7 +407,7 @@ public final class Aria2RPC: Sendable {
                 continue
             }
             let inner = call["params"]?.array ?? []
-            switch await invoke(method, inner) {
+            switch await invoke(method, inner, record) {
             case .success(let value): results.append(.array([value]))
             case .failure(let failure):
                 results.append(.object([("code", .integer(Int64(failure.code))), ("message", .string(failure.message))]))
@@ -249,12 +426,33 @@ public final class Aria2RPC: Sendable {
             guard let text = uri.string else { throw Failure(code: -32602, message: "Invalid params: a URI is not a string") }
             return text
         }
+        for url in urls { try Self.checkScheme(url) }
         var options = DownloadManager.AddOptions()
         if params.count > 1 {
             guard let members = params[1].members else {
                 throw Failure(code: -32602, message: "Invalid params: options must be an object")
             }
-            for (name, value) in members { try Self.apply(name, value, to: &options) }
+            let base = await manager.configuration.downloadDirectory
+            for (name, value) in members { try Self.apply(name, value, to: &options, base: base) }
+            if let reservedFolder {
+                let inBase = options.directory.map { Confinement.normalized($0) } ?? Confinement.normalized(base)
+                let normalBase = Confinement.normalized(base)
+                if inBase == normalBase + "/" + reservedFolder || inBase.hasPrefix(normalBase + "/" + reservedFolder + "/")
+                    || (inBase == normalBase && options.out == reservedFolder)
+                {
+                    throw Failure.aria2("\(reservedFolder) in the download folder is the daemon's own; choose another name")
+                }
+            }
+        }
+        if let folder = options.directory {
+            // Made here, inside the served folder (checked by `apply`), as aria2 makes its `dir`.
+            try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        }
+        if let out = options.out {
+            let base = await manager.configuration.downloadDirectory
+            for path in [(options.directory ?? base) + "/" + out, (options.directory ?? base) + "/" + out + ".part"] {
+                try Self.checkNotALink(path)
+            }
         }
         // Several URIs are mirrors of one file in aria2; this version uses the first.
         let id = try await manager.add(urls[0], options: options)
@@ -266,7 +464,10 @@ public final class Aria2RPC: Sendable {
     }
 
     /// aria2's option `name` (values are strings in aria2; numbers and booleans are taken too).
-    static func apply(_ name: String, _ value: JSON, to options: inout DownloadManager.AddOptions) throws {
+    /// - Parameter base: the served folder that `dir` must stay inside; nil refuses `dir`.
+    static func apply(
+        _ name: String, _ value: JSON, to options: inout DownloadManager.AddOptions, base: String? = nil
+    ) throws {
         let text: String
         switch value {
         case .string(let string): text = string
@@ -320,9 +521,127 @@ public final class Aria2RPC: Sendable {
         case "continue":
             _ = try flag()  // always: a partial with proof is resumed
         case "dir":
-            throw Failure.aria2("option dir is not supported yet: downloads go to the daemon's folder")
+            guard let base else { throw Failure.aria2("option dir is not accepted here") }
+            options.directory = try Confinement.folder(text, within: base)
         default:
             throw Failure.aria2("option \(name) is not supported")
+        }
+    }
+
+    // MARK: Options and shapes
+
+    static func checkScheme(_ url: String) throws {
+        let scheme = url.prefix { $0 != ":" }.lowercased()
+        guard scheme == "http" || scheme == "https", url.contains("://") else {
+            throw Failure.aria2("\(url.debugDescription) is refused: only http and https URLs are downloaded")
+        }
+    }
+
+    /// Refuses a destination that is a symbolic link (it could lead outside the served folder).
+    static func checkNotALink(_ path: String) throws {
+        var info = stat()
+        if lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFLNK {
+            throw Failure.aria2("\(path) is a symbolic link; refusing to write through it")
+        }
+    }
+
+    static func uris(_ snapshot: DownloadSnapshot) -> JSON {
+        .array([.object([("uri", .string(snapshot.url)), ("status", .string("used"))])])
+    }
+
+    static func files(_ snapshot: DownloadSnapshot) -> JSON {
+        let total = snapshot.progress.total ?? 0
+        return .array([
+            .object([
+                ("index", .string("1")), ("path", .string(snapshot.path ?? "")), ("length", .string(String(total))),
+                ("completedLength", .string(String(snapshot.progress.bytes))), ("selected", .string("true")),
+                ("uris", uris(snapshot)),
+            ])
+        ])
+    }
+
+    /// A download's options as aria2's `getOption` shows them (values are strings).
+    static func options(of snapshot: DownloadSnapshot) -> JSON {
+        var members: [(String, JSON)] = [("dir", .string(directory(of: snapshot)))]
+        if case .file(let file) = snapshot.destination {
+            members.append(("out", .string((file as NSString).lastPathComponent)))
+        }
+        members.append(("max-download-limit", .string(String(snapshot.rateLimit ?? 0))))
+        if let checksum = snapshot.checksum { members.append(("checksum", .string("\(checksum)"))) }
+        let headers = snapshot.headers.map { JSON.string("\($0.name): \($0.value)") }
+        if !headers.isEmpty { members.append(("header", .array(headers))) }
+        members.append(("pause", .string(snapshot.status == .paused ? "true" : "false")))
+        return .object(members)
+    }
+
+    /// `changeOption`: what can change on a download that exists.
+    private func changeOption(_ id: DownloadID, _ members: [(String, JSON)]) async throws {
+        // Checked first, changed after: a refused option changes nothing.
+        var rate: Int64?? = nil
+        for (name, value) in members {
+            switch name {
+            case "max-download-limit":
+                var options = DownloadManager.AddOptions()
+                try Self.apply(name, value, to: &options)
+                rate = .some(options.rateLimit)
+            default:
+                throw Failure.aria2("option \(name) cannot be changed on a download that was added")
+            }
+        }
+        if let rate { try await manager.setRateLimit(id, rate) }
+    }
+
+    private func globalOptions() async -> JSON {
+        let configuration = await manager.configuration
+        return .object([
+            ("dir", .string(configuration.downloadDirectory)),
+            ("max-concurrent-downloads", .string(String(configuration.maxConcurrentDownloads))),
+            ("max-overall-download-limit", .string(String(configuration.rateLimit ?? 0))),
+            ("max-connection-per-server", .string(String(configuration.maxConnectionsPerHost))),
+            ("split", .string(configuration.connections.map(String.init) ?? "auto")),
+            ("max-tries", .string(String(configuration.retry.maxRetries + 1))),
+            ("continue", .string("true")),
+        ])
+    }
+
+    /// `changeGlobalOption`: every option is checked before any is changed.
+    private func changeGlobalOption(_ members: [(String, JSON)]) async throws {
+        var changes: [@Sendable (DownloadManager) async throws -> Void] = []
+        for (name, value) in members {
+            let text = value.string ?? value.integer.map(String.init) ?? ""
+            switch name {
+            case "max-concurrent-downloads":
+                guard let count = Int(text), (1...1_000).contains(count) else {
+                    throw Failure.aria2("option \(name): \(text) is not 1…1000")
+                }
+                changes.append { try await $0.setMaxConcurrentDownloads(count) }
+            case "max-overall-download-limit":
+                let rate: Int64?
+                if text == "0" {
+                    rate = nil
+                } else {
+                    guard let parsed = RateLimiter.parse(text) else {
+                        throw Failure.aria2("option \(name): \(text) is not a rate")
+                    }
+                    rate = parsed
+                }
+                changes.append { try await $0.setRateLimit(rate) }
+            case "max-connection-per-server":
+                guard let count = Int(text), (1...16).contains(count) else {
+                    throw Failure.aria2("option \(name): \(text) is not 1…16")
+                }
+                changes.append { try await $0.setMaxConnectionsPerHost(count) }
+            default:
+                throw Failure.aria2("option \(name) cannot be changed while the server runs")
+            }
+        }
+        for change in changes { try await change(manager) }
+    }
+
+    static func directory(of snapshot: DownloadSnapshot) -> String {
+        switch snapshot.destination {
+        case .directory(let folder): folder
+        case .file(let file): (file as NSString).deletingLastPathComponent
         }
     }
 

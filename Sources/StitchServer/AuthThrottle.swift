@@ -1,0 +1,68 @@
+import Foundation
+import Synchronization
+
+/// Slows down a client that sends wrong secrets, without spending the server's CPU on it: each wrong token from an
+/// address pushes that address's next answer further into the future (doubling, from 0.1 s up to `maxDelay`), and
+/// every request from the address waits for its turn with its connection suspended (a timer, not a thread).
+/// So guesses from one address are answered one per delay however many connections it opens. A right token
+/// clears it.
+final class AuthThrottle: Sendable {
+    struct Entry {
+        var failures: Int
+        var until: ContinuousClock.Instant
+    }
+
+    private let table = Mutex<[String: Entry]>([:])
+    let firstDelay: Duration
+    let maxDelay: Duration
+    /// Addresses remembered at most; the oldest deadline is forgotten first.
+    let capacity: Int
+
+    init(firstDelay: Duration = .milliseconds(100), maxDelay: Duration = .seconds(5), capacity: Int = 4_096) {
+        self.firstDelay = firstDelay
+        self.maxDelay = maxDelay
+        self.capacity = capacity
+    }
+
+    /// How long a request from `address` must wait before it is handled (zero for most). While an address is
+    /// slowed, each of its requests takes the next free moment, one delay after the previous one's, so parallel
+    /// connections do not multiply its guesses.
+    func admit(_ address: String) -> Duration {
+        let now = ContinuousClock.now
+        return table.withLock { table in
+            guard var entry = table[address], entry.until > now else { return .zero }
+            let slot = entry.until
+            entry.until = slot + delay(after: entry.failures)
+            table[address] = entry
+            return slot - now
+        }
+    }
+
+    private func delay(after failures: Int) -> Duration {
+        var delay = firstDelay
+        for _ in 1..<max(1, min(failures, 32)) where delay < maxDelay { delay *= 2 }
+        return min(delay, maxDelay)
+    }
+
+    /// Records the outcome of a request from `address` that carried a token.
+    func record(_ address: String, unauthorized: Bool) {
+        let now = ContinuousClock.now
+        table.withLock { table in
+            guard unauthorized else {
+                table[address] = nil
+                return
+            }
+            var entry = table[address] ?? Entry(failures: 0, until: now)
+            entry.failures += 1
+            entry.until = max(entry.until, now + delay(after: entry.failures))
+            table[address] = entry
+            if table.count > capacity {
+                let expired = table.filter { $0.value.until <= now }.map(\.key)
+                for key in expired { table[key] = nil }
+                if table.count > capacity, let oldest = table.min(by: { $0.value.until < $1.value.until }) {
+                    table[oldest.key] = nil
+                }
+            }
+        }
+    }
+}

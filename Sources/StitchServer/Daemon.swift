@@ -1,0 +1,206 @@
+import Foundation
+import Stitch
+import StitchRPC
+import Synchronization
+
+/// `stitch serve`: a ``DownloadManager`` on one folder, driven over aria2's JSON-RPC, until SIGTERM, SIGINT or an
+/// RPC shutdown. Everything it knows lives in the folder (the catalog in `.stitch/`, each download's partial data
+/// beside its file), so after a `kill -9` the next start on the same folder has every download back in its state
+/// and order, and the active ones continue.
+public enum Daemon {
+    public struct Options: Sendable {
+        /// The served folder: downloads go here, and nothing is written outside it.
+        public var directory: String
+        public var server = RPCServer.Configuration()
+        /// The token every call must carry (`token:SECRET`); required to listen beyond loopback.
+        public var secret: String?
+        public var maxConcurrentDownloads: Int?
+        public var rateLimit: Int64?
+        public var maxConnectionsPerHost: Int?
+        public var connections: Int?
+        public var logFile: String?
+        public var verbose = false
+        public init(directory: String) { self.directory = directory }
+    }
+
+    /// The folder inside the served one that holds the catalog and the daemon's lock.
+    public static let stateFolder = ".stitch"
+
+    /// Why the daemon cannot start, in one line (exit status 64 for what the user asked, 1 otherwise).
+    public struct StartError: Error, CustomStringConvertible {
+        public var description: String
+        public var isUsage: Bool
+    }
+
+    /// Checks what a user asked for before anything starts.
+    public static func validate(_ options: Options) throws(StartError) {
+        let beyondLoopback = options.server.addresses.filter { !isLoopback($0) }
+        if !beyondLoopback.isEmpty, options.secret == nil {
+            throw StartError(
+                description: "listening on \(beyondLoopback.joined(separator: ", ")) (beyond this machine) needs a "
+                    + "secret: put one in a file and pass --rpc-secret-file FILE, or set STITCH_RPC_SECRET",
+                isUsage: true)
+        }
+        if options.server.policy.allowOriginAll, options.secret == nil {
+            throw StartError(
+                description: "--rpc-allow-origin-all lets any web page call the daemon, so it needs a secret "
+                    + "(--rpc-secret-file FILE or STITCH_RPC_SECRET)",
+                isUsage: true)
+        }
+    }
+
+    static func isLoopback(_ address: String) -> Bool {
+        guard let (host, _) = Core.split(address) else { return false }
+        return host == "::1" || host.hasPrefix("127.") || host == "localhost"
+    }
+
+    /// Runs until stopped; returns the exit status.
+    public static func run(_ options: Options, log: Log) async -> Int32 {
+        do { try validate(options) } catch {
+            log.error(error.description)
+            return 64
+        }
+        let folder = options.directory.hasPrefix("/")
+            ? options.directory : FileManager.default.currentDirectoryPath + "/" + options.directory
+        let state = folder + "/" + stateFolder
+        do {
+            try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+        } catch {
+            log.error("cannot create \(state): \(error.localizedDescription)")
+            return 74
+        }
+        // One daemon per folder: a second would run the same downloads.
+        let lock = open(state + "/daemon.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard lock >= 0, flock(lock, LOCK_EX | LOCK_NB) == 0 else {
+            log.error("\(folder) is already served by another stitch serve (\(state)/daemon.lock is held)")
+            return 1
+        }
+        defer { close(lock) }
+
+        var configuration = DownloadManager.Configuration(downloadDirectory: folder)
+        if let count = options.maxConcurrentDownloads { configuration.maxConcurrentDownloads = count }
+        if let rate = options.rateLimit { configuration.rateLimit = rate }
+        if let cap = options.maxConnectionsPerHost { configuration.maxConnectionsPerHost = cap }
+        configuration.connections = options.connections
+        let manager: DownloadManager
+        do {
+            manager = try DownloadManager(directory: state, configuration: configuration)
+        } catch {
+            log.error("\(error)")
+            return 1
+        }
+        let report = manager.restoreReport
+        if let why = report.rebuiltBecause { log.warning(why) }
+
+        let (stops, stop) = AsyncStream<String>.makeStream()
+        let rpc = Aria2RPC(manager: manager, secret: options.secret, reservedFolder: stateFolder) {
+            stop.yield("an RPC shutdown")
+        }
+        let server: RPCServer
+        do {
+            server = try startServer(rpc, options, log: log)
+        } catch {
+            log.error("\(error)")
+            await manager.close()
+            return 1
+        }
+        log.info(
+            "serving \(folder) on \(server.boundAddresses.joined(separator: " and ")) (\(report.restored) "
+                + "download\(report.restored == 1 ? "" : "s") restored\(options.secret == nil ? "; no secret" : ""))")
+
+        let notifier = Task { await notify(manager, server, log: log) }
+        let signals = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number)
+            source.setEventHandler { stop.yield(number == SIGTERM ? "SIGTERM" : "SIGINT") }
+            source.resume()
+            return source
+        }
+        var why = "the end"
+        for await reason in stops {
+            why = reason
+            break
+        }
+        log.info("stopping (\(why)): saving every download's state")
+        await server.stop()
+        await manager.close()
+        notifier.cancel()
+        for source in signals { source.cancel() }
+        log.info("stopped")
+        return 0
+    }
+
+    /// Binds every address; the default pair tolerates a machine without IPv6.
+    private static func startServer(_ rpc: Aria2RPC, _ options: Options, log: Log) throws -> RPCServer {
+        let logLine: @Sendable (String) -> Void = { log.info($0) }
+        do {
+            return try RPCServer(rpc: rpc, configuration: options.server, log: logLine)
+        } catch let error as ServerError where options.server.addresses == RPCServer.Configuration().addresses {
+            var fallback = options.server
+            fallback.addresses = ["127.0.0.1:6800"]
+            guard let server = try? RPCServer(rpc: rpc, configuration: fallback, log: logLine) else { throw error }
+            log.warning("\(error.description); serving on IPv4 only")
+            return server
+        }
+    }
+
+    /// aria2's notifications to the WebSocket clients, from the manager's events.
+    static func notify(_ manager: DownloadManager, _ server: RPCServer, log: Log) async {
+        for await event in await manager.events() {
+            guard case .statusChanged(let id, let status) = event else { continue }
+            let method: String
+            switch status {
+            case .running: method = "aria2.onDownloadStart"
+            case .paused: method = "aria2.onDownloadPause"
+            case .completed: method = "aria2.onDownloadComplete"
+            case .failed(let failure) where failure.code == .cancelled: method = "aria2.onDownloadStop"
+            case .failed(let failure):
+                method = "aria2.onDownloadError"
+                log.info("download \(id) failed: \(failure.message)")
+            case .removed: method = "aria2.onDownloadStop"
+            case .queued: continue
+            }
+            let message = JSON.object([
+                ("jsonrpc", .string("2.0")), ("method", .string(method)),
+                ("params", .array([.object([("gid", .string("\(id)"))])])),
+            ])
+            server.broadcast(message.serialized)
+        }
+    }
+}
+
+/// The daemon's log: one line per event, to standard error and, when given, appended to a file.
+public final class Log: Sendable {
+    private let file: Int32?
+    private let verbose: Bool
+
+    /// - Throws: when `path` cannot be opened for appending.
+    public init(path: String?, verbose: Bool) throws(Daemon.StartError) {
+        self.verbose = verbose
+        if let path {
+            let descriptor = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
+            guard descriptor >= 0 else {
+                throw Daemon.StartError(
+                    description: "cannot open the log \(path): \(String(cString: strerror(errno)))", isUsage: true)
+            }
+            file = descriptor
+        } else {
+            file = nil
+        }
+    }
+
+    public func error(_ message: String) { write("error", message) }
+    public func warning(_ message: String) { write("warning", message) }
+    public func info(_ message: String) { write("info", message) }
+    public func debug(_ message: String) { if verbose { write("debug", message) } }
+
+    private func write(_ level: String, _ message: String) {
+        let stamp = Date().formatted(.iso8601)
+        // One line, whatever a client put in the message.
+        let flat = message.replacingOccurrences(of: "\n", with: "\\n").replacingOccurrences(of: "\r", with: "\\r")
+        let line = Array("\(stamp) stitch serve \(level): \(flat)\n".utf8)
+        for descriptor in [STDERR_FILENO] + (file.map { [$0] } ?? []) {
+            line.withUnsafeBytes { _ = Glibc.write(descriptor, $0.baseAddress, $0.count) }
+        }
+    }
+}

@@ -1,0 +1,530 @@
+import CMicroHTTPD
+import Foundation
+public import StitchRPC
+import Synchronization
+
+/// The HTTP side of `stitch serve`: libmicrohttpd listens (one daemon per address, each with its own epoll thread)
+/// and hands each `/jsonrpc` request to ``Aria2RPC`` in a task, with the connection suspended meanwhile, so a slow
+/// call never holds a thread and MHD keeps serving the others. WebSocket upgrades are handed to the
+/// ``WebSocketHub``.
+///
+/// Every request passes the ``AccessPolicy`` (Host, Origin, Sec-Fetch-Site) before anything else; bodies are
+/// bounded while they arrive; GET may call only methods that change nothing.
+public final class RPCServer: Sendable {
+    public struct Configuration: Sendable {
+        /// Where to listen: `HOST:PORT` (`[::1]:6800` for IPv6); port 0 picks a free one.
+        public var addresses: [String] = ["127.0.0.1:6800", "[::1]:6800"]
+        public var policy = AccessPolicy()
+        /// The largest request body (and WebSocket message) accepted.
+        public var maxRequestSize = 16 << 20
+        /// The memory for one connection's request head (its headers and query); a larger head gets 431.
+        public var maxHeaderBytes = 64 << 10
+        public var maxConnections = 1_024
+        /// Seconds a connection may stay idle.
+        public var connectionTimeout = 60
+        public var maxWebSocketClients = 64
+        /// PEM key and certificate: serve HTTPS and WSS instead.
+        public var tls: (key: String, certificate: String)?
+        public init() {}
+    }
+
+    let configuration: Configuration
+    let rpc: Aria2RPC
+    let hub: WebSocketHub
+    let throttle = AuthThrottle()
+    private let core: Core
+    /// Where each listener is bound (with the port it got).
+    public let boundAddresses: [String]
+
+    /// Starts listening on every address.
+    /// - Throws: ``ServerError`` when an address cannot be parsed or bound.
+    public init(rpc: Aria2RPC, configuration: Configuration, log: @escaping @Sendable (String) -> Void) throws {
+        self.configuration = configuration
+        self.rpc = rpc
+        self.hub = WebSocketHub(
+            rpc: rpc, throttle: throttle, maxClients: configuration.maxWebSocketClients,
+            maxMessage: configuration.maxRequestSize, log: log)
+        let core = Core(configuration: configuration, rpc: rpc, hub: hub, throttle: throttle, log: log)
+        self.core = core
+        var bound: [String] = []
+        do {
+            for address in configuration.addresses {
+                bound.append(try core.listen(address))
+            }
+        } catch {
+            core.stop()
+            hub.stop()
+            throw error
+        }
+        self.boundAddresses = bound
+    }
+
+    /// Sends a notification to every WebSocket client.
+    public func broadcast(_ message: [UInt8]) { hub.broadcast(message) }
+
+    /// Stops accepting, closes the WebSocket clients, lets the calls under way answer, and closes every listener.
+    public func stop() async {
+        core.quiesce()
+        hub.stop()
+        await core.drain()
+        core.stop()
+    }
+}
+
+public struct ServerError: Error, Sendable, CustomStringConvertible {
+    public var description: String
+}
+
+/// One answer to an HTTP request.
+struct HTTPAnswer: Sendable {
+    var status: UInt32
+    var body: [UInt8]
+    var contentType = "application/json-rpc"
+    var headers: [(String, String)] = []
+    /// Call `MHD_resume_connection` after storing it (the connection was suspended for it).
+    var resumes = false
+
+    static func refusal(_ status: Int, _ reason: String) -> HTTPAnswer {
+        let body = JSON.object([
+            ("id", .null), ("jsonrpc", .string("2.0")),
+            ("error", .object([("code", .integer(status == 413 ? -32600 : 1)), ("message", .string(reason))])),
+        ])
+        return HTTPAnswer(status: UInt32(status), body: body.serialized)
+    }
+}
+
+/// The state MHD's callbacks reach through their closure pointer.
+final class Core: @unchecked Sendable {
+    // `daemons` changes only in listen (before serving) and stop; the rest is immutable or locked.
+    private var daemons: [OpaquePointer] = []
+    private var addresses: [UnsafeMutableRawPointer] = []
+    private var keys: [UnsafeMutablePointer<CChar>] = []
+    let configuration: RPCServer.Configuration
+    let rpc: Aria2RPC
+    let hub: WebSocketHub
+    let throttle: AuthThrottle
+    let log: @Sendable (String) -> Void
+    /// Requests whose connection is suspended while their call runs; stopping waits for them.
+    private let inFlight = Mutex<(count: Int, waiters: [CheckedContinuation<Void, Never>])>((0, []))
+    private let quiesced = Atomic<Bool>(false)
+
+    init(
+        configuration: RPCServer.Configuration, rpc: Aria2RPC, hub: WebSocketHub, throttle: AuthThrottle,
+        log: @escaping @Sendable (String) -> Void
+    ) {
+        self.configuration = configuration
+        self.rpc = rpc
+        self.hub = hub
+        self.throttle = throttle
+        self.log = log
+    }
+
+    /// Binds `address` and starts its MHD daemon; returns the address with its port.
+    func listen(_ address: String) throws -> String {
+        guard let (host, port) = Self.split(address) else {
+            throw ServerError(description: "cannot listen on \(address.debugDescription): expected HOST:PORT")
+        }
+        var v4 = sockaddr_in()
+        var v6 = sockaddr_in6()
+        let storage: UnsafeMutableRawPointer
+        var flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue)
+            | UInt32(MHD_ALLOW_SUSPEND_RESUME.rawValue) | UInt32(MHD_ALLOW_UPGRADE.rawValue)
+        if inet_pton(AF_INET, host, &v4.sin_addr) == 1 {
+            v4.sin_family = sa_family_t(AF_INET)
+            v4.sin_port = port.bigEndian
+            storage = .allocate(byteCount: MemoryLayout<sockaddr_in>.size, alignment: 8)
+            storage.storeBytes(of: v4, as: sockaddr_in.self)
+        } else if inet_pton(AF_INET6, host, &v6.sin6_addr) == 1 {
+            v6.sin6_family = sa_family_t(AF_INET6)
+            v6.sin6_port = port.bigEndian
+            storage = .allocate(byteCount: MemoryLayout<sockaddr_in6>.size, alignment: 8)
+            storage.storeBytes(of: v6, as: sockaddr_in6.self)
+            flags |= UInt32(MHD_USE_IPv6.rawValue)
+        } else {
+            throw ServerError(description: "cannot listen on \(address.debugDescription): \(host) is not an IP address")
+        }
+        addresses.append(storage)
+        if configuration.tls != nil { flags |= UInt32(MHD_USE_TLS.rawValue) }
+        let key = configuration.tls.map { strdup($0.key)! }
+        let certificate = configuration.tls.map { strdup($0.certificate)! }
+        if let key, let certificate { keys += [key, certificate] }
+        var config = stitch_mhd_config(
+            flags: flags, address: storage.assumingMemoryBound(to: sockaddr.self),
+            connection_limit: UInt32(configuration.maxConnections), per_ip_connection_limit: 0,
+            connection_timeout: UInt32(configuration.connectionTimeout),
+            memory_limit: configuration.maxHeaderBytes, thread_stack_size: 1 << 20,
+            tls_key: key.map { UnsafePointer($0) }, tls_cert: certificate.map { UnsafePointer($0) })
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        guard let daemon = stitch_mhd_start(&config, accessHandler, context, requestCompleted, context) else {
+            let why = errno == EADDRINUSE ? "the address is in use" : String(cString: strerror(errno))
+            throw ServerError(description: "cannot listen on \(address): \(why)")
+        }
+        daemons.append(daemon)
+        let bound = stitch_mhd_port(daemon)
+        return host.contains(":") ? "[\(host)]:\(bound)" : "\(host):\(bound)"
+    }
+
+    static func split(_ address: String) -> (String, UInt16)? {
+        guard let colon = address.lastIndex(of: ":"), let port = UInt16(address[address.index(after: colon)...])
+        else { return nil }
+        var host = String(address[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        return host.isEmpty ? nil : (host, port)
+    }
+
+    func quiesce() {
+        quiesced.store(true, ordering: .sequentiallyConsistent)
+        for daemon in daemons { _ = MHD_quiesce_daemon(daemon) }
+    }
+
+    /// Waits until no request is suspended (MHD must not stop with one).
+    func drain() async {
+        await withCheckedContinuation { continuation in
+            let ready = inFlight.withLock { state -> Bool in
+                if state.count == 0 { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if ready { continuation.resume() }
+        }
+    }
+
+    func stop() {
+        for daemon in daemons { MHD_stop_daemon(daemon) }
+        daemons.removeAll()
+        for storage in addresses { storage.deallocate() }
+        addresses.removeAll()
+        for key in keys { free(key) }
+        keys.removeAll()
+    }
+
+    // MARK: Requests
+
+    /// One request, from its head to its answer. MHD calls back for it on its one thread, in turn; only `answer`
+    /// is handed over from the task that computes it.
+    final class Exchange: @unchecked Sendable {
+        var body: [UInt8] = []
+        var tooLarge = false
+        var started = false
+        var refusal: HTTPAnswer?
+        var isGet = false
+        let peer: String
+        let answer = Mutex<HTTPAnswer?>(nil)
+        init(peer: String) { self.peer = peer }
+    }
+
+    func access(
+        _ connection: OpaquePointer, _ url: String, _ method: String, _ upload: UnsafePointer<CChar>?,
+        _ size: UnsafeMutablePointer<Int>, _ slot: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    ) -> MHD_Result {
+        guard let pointer = slot.pointee else {
+            // The head has arrived: decide at once whether this request may go on.
+            let exchange = Exchange(peer: Self.peer(connection))
+            slot.pointee = Unmanaged.passRetained(exchange).toOpaque()
+            let result = begin(exchange, connection, url, method)
+            // A refusal is answered at once, without reading a body that may never come (MHD closes the
+            // connection after it).
+            if result == .YES, let refusal = exchange.refusal { return queue(connection, refusal) }
+            return result
+        }
+        let exchange = Unmanaged<Exchange>.fromOpaque(pointer).takeUnretainedValue()
+        if size.pointee > 0 {
+            if !exchange.tooLarge, let upload {
+                if exchange.body.count + size.pointee > configuration.maxRequestSize {
+                    exchange.tooLarge = true
+                    exchange.body = []
+                } else {
+                    upload.withMemoryRebound(to: UInt8.self, capacity: size.pointee) {
+                        exchange.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: size.pointee))
+                    }
+                }
+            }
+            size.pointee = 0
+            return .YES
+        }
+        if let refusal = exchange.refusal { return queue(connection, refusal) }
+        if exchange.tooLarge {
+            return queue(connection, .refusal(413, "the request is larger than \(configuration.maxRequestSize) bytes "
+                + "(--rpc-max-request-size)"))
+        }
+        if exchange.started {
+            guard let answer = exchange.answer.withLock({ $0 }) else { return .NO }  // cannot happen: resumed
+            return queue(connection, answer)
+        }
+        exchange.started = true
+        let work: @Sendable () async -> HTTPAnswer
+        if exchange.isGet {
+            let call = getCall(connection)
+            work = { [self] in await answerGet(call, peer: exchange.peer) }
+        } else {
+            let body = exchange.body
+            exchange.body = []
+            work = { [self] in await answerPost(body, peer: exchange.peer) }
+        }
+        inFlight.withLock { $0.count += 1 }
+        MHD_suspend_connection(connection)
+        let resumable = UnsafeSendable(connection)
+        Task {
+            let answer = await work()
+            exchange.answer.withLock { $0 = answer }
+            MHD_resume_connection(resumable.value)
+            let waiters = self.inFlight.withLock { state -> [CheckedContinuation<Void, Never>] in
+                state.count -= 1
+                guard state.count == 0 else { return [] }
+                defer { state.waiters = [] }
+                return state.waiters
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+        return .YES
+    }
+
+    /// The first call for a request: path, method, the access policy, the declared size, WebSocket upgrades.
+    private func begin(_ exchange: Exchange, _ connection: OpaquePointer, _ url: String, _ method: String)
+        -> MHD_Result
+    {
+        guard url == "/jsonrpc" else {
+            exchange.refusal = .refusal(404, "not found: the RPC is at /jsonrpc")
+            return .YES
+        }
+        let request = AccessPolicy.Request(
+            host: header(connection, "Host"), origin: header(connection, "Origin"),
+            fetchSite: header(connection, "Sec-Fetch-Site"))
+        if case .refuse(let status, let reason) = configuration.policy.check(request) {
+            log("refused a request from \(exchange.peer): \(reason)")
+            exchange.refusal = .refusal(status, reason)
+            return .YES
+        }
+        switch method {
+        case "POST":
+            if let length = header(connection, "Content-Length").flatMap(Int.init),
+                length > configuration.maxRequestSize
+            {
+                exchange.refusal = .refusal(
+                    413, "the request is larger than \(configuration.maxRequestSize) bytes (--rpc-max-request-size)")
+            }
+        case "GET":
+            if header(connection, "Upgrade")?.lowercased() == "websocket" {
+                return upgrade(exchange, connection)
+            }
+            exchange.isGet = true
+        case "OPTIONS":
+            // A CORS preflight: only with --rpc-allow-origin-all (the policy refused other origins already, and a
+            // page of this server's own origin needs none).
+            var answer = HTTPAnswer(status: 204, body: [])
+            if configuration.policy.allowOriginAll {
+                answer.headers = [
+                    ("Access-Control-Allow-Methods", "POST, GET, OPTIONS"),
+                    ("Access-Control-Allow-Headers", "Content-Type"), ("Access-Control-Max-Age", "1728000"),
+                ]
+            }
+            exchange.refusal = answer
+        default:
+            exchange.refusal = .refusal(405, "method \(method) is not allowed: use POST or GET")
+        }
+        return .YES
+    }
+
+    private func upgrade(_ exchange: Exchange, _ connection: OpaquePointer) -> MHD_Result {
+        guard header(connection, "Sec-WebSocket-Version") == "13", let key = header(connection, "Sec-WebSocket-Key"),
+            !key.isEmpty, key.utf8.count <= 64
+        else {
+            exchange.refusal = .refusal(400, "a WebSocket upgrade needs Sec-WebSocket-Version 13 and a key")
+            return .YES
+        }
+        guard hub.reserve() else {
+            exchange.refusal = .refusal(
+                503, "too many WebSocket clients (at most \(configuration.maxWebSocketClients))")
+            return .YES
+        }
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        guard let response = MHD_create_response_for_upgrade(upgradeHandler, context) else {
+            hub.release()
+            return .NO
+        }
+        defer { MHD_destroy_response(response) }
+        _ = MHD_add_response_header(response, "Upgrade", "websocket")
+        _ = MHD_add_response_header(response, "Sec-WebSocket-Accept", WebSocketHub.accept(key: key))
+        let result = MHD_queue_response(connection, 101, response)
+        if result != .YES { hub.release() }
+        return result
+    }
+
+    func upgraded(
+        _ connection: OpaquePointer?, _ slot: UnsafeMutableRawPointer?, _ extra: UnsafePointer<CChar>?, _ count: Int,
+        _ socket: Int32, _ handle: OpaquePointer?
+    ) {
+        let peer = connection.map(Self.peer) ?? "?"
+        var bytes: [UInt8] = []
+        if let extra, count > 0 {
+            extra.withMemoryRebound(to: UInt8.self, capacity: count) {
+                bytes = Array(UnsafeBufferPointer(start: $0, count: count))
+            }
+        }
+        hub.adopt(socket: socket, handle: handle, extra: bytes, peer: peer)
+    }
+
+    private func getCall(_ connection: OpaquePointer) -> GetCall {
+        GetCall(
+            method: argument(connection, "method"), id: argument(connection, "id"),
+            params: argument(connection, "params"), callback: argument(connection, "jsoncallback"))
+    }
+
+    struct GetCall: Sendable {
+        var method: String?
+        var id: String?
+        var params: String?
+        var callback: String?
+    }
+
+    private func answerPost(_ body: [UInt8], peer: String) async -> HTTPAnswer {
+        let reply = await throttled(peer) { await self.rpc.handle(body, channel: .full) }
+        return HTTPAnswer(status: 200, body: reply ?? [], headers: corsHeaders)
+    }
+
+    /// aria2's GET form: `?method=M&id=I&params=<base64 of the JSON array>` (without `method`, `params` is a
+    /// batch), answered as JSONP when `jsoncallback` names a function.
+    private func answerGet(_ call: GetCall, peer: String) async -> HTTPAnswer {
+        if let callback = call.callback, !Self.isCallbackName(callback) {
+            return .refusal(400, "jsoncallback must be a JavaScript name (letters, digits, _ $ .), at most 64")
+        }
+        var params: JSON?
+        if let text = call.params {
+            // A `+` of the base64 may arrive as a space when the client did not percent-encode it.
+            let base64 = text.replacingOccurrences(of: " ", with: "+")
+            guard let data = Data(base64Encoded: base64, options: .ignoreUnknownCharacters)
+                ?? Data(base64Encoded: Self.padded(base64.replacingOccurrences(of: "-", with: "+")
+                    .replacingOccurrences(of: "_", with: "/")))
+            else { return .refusal(400, "params is not base64") }
+            do { params = try JSON.parse(Array(data), maxDepth: 32) } catch {
+                return wrap(
+                    Aria2RPCError.parse("params: \(error)"), callback: call.callback)
+            }
+        }
+        let request: JSON
+        if let method = call.method {
+            var members: [(String, JSON)] = [("jsonrpc", .string("2.0")), ("method", .string(method))]
+            members.append(("id", call.id.map(JSON.string) ?? .null))
+            if let params { members.append(("params", params)) }
+            request = .object(members)
+        } else if let params {
+            request = params
+        } else {
+            return .refusal(400, "a GET needs method= (and params=, base64 of a JSON array)")
+        }
+        let reply = await throttled(peer) { await self.rpc.handle(request, channel: .readOnly) }
+        return wrap(reply ?? [], callback: call.callback)
+    }
+
+    private func wrap(_ body: [UInt8], callback: String?) -> HTTPAnswer {
+        guard let callback else { return HTTPAnswer(status: 200, body: body, headers: corsHeaders) }
+        return HTTPAnswer(
+            status: 200, body: Array("\(callback)(".utf8) + body + Array(")".utf8),
+            contentType: "text/javascript", headers: corsHeaders)
+    }
+
+    /// Waits the client's turn if it sent wrong secrets, handles, and records whether this one was wrong again.
+    private func throttled(_ peer: String, _ handle: () async -> Aria2RPC.Reply) async -> [UInt8]? {
+        let wait = throttle.admit(peer)
+        if wait > .zero { try? await Task.sleep(for: wait) }
+        let reply = await handle()
+        throttle.record(peer, unauthorized: reply.unauthorized)
+        if reply.unauthorized { log("a wrong or missing secret from \(peer)") }
+        return reply.body
+    }
+
+    private var corsHeaders: [(String, String)] {
+        configuration.policy.allowOriginAll ? [("Access-Control-Allow-Origin", "*")] : []
+    }
+
+    static func isCallbackName(_ name: String) -> Bool {
+        guard let first = name.unicodeScalars.first, name.unicodeScalars.count <= 64 else { return false }
+        func isLetter(_ c: Unicode.Scalar) -> Bool { ("a"..."z").contains(c) || ("A"..."Z").contains(c) || c == "_" || c == "$" }
+        return isLetter(first) && name.unicodeScalars.allSatisfy { isLetter($0) || ("0"..."9").contains($0) || $0 == "." }
+    }
+
+    static func padded(_ base64: String) -> String {
+        base64 + String(repeating: "=", count: (4 - base64.count % 4) % 4)
+    }
+
+    private func queue(_ connection: OpaquePointer, _ answer: HTTPAnswer) -> MHD_Result {
+        let response = answer.body.withUnsafeBytes {
+            MHD_create_response_from_buffer($0.count, UnsafeMutableRawPointer(mutating: $0.baseAddress),
+                .RESPMEM_MUST_COPY)
+        }
+        guard let response else { return .NO }
+        defer { MHD_destroy_response(response) }
+        if !answer.body.isEmpty || answer.status != 204 {
+            _ = MHD_add_response_header(response, "Content-Type", answer.contentType)
+        }
+        _ = MHD_add_response_header(response, "Cache-Control", "no-store")
+        _ = MHD_add_response_header(response, "X-Content-Type-Options", "nosniff")
+        for (name, value) in answer.headers { _ = MHD_add_response_header(response, name, value) }
+        return MHD_queue_response(connection, answer.status, response)
+    }
+
+    private func header(_ connection: OpaquePointer, _ name: String) -> String? {
+        MHD_lookup_connection_value(connection, .HEADER_KIND, name).map { String(cString: $0) }
+    }
+
+    private func argument(_ connection: OpaquePointer, _ name: String) -> String? {
+        MHD_lookup_connection_value(connection, .GET_ARGUMENT_KIND, name).map { String(cString: $0) }
+    }
+
+    /// The client's address without its port (what the throttle and the log key on).
+    static func peer(_ connection: OpaquePointer) -> String {
+        guard let address = stitch_mhd_client_address(connection) else { return "?" }
+        var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
+        switch Int32(address.pointee.sa_family) {
+        case AF_INET:
+            var v4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
+            inet_ntop(AF_INET, &v4, &text, socklen_t(text.count))
+        case AF_INET6:
+            var v6 = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
+            inet_ntop(AF_INET6, &v6, &text, socklen_t(text.count))
+        default:
+            return "?"
+        }
+        return text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+    }
+
+    func completed(_ slot: UnsafeMutablePointer<UnsafeMutableRawPointer?>?) {
+        guard let slot, let pointer = slot.pointee else { return }
+        Unmanaged<Exchange>.fromOpaque(pointer).release()
+        slot.pointee = nil
+    }
+}
+
+/// A JSON-RPC error body made without a call.
+enum Aria2RPCError {
+    static func parse(_ message: String) -> [UInt8] {
+        JSON.object([
+            ("id", .null), ("jsonrpc", .string("2.0")),
+            ("error", .object([("code", .integer(-32700)), ("message", .string("Parse error: \(message)"))])),
+        ]).serialized
+    }
+}
+
+/// A value handed to a task that MHD's rules, not the type system, make safe (a connection pointer that only
+/// `MHD_resume_connection` touches).
+struct UnsafeSendable<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}
+
+private let accessHandler: MHD_AccessHandlerCallback = {
+    context, connection, url, method, _, upload, size, slot in
+    guard let context, let connection, let url, let method, let size, let slot else { return .NO }
+    let core = Unmanaged<Core>.fromOpaque(context).takeUnretainedValue()
+    return core.access(connection, String(cString: url), String(cString: method), upload, size, slot)
+}
+
+private let requestCompleted: MHD_RequestCompletedCallback = { context, _, slot, _ in
+    guard let context else { return }
+    Unmanaged<Core>.fromOpaque(context).takeUnretainedValue().completed(slot)
+}
+
+private let upgradeHandler: MHD_UpgradeHandler = { context, connection, slot, extra, count, socket, handle in
+    guard let context else { return }
+    Unmanaged<Core>.fromOpaque(context).takeUnretainedValue().upgraded(connection, slot, extra, count, socket, handle)
+}

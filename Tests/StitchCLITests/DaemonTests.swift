@@ -1,0 +1,339 @@
+import Foundation
+import Glibc
+import Stitch
+import StitchRPC
+import StitchTestSupport
+import Testing
+
+/// `stitch serve` as clients meet it: the real binary, over real sockets, downloading from the loopback nginx.
+@Suite("stitch serve")
+struct DaemonTests {
+    static func publish(_ nginx: Nginx, _ name: String, size: Int, seed: UInt64) throws -> [UInt8] {
+        let bytes = ServedFile.randomBytes(count: size, seed: seed)
+        try nginx.publish(name, bytes: bytes)
+        return bytes
+    }
+
+    static func isComplete(_ status: JSON) -> Bool { status.text("status") == "complete" }
+
+    /// Every method a client polls with, with aria2's shapes: numbers as strings, 16-hex-digit GIDs that a
+    /// unique prefix finds, the `keys` filter, files and URIs; then the results removed.
+    @Test func methodsAnswerWithAria2Shapes() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        let bytes = try Self.publish(nginx, "serve-shapes.bin", size: 300_000, seed: 11)
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
+
+        let gid = try #require(try daemon.result("aria2.addUri", [.array([.string(nginx.httpURL("serve-shapes.bin"))])]).string)
+        #expect(gid.count == 16 && gid.allSatisfy(\.isHexDigit), "\(gid)")
+        let done = try await daemon.waitFor(gid, Self.isComplete)
+        #expect(done.text("totalLength") == "300000")
+        #expect(done.text("completedLength") == "300000")
+        #expect(done.text("dir") == sandbox.path("dl"))
+        let file = try #require(done["files"]?.array?.first)
+        #expect(file.text("path") == sandbox.path("dl/serve-shapes.bin"))
+        #expect(file.text("length") == "300000")
+        #expect(FileManager.default.contents(atPath: sandbox.path("dl/serve-shapes.bin")).map(Array.init) == bytes)
+
+        // A prefix finds it; `keys` keeps only what was asked.
+        let short = try daemon.result("aria2.tellStatus", [.string(String(gid.prefix(6))), .array([.string("gid"), .string("status")])])
+        #expect(short.members?.map(\.0) == ["gid", "status"])
+        #expect(short.text("gid") == gid)
+        let uris = try daemon.result("aria2.getUris", [.string(gid)])
+        #expect(uris.array?.first?.text("uri") == nginx.httpURL("serve-shapes.bin"))
+        #expect(try daemon.result("aria2.getFiles", [.string(gid)]).array?.first?.text("completedLength") == "300000")
+        #expect(try daemon.result("aria2.getPeers", [.string(gid)]) == .array([]))
+        #expect(try daemon.result("aria2.getOption", [.string(gid)]).text("dir") == sandbox.path("dl"))
+        let stopped = try daemon.result("aria2.tellStopped", [.integer(0), .integer(10), .array([.string("gid")])])
+        #expect(stopped.array?.compactMap { $0.text("gid") } == [gid])
+        #expect(try daemon.result("aria2.tellStopped", [.integer(-1), .integer(10)]).array?.count == 1)
+        #expect(try daemon.result("aria2.tellActive").array == [])
+        let stat = try daemon.result("aria2.getGlobalStat")
+        #expect(stat.text("numStopped") == "1" && stat.text("numActive") == "0", "\(stat)")
+        #expect(try daemon.result("aria2.getGlobalOption").text("dir") == sandbox.path("dl"))
+        #expect(try daemon.result("aria2.getSessionInfo").text("sessionId")?.count == 40)
+        #expect(try daemon.result("stitch.tellAll").array?.count == 1)
+        let methods = try #require(try daemon.result("system.listMethods").array?.compactMap(\.string))
+        for method in Aria2RPC.methods { #expect(methods.contains(method)) }
+
+        // Errors: JSON-RPC's for the envelope, aria2's for a method.
+        #expect(try daemon.error("aria2.nosuch").code == -32601)
+        #expect(try daemon.error("aria2.tellStatus", [.string("ffffffffffffffff")]).message.contains("not found"))
+        #expect(try daemon.error("aria2.addTorrent", [.string("")]).message.contains("not supported"))
+        #expect(try daemon.error("aria2.tellWaiting", [.string("x"), .integer(1)]).code == -32602)
+        let malformed = try daemon.post(Array(#"{"jsonrpc":"2.0","id":1,"method":"#.utf8))
+        #expect(try JSON.parse(malformed.body)["error"]?["code"]?.integer == -32700)
+
+        #expect(try daemon.result("aria2.removeDownloadResult", [.string(gid)]) == .string("OK"))
+        #expect(try daemon.result("aria2.tellStopped", [.integer(0), .integer(10)]).array == [])
+        #expect(FileManager.default.fileExists(atPath: sandbox.path("dl/serve-shapes.bin")), "the file stays")
+        let stop = await daemon.stop()
+        #expect(stop.status == 0, "\(stop)")
+    }
+
+    /// Pause, unpause, remove and changePosition on a queue that one download at a time drains, with aria2's
+    /// statuses; the removed one is listed as stopped until its result is purged.
+    @Test func queueControlAsAria2Does() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        _ = try Self.publish(nginx, "serve-queue.bin", size: 8 << 20, seed: 12)
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), ["-j", "1", "-c", "1"], sandbox: sandbox)
+        var gids: [String] = []
+        for index in 0..<4 {
+            let options = JSON.object([("out", .string("q\(index).bin"))])
+            gids.append(try #require(try daemon.result("aria2.addUri", [.array([.string(nginx.slowURL("serve-queue.bin"))]), options]).string))
+        }
+        try await daemon.waitFor(gids[0]) { $0.text("status") == "active" }
+        let waiting = try daemon.result("aria2.tellWaiting", [.integer(0), .integer(10)]).array?.compactMap { $0.text("gid") }
+        #expect(waiting == Array(gids[1...]))
+        // Move the last to the front of the waiting ones; POS_CUR moves relative to where it is.
+        #expect(try daemon.result("aria2.changePosition", [.string(gids[3]), .integer(0), .string("POS_SET")]) == .integer(0))
+        #expect(try daemon.result("aria2.changePosition", [.string(gids[1]), .integer(1), .string("POS_CUR")]) == .integer(2))
+        let moved = try daemon.result("aria2.tellWaiting", [.integer(0), .integer(10)]).array?.compactMap { $0.text("gid") }
+        #expect(moved == [gids[3], gids[2], gids[1]])
+        // tellWaiting with a negative offset reads backwards from the end.
+        let backwards = try daemon.result("aria2.tellWaiting", [.integer(-1), .integer(2)]).array?.compactMap { $0.text("gid") }
+        #expect(backwards == [gids[1], gids[2]])
+
+        #expect(try daemon.result("aria2.pause", [.string(gids[0])]) == .string(gids[0]))
+        try await daemon.waitFor(gids[0]) { $0.text("status") == "paused" }
+        #expect(try daemon.error("aria2.unpause", [.string(gids[2])]).message.contains("not paused"))
+        #expect(try daemon.result("aria2.remove", [.string(gids[2])]) == .string(gids[2]))
+        #expect(try daemon.result("aria2.tellStatus", [.string(gids[2])]).text("status") == "removed")
+        #expect(try daemon.result("aria2.pauseAll") == .string("OK"))
+        let paused = try daemon.result("aria2.tellWaiting", [.integer(0), .integer(10), .array([.string("status")])])
+        #expect(paused.array?.allSatisfy { $0.text("status") == "paused" } == true, "\(paused)")
+        #expect(try daemon.result("aria2.unpauseAll") == .string("OK"))
+        #expect(try daemon.result("aria2.purgeDownloadResult") == .string("OK"))
+        #expect(try daemon.error("aria2.tellStatus", [.string(gids[2])]).message.contains("not found"))
+        let stop = await daemon.stop()
+        #expect(stop.status == 0, "\(stop)")
+    }
+
+    /// What a web page of another site, a rebound DNS name, or a careless client sends is refused with a reason,
+    /// and the daemon goes on serving.
+    @Test func foreignPagesAndHostsAreRefused() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
+        let version = Array(#"{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion"}"#.utf8)
+        let foreign = try daemon.post(version, headers: [("Origin", "https://evil.example")])
+        #expect(foreign.status == 403 && foreign.text.contains("--rpc-allow-origin-all"), "\(foreign.text)")
+        let same = try daemon.post(version, headers: [("Origin", "http://127.0.0.1:\(daemon.port)")])
+        #expect(same.status == 200, "the daemon's own page may call: \(same.text)")
+        let rebound = try RawHTTP.request(
+            port: daemon.port, method: "POST", path: "/jsonrpc", headers: [("Host", "evil.example:\(daemon.port)")],
+            body: version)
+        #expect(rebound.status == 403 && rebound.text.contains("--rpc-allow-host"), "\(rebound.text)")
+
+        // The attack a <script> tag makes: a cross-site GET with no Origin; refused before any method runs.
+        let add = Data(#"[["http://127.0.0.1:1/x.bin"]]"#.utf8).base64EncodedString()
+        let script = try daemon.get(
+            "/jsonrpc?method=aria2.addUri&id=1&params=\(add)&jsoncallback=cb",
+            headers: [("Sec-Fetch-Site", "cross-site"), ("Sec-Fetch-Mode", "no-cors")])
+        #expect(script.status == 403, "\(script.text)")
+        // Without the browser's headers a GET still may not change anything …
+        let plain = try daemon.get("/jsonrpc?method=aria2.addUri&id=1&params=\(add)")
+        #expect(plain.text.contains("refused over GET"), "\(plain.text)")
+        // … but may read, as JSONP.
+        let read = try daemon.get("/jsonrpc?method=aria2.getGlobalStat&id=7&jsoncallback=show")
+        #expect(read.text.hasPrefix("show({") && read.text.hasSuffix(")") && read.headers["content-type"] == "text/javascript", "\(read.text)")
+        let badCallback = try daemon.get("/jsonrpc?method=aria2.getGlobalStat&id=7&jsoncallback=alert(1)//")
+        #expect(badCallback.status == 400)
+        #expect(try daemon.result("aria2.tellWaiting", [.integer(0), .integer(10)]).array == [], "nothing was added")
+
+        // A preflight is refused without --rpc-allow-origin-all.
+        let preflight = try RawHTTP.request(
+            port: daemon.port, method: "OPTIONS", path: "/jsonrpc",
+            headers: [("Host", "127.0.0.1:\(daemon.port)"), ("Origin", "https://evil.example")])
+        #expect(preflight.status == 403 && preflight.headers["access-control-allow-origin"] == nil)
+        #expect(try daemon.get("/other").status == 404)
+        #expect(try daemon.result("aria2.getVersion").text("version") == StitchVersion.string, "still serving")
+        _ = await daemon.stop()
+    }
+
+    /// Bodies too large, nested too deep, frames too long: refused with an error; the daemon keeps serving.
+    @Test func oversizedAndMalformedRequestsAreBounded() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), ["--rpc-max-request-size", "64K"], sandbox: sandbox)
+        let big = try RawHTTP.request(
+            port: daemon.port, method: "POST", path: "/jsonrpc", headers: [("Host", "127.0.0.1:\(daemon.port)")],
+            body: [], declaredLength: 1 << 20)
+        #expect(big.status == 413, "\(big.status) \(big.text)")
+        let nested = Array((String(repeating: "[", count: 5_000) + String(repeating: "]", count: 5_000)).utf8)
+        let deep = try daemon.post(nested)
+        #expect(try JSON.parse(deep.body)["error"]?["code"]?.integer == -32700, "\(deep.text)")
+        let wrongType = try daemon.post(Array(#"{"jsonrpc":"2.0","id":1,"method":"aria2.tellStatus","params":{"a":1}}"#.utf8))
+        #expect(try JSON.parse(wrongType.body)["error"]?["code"]?.integer == -32602)
+        let huge = String(repeating: "a", count: 70_000)
+        let header = try RawHTTP.request(
+            port: daemon.port, method: "GET", path: "/jsonrpc?method=aria2.getVersion&id=1",
+            headers: [("Host", "127.0.0.1:\(daemon.port)"), ("X-Huge", huge)])
+        #expect(header.status >= 400, "a head larger than the connection's memory is refused: \(header.status)")
+        // A WebSocket frame that claims more than the limit closes that client only.
+        let socket = try TestWebSocket(port: daemon.port)
+        try socket.sendFrame(opcode: 1, [UInt8](repeating: 0x61, count: 4_096), declaredLength: 3 << 30)
+        #expect(try socket.receive(timeout: 10_000) == nil)
+        #expect(try daemon.result("aria2.getVersion").text("version") == StitchVersion.string, "still serving")
+        _ = await daemon.stop()
+    }
+
+    /// `dir` and `out` stay inside the served folder: `..`, absolute paths elsewhere and symbolic links that
+    /// lead out are refused; only http and https URLs are taken.
+    @Test func downloadsStayInsideTheServedFolder() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        _ = try Self.publish(nginx, "serve-confined.bin", size: 10_000, seed: 13)
+        let folder = sandbox.path("dl")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: sandbox.path("outside"), withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: folder + "/link", withDestinationPath: sandbox.path("outside"))
+        try FileManager.default.createSymbolicLink(atPath: folder + "/file-link.bin", withDestinationPath: sandbox.path("outside/f"))
+        let daemon = try await ServedDaemon(directory: folder, sandbox: sandbox)
+        let url = JSON.array([.string(nginx.httpURL("serve-confined.bin"))])
+        for (name, value) in [
+            ("dir", "../outside"), ("dir", sandbox.path("outside")), ("dir", "link"), ("dir", "link/deeper"),
+            ("dir", "/etc"), ("out", "../x.bin"), ("out", "a/b.bin"), ("out", "file-link.bin"), ("dir", ".stitch"),
+        ] {
+            let refused = try daemon.error("aria2.addUri", [url, .object([(name, .string(value))])])
+            #expect(refused.code == 1, "\(name)=\(value): \(refused)")
+        }
+        for scheme in ["file:///etc/passwd", "ftp://127.0.0.1/x", "javascript:alert(1)"] {
+            #expect(try daemon.error("aria2.addUri", [.array([.string(scheme)])]).message.contains("only http and https"))
+        }
+        // Inside is fine, relative or absolute.
+        let inside = try #require(try daemon.result("aria2.addUri", [url, .object([("dir", .string("sub/deeper")), ("out", .string("ok.bin"))])]).string)
+        try await daemon.waitFor(inside, Self.isComplete)
+        #expect(FileManager.default.fileExists(atPath: folder + "/sub/deeper/ok.bin"))
+        let absolute = try #require(try daemon.result("aria2.addUri", [url, .object([("dir", .string(folder + "/abs"))])]).string)
+        try await daemon.waitFor(absolute, Self.isComplete)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: sandbox.path("outside")).isEmpty, "nothing outside")
+        _ = await daemon.stop()
+    }
+
+    /// The secret: from a file or the environment, never argv; calls without it or with a wrong one are refused
+    /// (listMethods needs none); repeated wrong tokens are slowed down while the daemon sleeps.
+    @Test func secretIsRequiredAndGuessesAreSlowedWithoutCPU() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let argv = try StitchProcess(["serve", "--dir", sandbox.path("dl"), "--rpc-secret", "s3cret"], directory: sandbox.directory)
+        let refused = await argv.wait()
+        #expect(refused.status == 64 && refused.stderr.contains("STITCH_RPC_SECRET"), "\(refused)")
+        let open = try StitchProcess(["serve", "--dir", sandbox.path("dl"), "--rpc-listen", "0.0.0.0:0"], directory: sandbox.directory)
+        let openResult = await open.wait()
+        #expect(openResult.status == 64 && openResult.stderr.contains("needs a secret"), "\(openResult)")
+
+        try "s3cret\n".write(toFile: sandbox.path("secret"), atomically: true, encoding: .utf8)
+        let daemon = try await ServedDaemon(
+            directory: sandbox.path("dl"), ["--rpc-secret-file", sandbox.path("secret")], sandbox: sandbox)
+        #expect(try daemon.error("aria2.getVersion").message == "Unauthorized")
+        #expect(try daemon.result("system.listMethods").array?.isEmpty == false)
+        #expect(try daemon.result("aria2.getVersion", [.string("token:s3cret")]).text("version") == StitchVersion.string)
+
+        // Wrong tokens in a row: each answer comes later than the one before, up to seconds.
+        let cpuBefore = try Self.cpuTicks(daemon.process.pid)
+        var waits: [Duration] = []
+        for _ in 0..<4 {
+            let start = ContinuousClock.now
+            #expect(try daemon.error("aria2.getVersion", [.string("token:guess")]).message == "Unauthorized")
+            waits.append(ContinuousClock.now - start)
+        }
+        // 8 parallel guesses wait their turns, one per delay (0.8 s by now), with the daemon asleep meanwhile.
+        let start = ContinuousClock.now
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<8 {
+                group.addTask { _ = try await offload { try daemon.call("aria2.getVersion", [.string("token:guess")]) } }
+            }
+            try await group.waitForAll()
+        }
+        let parallel = ContinuousClock.now - start
+        let cpu = try Self.cpuTicks(daemon.process.pid) - cpuBefore
+        #expect(waits[3] >= .milliseconds(350), "the fourth wrong token waits (0.1, 0.2, 0.4 s): \(waits)")
+        #expect(parallel >= .seconds(5), "8 parallel guesses are answered one per delay: \(parallel)")
+        let ticks = sysconf(Int32(_SC_CLK_TCK))
+        #expect(cpu < ticks * 2, "the waiting cost the daemon \(cpu) ticks of CPU over \(parallel)")
+        // The right token still works and clears the slowdown.
+        #expect(try daemon.result("aria2.getVersion", [.string("token:s3cret")]).text("version") != nil)
+        _ = await daemon.stop()
+    }
+
+    /// utime + stime of a process, in clock ticks.
+    static func cpuTicks(_ pid: Int32) throws -> Int {
+        let stat = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
+        let fields = stat[stat.range(of: ")")!.upperBound...].split(separator: " ")
+        return (Int(fields[11]) ?? 0) + (Int(fields[12]) ?? 0)
+    }
+
+    /// A WebSocket client gets answers to its calls and aria2's notifications as downloads start and complete.
+    @Test func webSocketCarriesCallsAndNotifications() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        let bytes = try Self.publish(nginx, "serve-ws.bin", size: 200_000, seed: 14)
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
+        let socket = try TestWebSocket(port: daemon.port)
+        try socket.send(#"{"jsonrpc":"2.0","id":"v","method":"aria2.getVersion"}"#)
+        let answer = try JSON.parse(Array(try #require(try socket.receive()).utf8))
+        #expect(answer.text("id") == "v" && answer["result"]?.text("version") == StitchVersion.string)
+
+        let gid = try #require(try daemon.result("aria2.addUri", [.array([.string(nginx.httpURL("serve-ws.bin"))])]).string)
+        var seen: [String] = []
+        while !seen.contains("aria2.onDownloadComplete"), let note = try socket.notification() {
+            #expect(note["params"]?.array?.first?.text("gid") == gid, "\(note)")
+            seen.append(note.text("method") ?? "?")
+        }
+        #expect(seen.first == "aria2.onDownloadStart" && seen.last == "aria2.onDownloadComplete", "\(seen)")
+        #expect(FileManager.default.contents(atPath: sandbox.path("dl/serve-ws.bin")).map(Array.init) == bytes)
+        // A cross-site page cannot open the socket either.
+        #expect(throws: DaemonTestError.self) { try TestWebSocket(port: daemon.port, headers: [("Origin", "https://evil.example")]) }
+        _ = await daemon.stop()
+    }
+
+    /// `kill -9` mid-download, several times at seeded byte counts, and a restart on the same folder each time:
+    /// every download comes back in its state and order, the active ones continue, and all end byte-exact.
+    @Test func killedDaemonRestoresEveryDownload() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        let size = 6 << 20
+        let sources = try (0..<3).map { try Self.publish(nginx, "serve-kill-\($0).bin", size: size, seed: 20 + UInt64($0)) }
+        let folder = sandbox.path("dl")
+        var generator = SplitMix64(seed: UInt64(ProcessInfo.processInfo.environment["STITCH_SEED"] ?? "") ?? 0x5EED)
+        let extra = ["-j", "2", "-c", "1"]
+        var daemon = try await ServedDaemon(directory: folder, extra, sandbox: sandbox)
+        var gids: [String] = []
+        for index in 0..<3 {
+            let options = JSON.object([("out", .string("k\(index).bin"))] + (index == 2 ? [("pause", .string("true"))] : []))
+            gids.append(try #require(try daemon.result("aria2.addUri", [.array([.string(nginx.slowURL("serve-kill-\(index).bin"))]), options]).string))
+        }
+        let order = try daemon.result("stitch.tellAll", [.array([.string("gid")])]).array?.compactMap { $0.text("gid") }
+        #expect(order == gids)
+        var kills: [String] = []
+        for round in 0..<3 {
+            let threshold = Int(generator.next() % UInt64(size / 4)) + 64 << 10
+            // Wait until the first download has gone `threshold` further, then kill without warning.
+            let before = Int(try daemon.result("aria2.tellStatus", [.string(gids[0])]).text("completedLength") ?? "0") ?? 0
+            let target = min(size - 1, before + threshold)
+            try await daemon.waitFor(gids[0]) { Int($0.text("completedLength") ?? "0") ?? 0 >= target || Self.isComplete($0) }
+            daemon.process.kill()
+            _ = await daemon.process.wait()
+            kills.append("round \(round): killed at ≥ \(target)")
+            daemon = try await ServedDaemon(directory: folder, extra, sandbox: sandbox)
+            let restored = try daemon.result("stitch.tellAll", [.array([.string("gid"), .string("status")])]).array ?? []
+            #expect(restored.compactMap { $0.text("gid") } == gids, "order kept after kill \(round)")
+            #expect(restored.last?.text("status") == "paused", "paused kept after kill \(round): \(restored)")
+        }
+        #expect(try daemon.result("aria2.unpause", [.string(gids[2])]) == .string(gids[2]))
+        for gid in gids { try await daemon.waitFor(gid, timeout: .seconds(180), Self.isComplete) }
+        for index in 0..<3 {
+            #expect(FileManager.default.contents(atPath: folder + "/k\(index).bin").map(Array.init) == sources[index], "k\(index).bin")
+        }
+        let stop = await daemon.stop()
+        #expect(stop.status == 0 && stop.stderr.contains("stopped"), "\(stop)")
+        print("DaemonTests.kill: \(kills)")
+    }
+}
