@@ -34,4 +34,6 @@ else
     # own after the rest, so neither loads the machine under the other's timing-sensitive tests.
     swift test --skip-build --skip MatrixTests
     swift test --skip-build --filter MatrixTests
+    # A real aria2 client (aria2p from PyPI, in a virtual environment) drives `stitch serve`.
+    bash scripts/aria2p.sh "$nginx_dir"
 fi

@@ -85,6 +85,9 @@ final class ServedDaemon: Sendable {
         throw DaemonTestError("timed out waiting for \(gid): last \(last)")
     }
 
+    /// Whether the process still runs (a TLS listener cannot be asked in plain HTTP).
+    func processIsServing() throws -> Bool { process.isRunning }
+
     func stop() async -> CommandResult {
         process.send(SIGTERM)
         return await process.wait(timeout: .seconds(60))

@@ -3,6 +3,7 @@ import Glibc
 import Stitch
 import StitchRPC
 import StitchTestSupport
+import Synchronization
 import Testing
 
 /// `stitch serve` as clients meet it: the real binary, over real sockets, downloading from the loopback nginx.
@@ -258,6 +259,34 @@ struct DaemonTests {
         #expect(cpu < ticks * 2, "the waiting cost the daemon \(cpu) ticks of CPU over \(parallel)")
         // The right token still works and clears the slowdown.
         #expect(try daemon.result("aria2.getVersion", [.string("token:s3cret")]).text("version") != nil)
+        _ = await daemon.stop()
+    }
+
+    /// With a certificate and key the RPC is HTTPS (and WSS): curl, trusting the certificate, calls it; the secret
+    /// travels encrypted; plain HTTP to that port gets no answer.
+    @Test func tlsServesTheRPCOverHTTPS() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        let daemon = try await ServedDaemon(
+            directory: sandbox.path("dl"),
+            ["--rpc-certificate", nginx.directory + "/cert.pem", "--rpc-private-key", nginx.directory + "/key.pem"],
+            environment: ["STITCH_RPC_SECRET": "tls-secret"], sandbox: sandbox)
+        let body = #"{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion","params":["token:tls-secret"]}"#
+        var output: [UInt8] = []
+        let collected = Mutex<[UInt8]>([])
+        let curl = try ChildProcess(
+            executable: "/usr/bin/curl",
+            arguments: ["-sS", "--cacert", nginx.caCertificate, "-d", body, "https://127.0.0.1:\(daemon.port)/jsonrpc"],
+            environment: [:], onOutput: { chunk, isOutput in if isOutput { collected.withLock { $0 += chunk } } })
+        let status = try await offload { curl.waitUntilExit() }
+        output = collected.withLock { $0 }
+        #expect(status.status == 0)
+        let answer = try JSON.parse(output)
+        #expect(answer["result"]?.text("version") == StitchVersion.string, "\(String(decoding: output, as: UTF8.self))")
+        let plain = try? daemon.post(Array(body.utf8))
+        #expect(plain == nil || plain?.status != 200, "plain HTTP is not served on the TLS port")
+        #expect(try daemon.processIsServing(), "still serving")
         _ = await daemon.stop()
     }
 
