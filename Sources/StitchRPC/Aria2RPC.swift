@@ -57,7 +57,7 @@ public final class Aria2RPC: Sendable {
         "aria2.addUri", "aria2.addTorrent", "aria2.addMetalink", "aria2.remove", "aria2.forceRemove", "aria2.pause",
         "aria2.pauseAll", "aria2.forcePause", "aria2.forcePauseAll", "aria2.unpause", "aria2.unpauseAll",
         "aria2.tellStatus", "aria2.getUris", "aria2.getFiles", "aria2.getPeers", "aria2.getServers",
-        "aria2.tellActive", "aria2.tellWaiting", "aria2.tellStopped", "aria2.changePosition",
+        "aria2.tellActive", "aria2.tellWaiting", "aria2.tellStopped", "aria2.changePosition", "aria2.changeUri",
         "aria2.getOption", "aria2.changeOption", "aria2.getGlobalOption", "aria2.changeGlobalOption",
         "aria2.getGlobalStat", "aria2.purgeDownloadResult", "aria2.removeDownloadResult", "aria2.getVersion",
         "aria2.getSessionInfo", "aria2.shutdown", "aria2.forceShutdown", "aria2.saveSession", "system.multicall",
@@ -336,6 +336,28 @@ public final class Aria2RPC: Sendable {
             default: throw Failure(code: -32602, message: "Invalid params: how must be POS_SET, POS_CUR or POS_END")
             }
             return .integer(Int64(try await manager.move(id, to: place)))
+        case "aria2.changeUri":
+            // (gid, fileIndex, delUris, addUris[, position]) → [deleted, added], as aria2.
+            let snapshot = try await snapshot(params, 0)
+            guard try Self.int(params, 1, "fileIndex") == 1 else { throw Failure.aria2("fileIndex must be 1") }
+            guard params.count > 3, let remove = params[2].array?.compactMap(\.string),
+                let add = params[3].array?.compactMap(\.string)
+            else { throw Failure(code: -32602, message: "Invalid params: changeUri takes delUris and addUris arrays") }
+            for url in add { try Self.checkScheme(url) }
+            var list = snapshot.mirrors.isEmpty ? [snapshot.url] : snapshot.mirrors
+            var deleted = 0
+            for url in remove {
+                if let index = list.firstIndex(of: url) {
+                    list.remove(at: index)
+                    deleted += 1
+                }
+            }
+            let fresh = add.filter { !list.contains($0) }
+            let at = params.count > 4 ? min(max(0, try Self.int(params, 4, "position")), list.count) : list.count
+            list.insert(contentsOf: fresh, at: at)
+            guard !list.isEmpty else { throw Failure.aria2("a download needs at least one URI") }
+            try await manager.setMirrors(snapshot.id, list)
+            return .array([.integer(Int64(deleted)), .integer(Int64(fresh.count))])
         case "aria2.getOption":
             let snapshot = try await snapshot(params, 0)
             return Self.options(of: snapshot)
@@ -434,6 +456,12 @@ public final class Aria2RPC: Sendable {
             }
             let base = await manager.configuration.downloadDirectory
             for (name, value) in members { try Self.apply(name, value, to: &options, base: base) }
+            let user = members.first { $0.0 == "http-user" }?.1.string
+            let password = members.first { $0.0 == "http-passwd" }?.1.string
+            if user != nil || password != nil {
+                let pair = Array("\(user ?? ""):\(password ?? "")".utf8)
+                options.headers.add(name: "Authorization", value: "Basic " + Data(pair).base64EncodedString())
+            }
             if let reservedFolder {
                 let inBase = options.directory.map { Confinement.normalized($0) } ?? Confinement.normalized(base)
                 let normalBase = Confinement.normalized(base)
@@ -454,7 +482,8 @@ public final class Aria2RPC: Sendable {
                 try Self.checkNotALink(path)
             }
         }
-        // Several URIs are mirrors of one file in aria2; this version uses the first.
+        // Several URIs are mirrors of one file, as in aria2: kept with the download and tried in turn.
+        if urls.count > 1 { options.mirrors = urls }
         let id = try await manager.add(urls[0], options: options)
         if params.count > 2 {
             let position = try Self.int(params, 2, "position")
@@ -491,10 +520,34 @@ public final class Aria2RPC: Sendable {
             }
             options.out = text
         case "split", "max-connection-per-server":
+            // aria2 opens min(split, max-connection-per-server) connections to one server.
             guard let count = Int(text), (1...16).contains(count) else {
                 throw Failure.aria2("option \(name): \(text) is not 1…16")
             }
-            if name == "split" { options.connections = count }
+            options.connections = min(count, options.connections ?? count)
+        case "max-tries":
+            guard let tries = Int(text), tries >= 0 else { throw Failure.aria2("option max-tries: \(text) is not ≥ 0") }
+            options.tuning.maxRetries = tries == 0 ? Int(Int32.max) : tries - 1  // aria2: 0 is unlimited
+        case "retry-wait":
+            guard let seconds = Double(text), (0...600).contains(seconds) else {
+                throw Failure.aria2("option retry-wait: \(text) is not 0…600 seconds")
+            }
+            options.tuning.retryDelay = seconds
+        case "timeout", "connect-timeout":
+            guard let seconds = Double(text), seconds >= 1, seconds <= 600 else {
+                throw Failure.aria2("option \(name): \(text) is not 1…600 seconds")
+            }
+            if name == "timeout" { options.tuning.stallTimeout = seconds } else { options.tuning.connectTimeout = seconds }
+        case "min-split-size":
+            guard let size = RateLimiter.parse(text), size >= 1 << 20, size <= 1 << 30 else {
+                throw Failure.aria2("option min-split-size: \(text) is not 1M…1024M")
+            }
+            options.tuning.minimumSplitSize = size
+        case "user-agent":
+            guard !text.isEmpty, !text.contains(where: { $0.isNewline || $0 == "\u{0}" }) else {
+                throw Failure.aria2("option user-agent: not a header value")
+            }
+            options.headers.add(name: "User-Agent", value: text)
         case "checksum":
             do { options.checksum = try ExpectedChecksum(parsing: text) } catch {
                 throw Failure.aria2("option checksum: \(error.message)")
@@ -523,10 +576,41 @@ public final class Aria2RPC: Sendable {
         case "dir":
             guard let base else { throw Failure.aria2("option dir is not accepted here") }
             options.directory = try Confinement.folder(text, within: base)
+        case "referer":
+            guard !text.contains(where: { $0.isNewline || $0 == "\u{0}" }) else {
+                throw Failure.aria2("option referer: not a header value")
+            }
+            if text != "*" { options.headers.add(name: "Referer", value: text) }  // `*`: aria2's "the URI itself"
+        case "http-user", "http-passwd":
+            break  // combined into one Authorization header by addUri
         default:
-            throw Failure.aria2("option \(name) is not supported")
+            guard ignoredOptions.contains(name) else {
+                throw Failure.aria2("option \(name) is not supported by Stitch (docs/rpc.md lists the options)")
+            }
         }
     }
+
+    /// aria2 options that Stitch takes and ignores because ignoring them cannot change what is downloaded or
+    /// where: BitTorrent and Metalink settings, and knobs for what Stitch always does its own way (it always
+    /// saves its state, never asks for gzip, allocates and verifies as it must). Every other unknown option is
+    /// refused by name. docs/rpc.md has the table.
+    public static let ignoredOptions: Set<String> = [
+        "always-resume", "async-dns", "auto-file-renaming", "bt-enable-hook-after-hash-check", "bt-enable-lpd",
+        "bt-exclude-tracker", "bt-external-ip", "bt-force-encryption", "bt-hash-check-seed", "bt-load-saved-metadata",
+        "bt-max-open-files", "bt-max-peers", "bt-metadata-only", "bt-min-crypto-level", "bt-prioritize-piece",
+        "bt-remove-unselected-file", "bt-request-peer-speed-limit", "bt-require-crypto", "bt-save-metadata",
+        "bt-seed-unverified", "bt-stop-timeout", "bt-tracker", "bt-tracker-connect-timeout", "bt-tracker-interval",
+        "bt-tracker-timeout", "check-integrity", "conditional-get", "content-disposition-default-utf8",
+        "disk-cache", "enable-dht", "enable-dht6", "enable-http-keep-alive", "enable-http-pipelining",
+        "enable-mmap", "enable-peer-exchange", "file-allocation", "follow-metalink", "follow-torrent",
+        "force-save", "http-accept-gzip", "http-no-cache", "index-out", "lowest-speed-limit",
+        "max-file-not-found", "max-mmap-limit", "max-resume-failure-tries", "max-upload-limit",
+        "metalink-base-uri", "metalink-enable-unique-protocol", "metalink-language", "metalink-location",
+        "metalink-os", "metalink-preferred-protocol", "metalink-version", "no-file-allocation-limit",
+        "no-want-digest-header", "pause-metadata", "piece-length", "proxy-method", "realtime-chunk-checksum",
+        "remote-time", "remove-control-file", "reuse-uri", "rpc-save-upload-metadata", "seed-ratio", "seed-time",
+        "select-file", "server-stat-of", "stream-piece-selector", "uri-selector",
+    ]
 
     // MARK: Options and shapes
 
@@ -546,7 +630,8 @@ public final class Aria2RPC: Sendable {
     }
 
     static func uris(_ snapshot: DownloadSnapshot) -> JSON {
-        .array([.object([("uri", .string(snapshot.url)), ("status", .string("used"))])])
+        let all = snapshot.mirrors.isEmpty ? [snapshot.url] : snapshot.mirrors
+        return .array(all.map { .object([("uri", .string($0)), ("status", .string($0 == snapshot.url ? "used" : "waiting"))]) })
     }
 
     static func files(_ snapshot: DownloadSnapshot) -> JSON {
@@ -570,6 +655,12 @@ public final class Aria2RPC: Sendable {
         if let checksum = snapshot.checksum { members.append(("checksum", .string("\(checksum)"))) }
         let headers = snapshot.headers.map { JSON.string("\($0.name): \($0.value)") }
         if !headers.isEmpty { members.append(("header", .array(headers))) }
+        let tuning = snapshot.tuning
+        if let retries = tuning.maxRetries { members.append(("max-tries", .string(String(retries + 1)))) }
+        if let wait = tuning.retryDelay { members.append(("retry-wait", .string(String(Int(wait))))) }
+        if let timeout = tuning.stallTimeout { members.append(("timeout", .string(String(Int(timeout))))) }
+        if let timeout = tuning.connectTimeout { members.append(("connect-timeout", .string(String(Int(timeout))))) }
+        if let size = tuning.minimumSplitSize { members.append(("min-split-size", .string(String(size)))) }
         members.append(("pause", .string(snapshot.status == .paused ? "true" : "false")))
         return .object(members)
     }

@@ -290,6 +290,47 @@ struct DaemonTests {
         _ = await daemon.stop()
     }
 
+    /// Several URIs in one addUri are mirrors of one file: a missing first one is passed over for the next;
+    /// changeUri edits the list; aria2's per-download options reach the requests and show in getOption.
+    @Test func mirrorsAndPerDownloadOptions() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        let bytes = try Self.publish(nginx, "serve-mirror.bin", size: 250_000, seed: 15)
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
+        let missing = nginx.httpURL("serve-mirror-missing.bin")
+        let good = nginx.httpURL("serve-mirror.bin")
+        let agent = "stitch-test-agent/\(UInt32.random(in: 0...UInt32.max))"
+        let options = JSON.object([
+            ("out", .string("m.bin")), ("max-tries", .string("1")), ("retry-wait", .string("1")),
+            ("timeout", .string("20")), ("connect-timeout", .string("10")), ("user-agent", .string(agent)),
+            ("min-split-size", .string("2M")),
+        ])
+        let gid = try #require(try daemon.result("aria2.addUri", [.array([.string(missing), .string(good)]), options]).string)
+        try await daemon.waitFor(gid, Self.isComplete)
+        #expect(FileManager.default.contents(atPath: sandbox.path("dl/m.bin")).map(Array.init) == bytes)
+        let uris = try daemon.result("aria2.getUris", [.string(gid)]).array ?? []
+        #expect(uris.map { "\($0.text("uri") ?? "") \($0.text("status") ?? "")" } == ["\(missing) waiting", "\(good) used"])
+        let seen = nginx.accessLogLines(containing: "serve-mirror")
+        #expect(seen.contains { $0.contains("/serve-mirror-missing.bin") && $0.contains(" 404 ") && $0.contains(agent) }, "\(seen)")
+        #expect(seen.contains { $0.contains("/serve-mirror.bin") && $0.contains(" 200 ") && $0.contains(agent) })
+        let shown = try daemon.result("aria2.getOption", [.string(gid)])
+        #expect(shown.text("max-tries") == "1" && shown.text("timeout") == "20" && shown.text("min-split-size") == "\(2 << 20)", "\(shown)")
+
+        // changeUri: delete one, add two at the front; [deleted, added].
+        let other = nginx.httpURL("serve-mirror-other.bin")
+        let changed = try daemon.result("aria2.changeUri", [.string(gid), .integer(1), .array([.string(missing)]), .array([.string(other), .string(good)]), .integer(0)])
+        #expect(changed == .array([.integer(1), .integer(1)]), "a URI already listed is not added twice: \(changed)")
+        let after = try daemon.result("aria2.getUris", [.string(gid)]).array?.compactMap { $0.text("uri") }
+        #expect(after == [other, good])
+        #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("max-tries", .string("-1"))])]).message.contains("max-tries"))
+        #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("all-proxy", .string("http://p:1"))])]).message.contains("all-proxy"), "ignoring a proxy would not be harmless")
+        #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("dry-run", .string("true"))])]).message.contains("dry-run"))
+        let ignored = try daemon.result("aria2.addUri", [.array([.string(good)]), .object([("seed-ratio", .string("1")), ("file-allocation", .string("none")), ("out", .string("ignored.bin"))])])
+        #expect(ignored.string?.count == 16, "BitTorrent and allocation knobs are taken and ignored")
+        _ = await daemon.stop()
+    }
+
     /// utime + stime of a process, in clock ticks.
     static func cpuTicks(_ pid: Int32) throws -> Int {
         let stat = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)

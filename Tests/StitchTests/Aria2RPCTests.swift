@@ -164,7 +164,8 @@ import Testing
     /// refused by name; nothing is added.
     @Test(arguments: [
         #"{"out":"../escape.bin"}"#, #"{"out":"sub/x.bin"}"#, #"{"out":"/etc/passwd"}"#, #"{"dir":"/tmp"}"#,
-        #"{"split":"99"}"#, #"{"checksum":"crc9=00"}"#, #"{"bt-tracker":"x"}"#, #"{"pause":"maybe"}"#,
+        #"{"split":"99"}"#, #"{"checksum":"crc9=00"}"#, #"{"all-proxy":"http://p:1"}"#, #"{"pause":"maybe"}"#,
+        #"{"dir":"../up"}"#, #"{"max-tries":"x"}"#, #"{"gid":"0123456789abcdef"}"#,
     ])
     func unsafeOrUnknownOptionsAreRefused(_ options: String) async throws {
         let f = try ManagerFixture()

@@ -71,6 +71,12 @@ public actor DownloadManager {
         /// count. The held download keeps its own options (the others given here are not applied), except that
         /// a checksum other than its own is refused (`.invalidRequest`) rather than left unchecked.
         public var reuseExisting = false
+        /// Other URLs of the same file (aria2's several URIs in one `addUri`): when the download fails from one,
+        /// it goes on from the next, each tried once in turn, its partial data kept only where the new server
+        /// proves the file is the same (as ``DownloadManager/updateSource(_:url:headers:)``).
+        public var mirrors: [String] = []
+        /// Engine settings for this download instead of the manager's.
+        public var tuning = Tuning()
 
         public init(out: String? = nil, directory: String? = nil) {
             self.out = out
@@ -79,6 +85,21 @@ public actor DownloadManager {
     }
 
     /// What opening the catalog found.
+    /// A download's own engine settings; each nil takes the manager's ``Configuration``.
+    public struct Tuning: Sendable, Hashable, Codable {
+        /// Failed attempts in a row before the download fails (``RetryPolicy/maxRetries``).
+        public var maxRetries: Int?
+        /// Seconds before the first retry (``RetryPolicy/baseDelay``).
+        public var retryDelay: Double?
+        /// Seconds a transfer may bring almost nothing before it is retried (``TransportOptions/stallTimeout``).
+        public var stallTimeout: Double?
+        /// Seconds allowed to connect (``TransportOptions/connectTimeout``).
+        public var connectTimeout: Double?
+        /// The smallest piece a split makes (``DownloadOptions/minimumSplitSize``).
+        public var minimumSplitSize: Int64?
+        public init() {}
+    }
+
     public struct RestoreReport: Sendable, Hashable {
         /// Downloads restored from the catalog (or, after a rebuild, from state files).
         public var restored: Int
@@ -266,6 +287,12 @@ public actor DownloadManager {
                 rollBack()
                 throw DownloadManagerError(.invalidRequest(error.message))
             }
+            for mirror in options.mirrors {
+                do { _ = try validateURL(mirror) } catch {
+                    rollBack()
+                    throw DownloadManagerError(.invalidRequest("mirror: \(error.message)"))
+                }
+            }
             if let connections = options.connections, !(1...16).contains(connections) {
                 rollBack()
                 throw DownloadManagerError(.invalidRequest("connections must be 1…16, not \(connections)"))
@@ -300,8 +327,15 @@ public actor DownloadManager {
                 CatalogEntry(
                     id: id, url: url, headers: options.headers.map { "\($0.name): \($0.value)" },
                     destinationKind: kind, destinationPath: path, checksum: options.checksum?.description,
-                    options: StoredOptions(
-                        connections: options.connections, overwrite: options.overwrite, rateLimit: options.rateLimit),
+                    options: {
+                        var stored = StoredOptions(
+                            connections: options.connections, overwrite: options.overwrite,
+                            rateLimit: options.rateLimit)
+                        let others = options.mirrors.filter { $0 != url }
+                        stored.mirrors = others.isEmpty ? [] : [url] + others
+                        stored.tuning = options.tuning
+                        return stored
+                    }(),
                     status: options.paused ? CatalogEntry.Status.paused : CatalogEntry.Status.queued,
                     priority: options.priority, position: position, createdAt: now, updatedAt: now))
             ids.append(id)
@@ -363,6 +397,10 @@ public actor DownloadManager {
     /// Queues a paused or failed download again; it continues from its saved partial data.
     public func resume(_ id: DownloadID) throws {
         try transition(id, .resume)
+        if table[id]?.entry.options.mirrorsTried != 0 {
+            table[id]?.entry.options.mirrorsTried = 0  // every mirror is worth a try again
+            if let entry = table[id]?.entry { try? catalog.update(entry) }
+        }
         schedule()
     }
 
@@ -897,10 +935,15 @@ public actor DownloadManager {
         var options = DownloadOptions()
         options.retry = configuration.retry
         options.transport = configuration.transport
+        let tuning = entry.options.tuning
+        if let value = tuning.maxRetries { options.retry.maxRetries = value }
+        if let value = tuning.retryDelay { options.retry.baseDelay = value }
+        if let value = tuning.stallTimeout { options.transport.stallTimeout = value }
+        if let value = tuning.connectTimeout { options.transport.connectTimeout = value }
         options.rateLimiter = run.limiter
         options.connections = entry.options.connections ?? configuration.connections
         options.http2Streams = entry.options.http2Streams
-        options.minimumSplitSize = configuration.minimumSplitSize
+        options.minimumSplitSize = tuning.minimumSplitSize ?? configuration.minimumSplitSize
         options.singleConnectionRate = configuration.singleConnectionRate
         options.automaticConnectionStep = configuration.automaticConnectionStep
         options.progressInterval = 0.1
@@ -985,8 +1028,58 @@ public actor DownloadManager {
         case .failure(let error):
             managed.entry.completedBytes = managed.progress.durableBytes
             table[id] = managed
+            if let next = nextMirror(managed.entry, after: error) {
+                switchSource(id, to: next, mirror: true)
+                publish(.notice(id, "\(error.message); trying the next mirror, \(next)"))
+                setStatus(id, .queued)
+                return
+            }
             setStatus(id, .failed(DownloadFailure(error)))
         }
+    }
+
+    /// The mirror to go on from after `error`, if one is left untried and another server could help.
+    private func nextMirror(_ entry: CatalogEntry, after error: DownloadError) -> String? {
+        let all = entry.options.mirrors
+        guard all.count > 1, entry.options.mirrorsTried < all.count - 1 else { return nil }
+        switch error.code {
+        case .cancelled, .io, .destinationExists, .invalidURL, .unsupportedScheme, .invalidOption: return nil
+        default: break
+        }
+        let current = all.firstIndex(of: entry.url) ?? -1
+        return all[(current + 1) % all.count]
+    }
+
+    /// Points the download at `url`, keeping its partial data for a server that proves the file is the same.
+    private func switchSource(_ id: DownloadID, to url: String, mirror: Bool) {
+        guard var managed = table[id] else { return }
+        if managed.entry.url != url {
+            managed.entry.options.formerURLs.removeAll { $0 == url }
+            managed.entry.options.formerURLs.append(managed.entry.url)
+            managed.entry.url = url
+        }
+        if mirror { managed.entry.options.mirrorsTried += 1 }
+        managed.entry.updatedAt = Date().timeIntervalSince1970
+        try? catalog.update(managed.entry)
+        table[id] = managed
+    }
+
+    /// Sets every URL of download `id`'s file (aria2's `changeUri`): the current one stays if listed; otherwise
+    /// the download goes on from the first (a running one at once), as ``updateSource(_:url:headers:)``.
+    public func setMirrors(_ id: DownloadID, _ urls: [String]) throws {
+        try checkOpen()
+        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        guard !urls.isEmpty else { throw DownloadManagerError(.invalidRequest("a download needs at least one URL")) }
+        for url in urls {
+            do { _ = try validateURL(url) } catch { throw DownloadManagerError(.invalidRequest(error.message)) }
+        }
+        var unique: [String] = []
+        for url in urls where !unique.contains(url) { unique.append(url) }
+        managed.entry.options.mirrors = unique.count > 1 ? unique : []
+        managed.entry.options.mirrorsTried = 0
+        do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        table[id] = managed
+        if !unique.contains(managed.entry.url) { try updateSource(id, url: unique[0]) }
     }
 
     private func stopRun(_ id: DownloadID) {
@@ -1006,7 +1099,8 @@ public actor DownloadManager {
             path: entry.resolvedPath ?? (entry.destinationKind == .file ? entry.destinationPath : nil),
             status: managed.status, progress: managed.progress, priority: entry.priority, position: entry.position,
             checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt,
-            rateLimit: entry.options.rateLimit)
+            rateLimit: entry.options.rateLimit, mirrors: entry.options.mirrors.isEmpty ? [entry.url] : entry.options.mirrors,
+            tuning: entry.options.tuning)
     }
 
     private func outcome(of id: DownloadID) -> Result<DownloadSnapshot, DownloadFailure>? {

@@ -202,6 +202,10 @@ public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
     public var addedAt: Double
     /// This download's own limit in bytes per second (within the manager's), if it has one.
     public var rateLimit: Int64? = nil
+    /// Every URL of the file, the current one (``url``) among them.
+    public var mirrors: [String] = []
+    /// This download's own engine settings.
+    public var tuning = DownloadManager.Tuning()
 }
 
 /// What the manager reports as downloads move.

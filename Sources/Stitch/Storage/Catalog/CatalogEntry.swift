@@ -111,6 +111,12 @@ struct StoredOptions: Codable, Sendable, Hashable {
     var http2Streams: Bool
     /// URLs the download had before its current one (``DownloadManager/updateSource(_:url:headers:)``).
     var formerURLs: [String]
+    /// Every URL of the file, the current one among them (``DownloadManager/AddOptions/mirrors``); empty for one.
+    var mirrors: [String] = []
+    /// Mirrors switched to since the download last started from the user's hand: each is tried once in turn.
+    var mirrorsTried = 0
+    /// This download's own engine settings; nil for the manager's.
+    var tuning = DownloadManager.Tuning()
 
     init(
         connections: Int? = nil, overwrite: Bool = false, rateLimit: Int64? = nil, http2Streams: Bool = false,
@@ -129,6 +135,9 @@ struct StoredOptions: Codable, Sendable, Hashable {
         case rateLimit
         case http2Streams
         case formerURLs
+        case mirrors
+        case mirrorsTried
+        case tuning
     }
 
     init(from decoder: any Decoder) throws {
@@ -139,6 +148,9 @@ struct StoredOptions: Codable, Sendable, Hashable {
         rateLimit = (try? container.decodeIfPresent(Int64.self, forKey: .rateLimit)) ?? nil
         http2Streams = (try? container.decodeIfPresent(Bool.self, forKey: .http2Streams)) ?? false
         formerURLs = (try? container.decodeIfPresent([String].self, forKey: .formerURLs)) ?? []
+        mirrors = (try? container.decodeIfPresent([String].self, forKey: .mirrors)) ?? []
+        mirrorsTried = (try? container.decodeIfPresent(Int.self, forKey: .mirrorsTried)) ?? 0
+        tuning = (try? container.decodeIfPresent(DownloadManager.Tuning.self, forKey: .tuning)) ?? DownloadManager.Tuning()
     }
 
     func encode(to encoder: any Encoder) throws {
@@ -148,5 +160,8 @@ struct StoredOptions: Codable, Sendable, Hashable {
         try container.encodeIfPresent(rateLimit, forKey: .rateLimit)
         try container.encode(http2Streams, forKey: .http2Streams)
         if !formerURLs.isEmpty { try container.encode(formerURLs, forKey: .formerURLs) }
+        if !mirrors.isEmpty { try container.encode(mirrors, forKey: .mirrors) }
+        if mirrorsTried != 0 { try container.encode(mirrorsTried, forKey: .mirrorsTried) }
+        if tuning != DownloadManager.Tuning() { try container.encode(tuning, forKey: .tuning) }
     }
 }
