@@ -87,6 +87,7 @@ enum Help {
               --rpc-certificate FILE     serve HTTPS and WSS with this PEM certificate …
               --rpc-private-key FILE     … and this PEM key
               --rpc-max-request-size N   the largest request body or WebSocket message (default 16M)
+              --rpc-max-websocket-clients N  WebSocket clients at once (default 64)
           -j, --max-concurrent-downloads N   downloads at once (default 5)
               --max-overall-download-limit RATE   all downloads together at most RATE (500K, 2M; 0: none)
               --max-connection-per-server N       connections to one host over all downloads (default 16)

@@ -30,6 +30,7 @@ enum Serve {
         var certificate: String?
         var privateKey: String?
         var maxRequestSize: Int?
+        var maxWebSockets: Int?
         var maxConcurrent: Int?
         var rate: Int64?
         var perHost: Int?
@@ -78,6 +79,7 @@ enum Serve {
                     throw UsageError("--rpc-max-request-size takes a size from 1K to 1G (16M, 512K), not '\(text)'")
                 }
                 maxRequestSize = Int(size)
+            case "--rpc-max-websocket-clients": maxWebSockets = try count(1...10_000)
             case "-j", "--max-concurrent-downloads": maxConcurrent = try count(1...1_000)
             case "--max-overall-download-limit":
                 let text = try value()
@@ -129,6 +131,7 @@ enum Serve {
             throw UsageError("--rpc-certificate and --rpc-private-key go together")
         }
         if let maxRequestSize { options.server.maxRequestSize = maxRequestSize }
+        if let maxWebSockets { options.server.maxWebSocketClients = maxWebSockets }
         options.maxConcurrentDownloads = maxConcurrent
         options.rateLimit = rate
         options.maxConnectionsPerHost = perHost

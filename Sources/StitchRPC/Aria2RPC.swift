@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 public import Stitch
 
 /// aria2's JSON-RPC interface over a ``DownloadManager``: the JSON-RPC 2.0 envelope (single calls, batches,
@@ -39,7 +40,7 @@ public final class Aria2RPC: Sendable {
     ) {
         self.manager = manager
         self.reservedFolder = reservedFolder
-        self.secret = secret.map { Array($0.utf8) }
+        self.secret = secret.map { Self.digest(Array($0.utf8)) }
         self.limits = limits
         self.onShutdown = onShutdown
         var generator = SystemRandomNumberGenerator()
@@ -73,11 +74,19 @@ public final class Aria2RPC: Sendable {
     // MARK: The envelope
 
     /// What one request body came to.
-    public struct Reply: Sendable {
+    public struct Reply: Sendable, Error {
         /// The response body; nil when nothing is to be sent (only notifications, calls without an `id`).
         public var body: [UInt8]?
-        /// Some call in it carried a wrong or missing secret (the server slows such clients down).
-        public var unauthorized: Bool
+        /// Calls in it refused for a wrong or missing secret (the server slows such clients down).
+        public var unauthorized: Int
+        /// Some call in it carried the right secret (a secret is set).
+        public var authorized = false
+
+        public init(body: [UInt8]?, unauthorized: Int = 0, authorized: Bool = false) {
+            self.body = body
+            self.unauthorized = unauthorized
+            self.authorized = authorized
+        }
     }
 
     /// How a request arrived, which limits what it may do.
@@ -95,27 +104,36 @@ public final class Aria2RPC: Sendable {
 
     /// Handles one request body that arrived over `channel`.
     public func handle(_ body: [UInt8], channel: Channel) async -> Reply {
-        let request: JSON
+        switch decode(body) {
+        case .success(let request): return await handle(request, channel: channel)
+        case .failure(let reply): return reply
+        }
+    }
+
+    /// A request body parsed within the bounds, or the parse error's reply.
+    public func decode(_ body: [UInt8]) -> Result<JSON, Reply> {
         do {
-            request = try JSON.parse(body, maxDepth: limits.maxDepth)
+            return .success(try JSON.parse(body, maxDepth: limits.maxDepth))
         } catch {
             let response = Self.errorResponse(id: .null, code: -32700, message: "Parse error: \(error)")
-            return Reply(body: response.serialized, unauthorized: false)
+            return .failure(Reply(body: response.serialized))
         }
-        return await handle(request, channel: channel)
     }
 
     /// Handles one parsed request (a call or a batch).
     public func handle(_ request: JSON, channel: Channel) async -> Reply {
         let record = CallRecord(channel: channel)
         let body = await handle(request, record)
-        return Reply(body: body, unauthorized: record.unauthorized)
+        return Reply(body: body, unauthorized: record.failures, authorized: record.authorized)
     }
 
-    /// What the calls of one request share: how it came, and whether one of them failed the secret.
+    /// What the calls of one request share: how it came, and how its calls fared with the secret. Once one call
+    /// of a request fails the secret, every later one that needs it fails too without a comparison, so a batch
+    /// of guesses cannot tell which guess was right.
     final class CallRecord: @unchecked Sendable {  // used by one task at a time, in turn
         let channel: Channel
-        var unauthorized = false
+        var failures = 0
+        var authorized = false
         init(channel: Channel) { self.channel = channel }
     }
 
@@ -209,17 +227,7 @@ public final class Aria2RPC: Sendable {
         }
         guard Self.methods.contains(method) else { return .failure(Failure(code: -32601, message: "Method not found")) }
         var params = params
-        if let secret {
-            guard let first = params.first?.string, first.hasPrefix("token:"),
-                Self.constantTimeEquals(Array(first.utf8.dropFirst(6)), secret)
-            else {
-                record.unauthorized = true
-                return .failure(.aria2("Unauthorized"))
-            }
-            params.removeFirst()
-        } else if let first = params.first?.string, first.hasPrefix("token:") {
-            params.removeFirst()  // a client that always sends one
-        }
+        if case .failure(let failure) = authorize(&params, record) { return .failure(failure) }
         do {
             return .success(try await call(method, params))
         } catch let failure as Failure {
@@ -232,14 +240,17 @@ public final class Aria2RPC: Sendable {
     }
 
     private func call(_ method: String, _ params: [JSON]) async throws -> JSON {
+        if method != "aria2.getGlobalOption", Self.readOnlyMethods.contains(method) {
+            return try read(method, params, await refreshedView())
+        }
+        // Whatever it comes to, what readers see next is fetched again.
+        defer { invalidate() }
         switch method {
         case "aria2.getVersion":
             return .object([
                 ("version", .string(StitchVersion.string)),
                 ("enabledFeatures", .array(["HTTPS", "Async DNS"].map(JSON.string))),
             ])
-        case "aria2.getSessionInfo":
-            return .object([("sessionId", .string(sessionID))])
         case "aria2.addUri":
             return try await addUri(params)
         case "aria2.remove", "aria2.forceRemove":
@@ -286,42 +297,6 @@ public final class Aria2RPC: Sendable {
             }
             try await manager.updateSource(id, url: url, headers: headers)
             return .string("\(id)")
-        case "aria2.tellStatus":
-            let snapshot = try await snapshot(params, 0)
-            return Self.status(snapshot, keys: try Self.keys(params, 1))
-        case "aria2.getUris":
-            let snapshot = try await snapshot(params, 0)
-            return Self.uris(snapshot)
-        case "aria2.getFiles":
-            let snapshot = try await snapshot(params, 0)
-            return Self.files(snapshot)
-        case "aria2.getPeers":
-            _ = try await snapshot(params, 0)
-            return .array([])
-        case "aria2.getServers":
-            let snapshot = try await snapshot(params, 0)
-            guard snapshot.status == .running else { throw Failure.aria2("No active download for GID \(snapshot.id)") }
-            let server: JSON = .object([
-                ("uri", .string(snapshot.url)), ("currentUri", .string(snapshot.url)),
-                ("downloadSpeed", .string(String(Int64(snapshot.progress.bytesPerSecond)))),
-            ])
-            return .array([.object([("index", .string("1")), ("servers", .array([server]))])])
-        case "aria2.tellActive":
-            let keys = try Self.keys(params, 0)
-            return .array(await manager.downloads().filter { $0.status == .running }.map { Self.status($0, keys: keys) })
-        case "aria2.tellWaiting", "aria2.tellStopped":
-            let offset = try Self.int(params, 0, "offset")
-            let count = try Self.int(params, 1, "num")
-            let keys = try Self.keys(params, 2)
-            let all = await manager.downloads()
-            let list =
-                method == "aria2.tellWaiting"
-                ? all.filter { $0.status == .queued || $0.status == .paused }
-                : all.filter { Self.isStopped($0.status) }
-            return .array(Self.window(list, offset: offset, count: count).map { Self.status($0, keys: keys) })
-        case "stitch.tellAll":
-            let keys = try Self.keys(params, 0)
-            return .array(await manager.downloads().map { Self.status($0, keys: keys) })
         case "aria2.changePosition":
             let id = try await gid(params, 0)
             let position = try Self.int(params, 1, "pos")
@@ -358,9 +333,6 @@ public final class Aria2RPC: Sendable {
             guard !list.isEmpty else { throw Failure.aria2("a download needs at least one URI") }
             try await manager.setMirrors(snapshot.id, list)
             return .array([.integer(Int64(deleted)), .integer(Int64(fresh.count))])
-        case "aria2.getOption":
-            let snapshot = try await snapshot(params, 0)
-            return Self.options(of: snapshot)
         case "aria2.changeOption":
             let id = try await gid(params, 0)
             guard params.count > 1, let members = params[1].members else {
@@ -376,16 +348,6 @@ public final class Aria2RPC: Sendable {
             }
             try await changeGlobalOption(members)
             return .string("OK")
-        case "aria2.getGlobalStat":
-            let all = await manager.downloads()
-            let speed = all.filter { $0.status == .running }.reduce(0.0) { $0 + $1.progress.bytesPerSecond }
-            return .object([
-                ("downloadSpeed", .string(String(Int64(speed)))), ("uploadSpeed", .string("0")),
-                ("numActive", .string(String(all.count { $0.status == .running }))),
-                ("numWaiting", .string(String(all.count { $0.status == .queued || $0.status == .paused }))),
-                ("numStopped", .string(String(all.count { Self.isStopped($0.status) }))),
-                ("numStoppedTotal", .string(String(all.count { Self.isStopped($0.status) }))),
-            ])
         case "aria2.purgeDownloadResult":
             for snapshot in await manager.downloads() where Self.isStopped(snapshot.status) {
                 try? await manager.remove(snapshot.id)
@@ -438,6 +400,275 @@ public final class Aria2RPC: Sendable {
         return .success(.array(results))
     }
 
+    // MARK: Reading without the manager
+
+    /// The downloads as a reader sees them: fetched from the manager at most ``viewAge`` ago, and again after
+    /// every call that may change something (and whenever ``invalidate()`` is called, as the daemon does before
+    /// each notification), so a client never reads an answer older than its own last change.
+    struct View: Sendable {
+        let all: [DownloadSnapshot]
+        let index: [DownloadID: Int]
+        let fetched: ContinuousClock.Instant
+        /// Serialized results of the reads asked of this view, by method and parameters: a front-end polls the
+        /// same few calls, so while the view lasts each is built once.
+        let results = ResultCache()
+
+        init(_ all: [DownloadSnapshot]) {
+            self.all = all
+            var index: [DownloadID: Int] = [:]
+            for (offset, snapshot) in all.enumerated() { index[snapshot.id] = offset }
+            self.index = index
+            self.fetched = .now
+        }
+    }
+
+    final class ResultCache: Sendable {
+        let table = Mutex<[String: [UInt8]]>([:])
+        static let capacity = 256
+    }
+
+    /// How old a view may be for reads answered at once (progress is reported ten times a second).
+    public static let viewAge: Duration = .milliseconds(100)
+    /// The view, and a count of invalidations: a view fetched across one is not kept (it may predate a change
+    /// whose answer has already gone out).
+    private let cache = Mutex<(view: View?, generation: UInt64)>((nil, 0))
+
+    /// Forgets the view, so the next read asks the manager.
+    public func invalidate() {
+        cache.withLock {
+            $0.view = nil
+            $0.generation &+= 1
+        }
+    }
+
+    private func refreshedView() async -> View {
+        let generation = cache.withLock { $0.generation }
+        let view = View(await manager.downloads())
+        cache.withLock { if $0.generation == generation { $0.view = view } }
+        return view
+    }
+
+    private func cachedView() -> View? {
+        cache.withLock { cache in
+            guard let current = cache.view, ContinuousClock.now - current.fetched < Self.viewAge else { return nil }
+            return current
+        }
+    }
+
+    /// Answers `request` on the caller's thread when every call in it only reads (and a fresh view is at hand);
+    /// nil when it needs ``handle(_:channel:)``. What a server calls first, so a poll costs no task, no actor hop
+    /// and no thread switch.
+    public func handleImmediately(_ request: JSON, channel: Channel) -> Reply? {
+        guard Self.onlyReads(request), let view = cachedView() else { return nil }
+        let record = CallRecord(channel: channel)
+        func answer(_ call: JSON, into out: inout [UInt8]) -> Bool {
+            guard case .object = call, let method = call["method"]?.string else {
+                Self.errorResponse(id: call["id"] ?? .null, code: -32600, message: "Invalid Request").write(into: &out)
+                return true
+            }
+            let id = call["id"]
+            let params: [JSON]
+            switch call["params"] {
+            case nil: params = []
+            case .array(let values)?: params = values
+            default:
+                guard let id else { return false }
+                Self.errorResponse(id: id, code: -32602, message: "Invalid params: not an array").write(into: &out)
+                return true
+            }
+            let result = invokeReading(method, params, record, view)
+            guard let id else { return false }
+            switch result {
+            case .success(let bytes):
+                out.append(contentsOf: #"{"id":"#.utf8)
+                id.write(into: &out)
+                out.append(contentsOf: #","jsonrpc":"2.0","result":"#.utf8)
+                out.append(contentsOf: bytes)
+                out.append(UInt8(ascii: "}"))
+            case .failure(let error):
+                Self.errorResponse(id: id, code: error.code, message: error.message).write(into: &out)
+            }
+            return true
+        }
+        var out: [UInt8] = []
+        out.reserveCapacity(1_024)
+        if case .array(let calls) = request {
+            guard !calls.isEmpty, calls.count <= limits.maxCalls else { return nil }  // the full path says why
+            out.append(UInt8(ascii: "["))
+            var any = false
+            for call in calls {
+                if any { out.append(UInt8(ascii: ",")) }
+                let wrote = answer(call, into: &out)
+                if !wrote, any { out.removeLast() }  // the comma before a notification
+                any = any || wrote
+            }
+            out.append(UInt8(ascii: "]"))
+            return Reply(body: any ? out : nil, unauthorized: record.failures, authorized: record.authorized)
+        }
+        return Reply(
+            body: answer(request, into: &out) ? out : nil, unauthorized: record.failures, authorized: record.authorized)
+    }
+
+    /// Whether every call of `request` (batches and multicalls included) is a read that ``read`` answers.
+    static func onlyReads(_ request: JSON) -> Bool {
+        func reads(_ method: String?, _ params: JSON?) -> Bool {
+            guard let method, readOnlyMethods.contains(method), method != "aria2.getGlobalOption" else { return false }
+            guard method == "system.multicall" else { return true }
+            guard let calls = params?.array?.first?.array, calls.count <= 1_000 else { return false }
+            return calls.allSatisfy { $0["methodName"]?.string != "system.multicall" && reads($0["methodName"]?.string, nil) }
+        }
+        if case .array(let calls) = request {
+            return calls.allSatisfy { reads($0["method"]?.string, $0["params"]) }
+        }
+        return reads(request["method"]?.string, request["params"])
+    }
+
+    private func invokeReading(_ method: String, _ params: [JSON], _ record: CallRecord, _ view: View)
+        -> Result<[UInt8], Failure>
+    {
+        switch method {
+        case "system.listMethods": return .success(JSON.array(Self.methods.map(JSON.string)).serialized)
+        case "system.listNotifications": return .success(JSON.array(Self.notifications.map(JSON.string)).serialized)
+        case "system.multicall":
+            guard let calls = params.first?.array else {
+                return .failure(Failure(code: -32602, message: "Invalid params: system.multicall takes an array of calls"))
+            }
+            var out: [UInt8] = [UInt8(ascii: "[")]
+            for (index, call) in calls.enumerated() {
+                if index > 0 { out.append(UInt8(ascii: ",")) }
+                let inner = call["params"]?.array ?? []
+                switch invokeReading(call["methodName"]?.string ?? "", inner, record, view) {
+                case .success(let bytes):
+                    out.append(UInt8(ascii: "["))
+                    out.append(contentsOf: bytes)
+                    out.append(UInt8(ascii: "]"))
+                case .failure(let failure):
+                    JSON.object([("code", .integer(Int64(failure.code))), ("message", .string(failure.message))])
+                        .write(into: &out)
+                }
+            }
+            out.append(UInt8(ascii: "]"))
+            return .success(out)
+        default:
+            break
+        }
+        var params = params
+        if case .failure(let failure) = authorize(&params, record) { return .failure(failure) }
+        let key = method + "\u{1}" + String(decoding: JSON.array(params).serialized, as: UTF8.self)
+        if let hit = view.results.table.withLock({ $0[key] }) { return .success(hit) }
+        do {
+            let bytes = try read(method, params, view).serialized
+            view.results.table.withLock { if $0.count < ResultCache.capacity { $0[key] = bytes } }
+            return .success(bytes)
+        } catch let failure as Failure {
+            return .failure(failure)
+        } catch {
+            return .failure(.aria2("\(error)"))
+        }
+    }
+
+    /// Checks and removes the `token:` parameter, counting the outcome in `record`.
+    private func authorize(_ params: inout [JSON], _ record: CallRecord) -> Result<Void, Failure> {
+        if let secret {
+            // SHA-256 of both sides, compared in constant time: neither the secret's bytes nor its length show.
+            guard record.failures == 0, let first = params.first?.string, first.hasPrefix("token:"),
+                Self.constantTimeEquals(Self.digest(Array(first.utf8.dropFirst(6))), secret)
+            else {
+                record.failures += 1
+                return .failure(.aria2("Unauthorized"))
+            }
+            record.authorized = true
+            params.removeFirst()
+        } else if let first = params.first?.string, first.hasPrefix("token:") {
+            params.removeFirst()  // a client that always sends one
+        }
+        return .success(())
+    }
+
+    /// The methods that only read, answered from `view`.
+    private func read(_ method: String, _ params: [JSON], _ view: View) throws -> JSON {
+        func snapshot(_ index: Int) throws -> DownloadSnapshot { try Self.find(params, index, in: view) }
+        switch method {
+        case "aria2.getVersion":
+            return .object([
+                ("version", .string(StitchVersion.string)),
+                ("enabledFeatures", .array(["HTTPS", "Async DNS"].map(JSON.string))),
+            ])
+        case "aria2.getSessionInfo":
+            return .object([("sessionId", .string(sessionID))])
+        case "aria2.tellStatus":
+            return Self.status(try snapshot(0), keys: try Self.keys(params, 1))
+        case "aria2.getUris":
+            return Self.uris(try snapshot(0))
+        case "aria2.getFiles":
+            return Self.files(try snapshot(0))
+        case "aria2.getPeers":
+            _ = try snapshot(0)
+            return .array([])
+        case "aria2.getServers":
+            let snapshot = try snapshot(0)
+            guard snapshot.status == .running else { throw Failure.aria2("No active download for GID \(snapshot.id)") }
+            let server: JSON = .object([
+                ("uri", .string(snapshot.url)), ("currentUri", .string(snapshot.url)),
+                ("downloadSpeed", .string(String(Int64(snapshot.progress.bytesPerSecond)))),
+            ])
+            return .array([.object([("index", .string("1")), ("servers", .array([server]))])])
+        case "aria2.tellActive":
+            let keys = try Self.keys(params, 0)
+            return .array(view.all.filter { $0.status == .running }.map { Self.status($0, keys: keys) })
+        case "aria2.tellWaiting", "aria2.tellStopped":
+            let offset = try Self.int(params, 0, "offset")
+            let count = try Self.int(params, 1, "num")
+            let keys = try Self.keys(params, 2)
+            let list =
+                method == "aria2.tellWaiting"
+                ? view.all.filter { $0.status == .queued || $0.status == .paused }
+                : view.all.filter { Self.isStopped($0.status) }
+            return .array(Self.window(list, offset: offset, count: count).map { Self.status($0, keys: keys) })
+        case "stitch.tellAll":
+            let keys = try Self.keys(params, 0)
+            return .array(view.all.map { Self.status($0, keys: keys) })
+        case "aria2.getOption":
+            return Self.options(of: try snapshot(0))
+        case "aria2.getGlobalStat":
+            var speed = 0.0
+            var active = 0
+            var waiting = 0
+            var stopped = 0
+            for snapshot in view.all {
+                switch snapshot.status {
+                case .running:
+                    active += 1
+                    speed += snapshot.progress.bytesPerSecond
+                case .queued, .paused: waiting += 1
+                default: if Self.isStopped(snapshot.status) { stopped += 1 }
+                }
+            }
+            return .object([
+                ("downloadSpeed", .string(String(Int64(speed)))), ("uploadSpeed", .string("0")),
+                ("numActive", .string(String(active))), ("numWaiting", .string(String(waiting))),
+                ("numStopped", .string(String(stopped))), ("numStoppedTotal", .string(String(stopped))),
+            ])
+        default:
+            throw Failure(code: -32601, message: "Method not found")
+        }
+    }
+
+    /// The download `params[index]` names in `view`: 16 hex digits, or a prefix only one download's GID has.
+    static func find(_ params: [JSON], _ index: Int, in view: View) throws -> DownloadSnapshot {
+        guard index < params.count, let text = params[index].string, !text.isEmpty, text.count <= 16,
+            text.allSatisfy(\.isHexDigit)
+        else { throw Failure.aria2("a GID is 1 to 16 hex digits") }
+        if text.count == 16, let id = DownloadID(text), let offset = view.index[id] { return view.all[offset] }
+        let lowered = text.lowercased()
+        let matches = view.all.filter { "\($0.id)".hasPrefix(lowered) }
+        guard matches.count == 1 else {
+            throw Failure.aria2(matches.isEmpty ? "GID \(text) is not found" : "GID \(text) is ambiguous")
+        }
+        return matches[0]
+    }
+
+
     // MARK: addUri
 
     private func addUri(_ params: [JSON]) async throws -> JSON {
@@ -463,11 +694,11 @@ public final class Aria2RPC: Sendable {
                 options.headers.add(name: "Authorization", value: "Basic " + Data(pair).base64EncodedString())
             }
             if let reservedFolder {
-                let inBase = options.directory.map { Confinement.normalized($0) } ?? Confinement.normalized(base)
-                let normalBase = Confinement.normalized(base)
-                if inBase == normalBase + "/" + reservedFolder || inBase.hasPrefix(normalBase + "/" + reservedFolder + "/")
-                    || (inBase == normalBase && options.out == reservedFolder)
-                {
+                // Compared with links resolved: `dir` may name the folder through another path to it.
+                let target = Confinement.resolvedPath(options.directory ?? base)
+                let root = Confinement.resolved(base)
+                let reserved = (root == "/" ? "" : root) + "/" + reservedFolder
+                if target == reserved || target.hasPrefix(reserved + "/") || (target == root && options.out == reservedFolder) {
                     throw Failure.aria2("\(reservedFolder) in the download folder is the daemon's own; choose another name")
                 }
             }
@@ -653,7 +884,11 @@ public final class Aria2RPC: Sendable {
         }
         members.append(("max-download-limit", .string(String(snapshot.rateLimit ?? 0))))
         if let checksum = snapshot.checksum { members.append(("checksum", .string("\(checksum)"))) }
-        let headers = snapshot.headers.map { JSON.string("\($0.name): \($0.value)") }
+        // Credentials are not shown back (a read may travel as GET, even as JSONP).
+        let hidden: Set<String> = ["authorization", "cookie", "proxy-authorization"]
+        let headers = snapshot.headers.map {
+            JSON.string("\($0.name): \(hidden.contains($0.name.lowercased()) ? "(hidden)" : $0.value)")
+        }
         if !headers.isEmpty { members.append(("header", .array(headers))) }
         let tuning = snapshot.tuning
         if let retries = tuning.maxRetries { members.append(("max-tries", .string(String(retries + 1)))) }
@@ -689,7 +924,8 @@ public final class Aria2RPC: Sendable {
             ("max-concurrent-downloads", .string(String(configuration.maxConcurrentDownloads))),
             ("max-overall-download-limit", .string(String(configuration.rateLimit ?? 0))),
             ("max-connection-per-server", .string(String(configuration.maxConnectionsPerHost))),
-            ("split", .string(configuration.connections.map(String.init) ?? "auto")),
+            // aria2 clients read a number: the configured count, or 4, the most the automatic choice opens.
+            ("split", .string(String(configuration.connections ?? 4))),
             ("max-tries", .string(String(configuration.retry.maxRetries + 1))),
             ("continue", .string("true")),
         ])
@@ -731,8 +967,10 @@ public final class Aria2RPC: Sendable {
 
     static func directory(of snapshot: DownloadSnapshot) -> String {
         switch snapshot.destination {
-        case .directory(let folder): folder
-        case .file(let file): (file as NSString).deletingLastPathComponent
+        case .directory(let folder): return folder
+        case .file(let file):
+            guard let slash = file.lastIndex(of: "/") else { return "." }
+            return slash == file.startIndex ? "/" : String(file[..<slash])
         }
     }
 
@@ -803,11 +1041,7 @@ public final class Aria2RPC: Sendable {
         let total = snapshot.progress.total ?? 0
         let done = snapshot.progress.bytes
         let path = snapshot.path ?? ""
-        let directory: String
-        switch snapshot.destination {
-        case .directory(let folder): directory = folder
-        case .file(let file): directory = (file as NSString).deletingLastPathComponent
-        }
+        let directory = Self.directory(of: snapshot)
         var members: [(String, JSON)] = [
             ("gid", .string("\(snapshot.id)")), ("status", .string(statusName(snapshot.status))),
             ("totalLength", .string(String(total))), ("completedLength", .string(String(done))),
@@ -822,7 +1056,7 @@ public final class Aria2RPC: Sendable {
                     .object([
                         ("index", .string("1")), ("path", .string(path)), ("length", .string(String(total))),
                         ("completedLength", .string(String(done))), ("selected", .string("true")),
-                        ("uris", .array([.object([("uri", .string(snapshot.url)), ("status", .string("used"))])])),
+                        ("uris", uris(snapshot)),
                     ])
                 ])
             ),
@@ -847,6 +1081,12 @@ public final class Aria2RPC: Sendable {
         case .cancelled: 5
         default: 1
         }
+    }
+
+    static func digest(_ bytes: [UInt8]) -> [UInt8] {
+        let hasher = DigestHasher(.sha256)
+        hasher.update(bytes)
+        return hasher.finalize()
     }
 
     /// Compares in time that depends on the lengths only, not on where the bytes first differ.

@@ -34,6 +34,18 @@ enum Confinement {
         "/" + path.split(separator: "/").filter { $0 != "." }.joined(separator: "/")
     }
 
+    /// `path` (absolute) with the links of its longest existing part resolved and the rest appended as written.
+    static func resolvedPath(_ path: String) -> String {
+        var existing = normalized(path)
+        var rest: [Substring] = []
+        while existing != "/", !FileManager.default.fileExists(atPath: existing) {
+            rest.insert(Substring((existing as NSString).lastPathComponent), at: 0)
+            existing = (existing as NSString).deletingLastPathComponent
+        }
+        let head = resolved(existing)
+        return rest.isEmpty ? head : (head == "/" ? "" : head) + "/" + rest.joined(separator: "/")
+    }
+
     /// `path` with every symbolic link resolved (the path itself when it does not exist).
     static func resolved(_ path: String) -> String {
         guard let pointer = realpath(path, nil) else { return path }

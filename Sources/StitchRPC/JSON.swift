@@ -268,16 +268,18 @@ extension JSON {
     /// payload cannot close a `<script>`.
     public var serialized: [UInt8] {
         var out: [UInt8] = []
+        out.reserveCapacity(256)
         write(into: &out)
         return out
     }
 
-    private func write(into out: inout [UInt8]) {
+    /// Appends the serialized value to `out`.
+    public func write(into out: inout [UInt8]) {
         switch self {
-        case .null: out.append(contentsOf: Array("null".utf8))
-        case .bool(let value): out.append(contentsOf: Array((value ? "true" : "false").utf8))
-        case .integer(let value): out.append(contentsOf: Array(String(value).utf8))
-        case .double(let value): out.append(contentsOf: Array((value.isFinite ? "\(value)" : "null").utf8))
+        case .null: out.append(contentsOf: "null".utf8)
+        case .bool(let value): out.append(contentsOf: (value ? "true" : "false").utf8)
+        case .integer(let value): out.append(contentsOf: String(value).utf8)
+        case .double(let value): out.append(contentsOf: (value.isFinite ? "\(value)" : "null").utf8)
         case .string(let value): Self.writeString(value, into: &out)
         case .array(let elements):
             out.append(UInt8(ascii: "["))
@@ -298,20 +300,32 @@ extension JSON {
         }
     }
 
+    private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
+
     private static func writeString(_ text: String, into out: inout [UInt8]) {
-        let hex = Array("0123456789abcdef".utf8)
         out.append(UInt8(ascii: "\""))
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""): out.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\"")])
-            case UInt8(ascii: "\\"): out.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\\")])
-            case 0x0A: out.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "n")])
-            case 0x0D: out.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "r")])
-            case 0x09: out.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "t")])
-            case 0x00..<0x20, UInt8(ascii: "<"), UInt8(ascii: ">"), UInt8(ascii: "&"):
-                out.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "u"), 0x30, 0x30, hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
-            default: out.append(byte)
+        var text = text
+        text.withUTF8 { bytes in
+            // Runs of bytes that need no escape are copied at once.
+            var start = 0
+            for (index, byte) in bytes.enumerated() {
+                let escape: [UInt8]?
+                switch byte {
+                case UInt8(ascii: "\""): escape = [UInt8(ascii: "\\"), UInt8(ascii: "\"")]
+                case UInt8(ascii: "\\"): escape = [UInt8(ascii: "\\"), UInt8(ascii: "\\")]
+                case 0x0A: escape = [UInt8(ascii: "\\"), UInt8(ascii: "n")]
+                case 0x0D: escape = [UInt8(ascii: "\\"), UInt8(ascii: "r")]
+                case 0x09: escape = [UInt8(ascii: "\\"), UInt8(ascii: "t")]
+                case 0x00..<0x20, UInt8(ascii: "<"), UInt8(ascii: ">"), UInt8(ascii: "&"):
+                    escape = [UInt8(ascii: "\\"), UInt8(ascii: "u"), 0x30, 0x30, hex[Int(byte >> 4)], hex[Int(byte & 0xF)]]
+                default: escape = nil
+                }
+                guard let escape else { continue }
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start..<index]))
+                out.append(contentsOf: escape)
+                start = index + 1
             }
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start...]))
         }
         out.append(UInt8(ascii: "\""))
     }

@@ -1,4 +1,5 @@
 import Foundation
+import StitchRPC
 import Synchronization
 
 /// Slows down a client that sends wrong secrets, without spending the server's CPU on it: each wrong token from an
@@ -15,23 +16,31 @@ final class AuthThrottle: Sendable {
     private let table = Mutex<[String: Entry]>([:])
     let firstDelay: Duration
     let maxDelay: Duration
+    /// The longest a request waits for its turn; later ones are refused at once.
+    let maxWait: Duration
     /// Addresses remembered at most; the oldest deadline is forgotten first.
     let capacity: Int
 
-    init(firstDelay: Duration = .milliseconds(100), maxDelay: Duration = .seconds(5), capacity: Int = 4_096) {
+    init(
+        firstDelay: Duration = .milliseconds(100), maxDelay: Duration = .seconds(5), maxWait: Duration = .seconds(10),
+        capacity: Int = 4_096
+    ) {
         self.firstDelay = firstDelay
         self.maxDelay = maxDelay
+        self.maxWait = maxWait
         self.capacity = capacity
     }
 
-    /// How long a request from `address` must wait before it is handled (zero for most). While an address is
-    /// slowed, each of its requests takes the next free moment, one delay after the previous one's, so parallel
-    /// connections do not multiply its guesses.
-    func admit(_ address: String) -> Duration {
+    /// How long a request from `address` must wait before it is handled (zero for most); nil when its turn
+    /// would come later than `maxWait` (it is refused at once, and keeps no connection waiting). While an
+    /// address is slowed, each of its requests takes the next free moment, one delay after the previous one's,
+    /// so parallel connections do not multiply its guesses.
+    func admit(_ address: String) -> Duration? {
         let now = ContinuousClock.now
-        return table.withLock { table in
+        return table.withLock { table -> Duration? in
             guard var entry = table[address], entry.until > now else { return .zero }
             let slot = entry.until
+            guard slot - now <= maxWait else { return nil }
             entry.until = slot + delay(after: entry.failures)
             table[address] = entry
             return slot - now
@@ -44,16 +53,17 @@ final class AuthThrottle: Sendable {
         return min(delay, maxDelay)
     }
 
-    /// Records the outcome of a request from `address` that carried a token.
-    func record(_ address: String, unauthorized: Bool) {
+    /// Records how a request from `address` fared: each wrong token counts; only a right one clears the
+    /// address (a request that carried none changes nothing).
+    func record(_ address: String, _ reply: Aria2RPC.Reply) {
         let now = ContinuousClock.now
         table.withLock { table in
-            guard unauthorized else {
-                table[address] = nil
+            guard reply.unauthorized > 0 else {
+                if reply.authorized { table[address] = nil }
                 return
             }
             var entry = table[address] ?? Entry(failures: 0, until: now)
-            entry.failures += 1
+            entry.failures += reply.unauthorized
             entry.until = max(entry.until, now + delay(after: entry.failures))
             table[address] = entry
             if table.count > capacity {

@@ -108,7 +108,7 @@ public enum Daemon {
             "serving \(folder) on \(server.boundAddresses.joined(separator: " and ")) (\(report.restored) "
                 + "download\(report.restored == 1 ? "" : "s") restored\(options.secret == nil ? "; no secret" : ""))")
 
-        let notifier = Task { await notify(manager, server, log: log) }
+        let notifier = Task { await notify(manager, rpc, server, log: log) }
         let signals = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
             signal(number, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: number)
@@ -145,7 +145,7 @@ public enum Daemon {
     }
 
     /// aria2's notifications to the WebSocket clients, from the manager's events.
-    static func notify(_ manager: DownloadManager, _ server: RPCServer, log: Log) async {
+    static func notify(_ manager: DownloadManager, _ rpc: Aria2RPC, _ server: RPCServer, log: Log) async {
         for await event in await manager.events() {
             guard case .statusChanged(let id, let status) = event else { continue }
             let method: String
@@ -160,6 +160,7 @@ public enum Daemon {
             case .removed: method = "aria2.onDownloadStop"
             case .queued: continue
             }
+            rpc.invalidate()  // a client that reads after the notification sees the change
             let message = JSON.object([
                 ("jsonrpc", .string("2.0")), ("method", .string(method)),
                 ("params", .array([.object([("gid", .string("\(id)"))])])),

@@ -18,8 +18,10 @@ public final class RPCServer: Sendable {
         /// The largest request body (and WebSocket message) accepted.
         public var maxRequestSize = 16 << 20
         /// The memory for one connection's request head (its headers and query); a larger head gets 431.
-        public var maxHeaderBytes = 64 << 10
+        public var maxHeaderBytes = 32 << 10
         public var maxConnections = 1_024
+        /// Connections from one address at once (so one client cannot hold them all).
+        public var maxConnectionsPerAddress = 256
         /// Seconds a connection may stay idle.
         public var connectionTimeout = 60
         public var maxWebSocketClients = 64
@@ -76,7 +78,7 @@ public struct ServerError: Error, Sendable, CustomStringConvertible {
 }
 
 /// One answer to an HTTP request.
-struct HTTPAnswer: Sendable {
+struct HTTPAnswer: Sendable, Error {
     var status: UInt32
     var body: [UInt8]
     var contentType = "application/json-rpc"
@@ -105,8 +107,11 @@ final class Core: @unchecked Sendable {
     let throttle: AuthThrottle
     let log: @Sendable (String) -> Void
     /// Requests whose connection is suspended while their call runs; stopping waits for them.
-    private let inFlight = Mutex<(count: Int, waiters: [CheckedContinuation<Void, Never>])>((0, []))
-    private let quiesced = Atomic<Bool>(false)
+    /// Once `closed`, no request is suspended any more (keep-alive connections may still send some after
+    /// `MHD_quiesce_daemon`): they get 503 at once, so `MHD_stop_daemon` never meets a suspended connection.
+    private let inFlight = Mutex<(count: Int, closed: Bool, waiters: [CheckedContinuation<Void, Never>])>((0, false, []))
+    /// Listening sockets handed back by `MHD_quiesce_daemon`, closed after `MHD_stop_daemon` as MHD requires.
+    private var quiescedSockets: [Int32] = []
 
     init(
         configuration: RPCServer.Configuration, rpc: Aria2RPC, hub: WebSocketHub, throttle: AuthThrottle,
@@ -150,7 +155,8 @@ final class Core: @unchecked Sendable {
         if let key, let certificate { keys += [key, certificate] }
         var config = stitch_mhd_config(
             flags: flags, address: storage.assumingMemoryBound(to: sockaddr.self),
-            connection_limit: UInt32(configuration.maxConnections), per_ip_connection_limit: 0,
+            connection_limit: UInt32(configuration.maxConnections),
+            per_ip_connection_limit: UInt32(configuration.maxConnectionsPerAddress),
             connection_timeout: UInt32(configuration.connectionTimeout),
             memory_limit: configuration.maxHeaderBytes, thread_stack_size: 1 << 20,
             tls_key: key.map { UnsafePointer($0) }, tls_cert: certificate.map { UnsafePointer($0) })
@@ -173,14 +179,17 @@ final class Core: @unchecked Sendable {
     }
 
     func quiesce() {
-        quiesced.store(true, ordering: .sequentiallyConsistent)
-        for daemon in daemons { _ = MHD_quiesce_daemon(daemon) }
+        for daemon in daemons {
+            let socket = MHD_quiesce_daemon(daemon)
+            if socket >= 0 { quiescedSockets.append(socket) }
+        }
     }
 
-    /// Waits until no request is suspended (MHD must not stop with one).
+    /// Refuses to suspend any more requests, then waits until none is suspended (MHD must not stop with one).
     func drain() async {
         await withCheckedContinuation { continuation in
             let ready = inFlight.withLock { state -> Bool in
+                state.closed = true
                 if state.count == 0 { return true }
                 state.waiters.append(continuation)
                 return false
@@ -192,6 +201,8 @@ final class Core: @unchecked Sendable {
     func stop() {
         for daemon in daemons { MHD_stop_daemon(daemon) }
         daemons.removeAll()
+        for socket in quiescedSockets { close(socket) }
+        quiescedSockets.removeAll()
         for storage in addresses { storage.deallocate() }
         addresses.removeAll()
         for key in keys { free(key) }
@@ -208,9 +219,18 @@ final class Core: @unchecked Sendable {
         var started = false
         var refusal: HTTPAnswer?
         var isGet = false
+        /// A 101 was queued and the hub's place is held until MHD hands over the socket (or the request ends
+        /// without it, when the place is given back).
+        var upgradePending = false
+        /// The client's address, for the log.
         let peer: String
+        /// What the wrong-token throttle counts by: the address, or an IPv6 address's /64.
+        let key: String
         let answer = Mutex<HTTPAnswer?>(nil)
-        init(peer: String) { self.peer = peer }
+        init(peer: String, key: String) {
+            self.peer = peer
+            self.key = key
+        }
     }
 
     func access(
@@ -219,7 +239,8 @@ final class Core: @unchecked Sendable {
     ) -> MHD_Result {
         guard let pointer = slot.pointee else {
             // The head has arrived: decide at once whether this request may go on.
-            let exchange = Exchange(peer: Self.peer(connection))
+            let (peer, key) = Self.peer(connection)
+            let exchange = Exchange(peer: peer, key: key)
             slot.pointee = Unmanaged.passRetained(exchange).toOpaque()
             let result = begin(exchange, connection, url, method)
             // A refusal is answered at once, without reading a body that may never come (MHD closes the
@@ -252,16 +273,43 @@ final class Core: @unchecked Sendable {
             return queue(connection, answer)
         }
         exchange.started = true
-        let work: @Sendable () async -> HTTPAnswer
-        if exchange.isGet {
-            let call = getCall(connection)
-            work = { [self] in await answerGet(call, peer: exchange.peer) }
-        } else {
-            let body = exchange.body
-            exchange.body = []
-            work = { [self] in await answerPost(body, peer: exchange.peer) }
+        let peer = exchange.peer
+        let key = exchange.key
+        // Taken once per request: a slowed client's turn is reserved here; one slowed too long is refused.
+        guard let wait = throttle.admit(key) else {
+            return queue(connection, .refusal(429, "too many wrong secrets from \(peer); try again later"))
         }
-        inFlight.withLock { $0.count += 1 }
+        let request: JSON
+        let channel: Aria2RPC.Channel
+        let callback: String?
+        switch exchange.isGet ? prepareGet(getCall(connection)) : preparePost(exchange.body) {
+        case .failure(let answer):
+            return queue(connection, answer)
+        case .success(let prepared):
+            (request, channel, callback) = prepared
+        }
+        exchange.body = []
+        // Reads are answered here, on MHD's thread, from the RPC's fresh view: no task, no thread switch.
+        if wait == .zero, let reply = rpc.handleImmediately(request, channel: channel) {
+            settle(peer, key, reply)
+            return queue(connection, wrap(reply.body ?? [], callback: callback))
+        }
+        let work: @Sendable () async -> HTTPAnswer = { [self] in
+            if wait > .zero { try? await Task.sleep(for: wait) }
+            let reply = await rpc.handle(request, channel: channel)
+            settle(peer, key, reply)
+            return wrap(reply.body ?? [], callback: callback)
+        }
+        let admitted = inFlight.withLock { state -> Bool in
+            guard !state.closed else { return false }
+            state.count += 1
+            return true
+        }
+        guard admitted else {
+            var closing = HTTPAnswer.refusal(503, "the server is stopping")
+            closing.headers = [("Connection", "close")]
+            return queue(connection, closing)
+        }
         MHD_suspend_connection(connection)
         let resumable = UnsafeSendable(connection)
         Task {
@@ -346,7 +394,7 @@ final class Core: @unchecked Sendable {
         _ = MHD_add_response_header(response, "Upgrade", "websocket")
         _ = MHD_add_response_header(response, "Sec-WebSocket-Accept", WebSocketHub.accept(key: key))
         let result = MHD_queue_response(connection, 101, response)
-        if result != .YES { hub.release() }
+        if result == .YES { exchange.upgradePending = true } else { hub.release() }
         return result
     }
 
@@ -354,14 +402,15 @@ final class Core: @unchecked Sendable {
         _ connection: OpaquePointer?, _ slot: UnsafeMutableRawPointer?, _ extra: UnsafePointer<CChar>?, _ count: Int,
         _ socket: Int32, _ handle: OpaquePointer?
     ) {
-        let peer = connection.map(Self.peer) ?? "?"
+        let (peer, key) = connection.map(Self.peer) ?? ("?", "?")
+        if let slot { Unmanaged<Exchange>.fromOpaque(slot).takeUnretainedValue().upgradePending = false }
         var bytes: [UInt8] = []
         if let extra, count > 0 {
             extra.withMemoryRebound(to: UInt8.self, capacity: count) {
                 bytes = Array(UnsafeBufferPointer(start: $0, count: count))
             }
         }
-        hub.adopt(socket: socket, handle: handle, extra: bytes, peer: peer)
+        hub.adopt(socket: socket, handle: handle, extra: bytes, peer: peer, key: key)
     }
 
     private func getCall(_ connection: OpaquePointer) -> GetCall {
@@ -377,16 +426,18 @@ final class Core: @unchecked Sendable {
         var callback: String?
     }
 
-    private func answerPost(_ body: [UInt8], peer: String) async -> HTTPAnswer {
-        let reply = await throttled(peer) { await self.rpc.handle(body, channel: .full) }
-        return HTTPAnswer(status: 200, body: reply ?? [], headers: corsHeaders)
+    private func preparePost(_ body: [UInt8]) -> Result<(JSON, Aria2RPC.Channel, String?), HTTPAnswer> {
+        switch rpc.decode(body) {
+        case .success(let request): return .success((request, .full, nil))
+        case .failure(let reply): return .failure(HTTPAnswer(status: 200, body: reply.body ?? [], headers: corsHeaders))
+        }
     }
 
     /// aria2's GET form: `?method=M&id=I&params=<base64 of the JSON array>` (without `method`, `params` is a
     /// batch), answered as JSONP when `jsoncallback` names a function.
-    private func answerGet(_ call: GetCall, peer: String) async -> HTTPAnswer {
+    private func prepareGet(_ call: GetCall) -> Result<(JSON, Aria2RPC.Channel, String?), HTTPAnswer> {
         if let callback = call.callback, !Self.isCallbackName(callback) {
-            return .refusal(400, "jsoncallback must be a JavaScript name (letters, digits, _ $ .), at most 64")
+            return .failure(.refusal(400, "jsoncallback must be a JavaScript name (letters, digits, _ $ .), at most 64"))
         }
         var params: JSON?
         if let text = call.params {
@@ -395,10 +446,10 @@ final class Core: @unchecked Sendable {
             guard let data = Data(base64Encoded: base64, options: .ignoreUnknownCharacters)
                 ?? Data(base64Encoded: Self.padded(base64.replacingOccurrences(of: "-", with: "+")
                     .replacingOccurrences(of: "_", with: "/")))
-            else { return .refusal(400, "params is not base64") }
-            do { params = try JSON.parse(Array(data), maxDepth: 32) } catch {
-                return wrap(
-                    Aria2RPCError.parse("params: \(error)"), callback: call.callback)
+            else { return .failure(.refusal(400, "params is not base64")) }
+            switch rpc.decode(Array(data)) {
+            case .success(let value): params = value
+            case .failure(let reply): return .failure(wrap(reply.body ?? [], callback: call.callback))
             }
         }
         let request: JSON
@@ -410,10 +461,15 @@ final class Core: @unchecked Sendable {
         } else if let params {
             request = params
         } else {
-            return .refusal(400, "a GET needs method= (and params=, base64 of a JSON array)")
+            return .failure(.refusal(400, "a GET needs method= (and params=, base64 of a JSON array)"))
         }
-        let reply = await throttled(peer) { await self.rpc.handle(request, channel: .readOnly) }
-        return wrap(reply ?? [], callback: call.callback)
+        return .success((request, .readOnly, call.callback))
+    }
+
+    /// Records whether the client's token was wrong (the throttle), and logs it.
+    private func settle(_ peer: String, _ key: String, _ reply: Aria2RPC.Reply) {
+        throttle.record(key, reply)
+        if reply.unauthorized > 0 { log("\(reply.unauthorized) wrong or missing secret(s) from \(peer)") }
     }
 
     private func wrap(_ body: [UInt8], callback: String?) -> HTTPAnswer {
@@ -421,16 +477,6 @@ final class Core: @unchecked Sendable {
         return HTTPAnswer(
             status: 200, body: Array("\(callback)(".utf8) + body + Array(")".utf8),
             contentType: "text/javascript", headers: corsHeaders)
-    }
-
-    /// Waits the client's turn if it sent wrong secrets, handles, and records whether this one was wrong again.
-    private func throttled(_ peer: String, _ handle: () async -> Aria2RPC.Reply) async -> [UInt8]? {
-        let wait = throttle.admit(peer)
-        if wait > .zero { try? await Task.sleep(for: wait) }
-        let reply = await handle()
-        throttle.record(peer, unauthorized: reply.unauthorized)
-        if reply.unauthorized { log("a wrong or missing secret from \(peer)") }
-        return reply.body
     }
 
     private var corsHeaders: [(String, String)] {
@@ -471,37 +517,36 @@ final class Core: @unchecked Sendable {
         MHD_lookup_connection_value(connection, .GET_ARGUMENT_KIND, name).map { String(cString: $0) }
     }
 
-    /// The client's address without its port (what the throttle and the log key on).
-    static func peer(_ connection: OpaquePointer) -> String {
-        guard let address = stitch_mhd_client_address(connection) else { return "?" }
+    /// The client's address without its port (for the log), and what the throttle counts by: the address, or
+    /// for IPv6 its /64 (one machine commonly has a whole /64 to rotate through).
+    static func peer(_ connection: OpaquePointer) -> (String, String) {
+        guard let address = stitch_mhd_client_address(connection) else { return ("?", "?") }
         var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
         switch Int32(address.pointee.sa_family) {
         case AF_INET:
             var v4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
             inet_ntop(AF_INET, &v4, &text, socklen_t(text.count))
+            let peer = text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+            return (peer, peer)
         case AF_INET6:
             var v6 = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
             inet_ntop(AF_INET6, &v6, &text, socklen_t(text.count))
+            let peer = text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+            let prefix = withUnsafeBytes(of: &v6) { Array($0.prefix(8)) }
+            if prefix.allSatisfy({ $0 == 0 }) { return (peer, peer) }  // ::1, v4-mapped: the whole address
+            return (peer, prefix.map { String(format: "%02x", $0) }.joined() + "/64")
         default:
-            return "?"
+            return ("?", "?")
         }
-        return text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
     }
 
     func completed(_ slot: UnsafeMutablePointer<UnsafeMutableRawPointer?>?) {
         guard let slot, let pointer = slot.pointee else { return }
-        Unmanaged<Exchange>.fromOpaque(pointer).release()
+        let exchange = Unmanaged<Exchange>.fromOpaque(pointer)
+        // The 101 never reached the client (it went away first): the hub's place is free again.
+        if exchange.takeUnretainedValue().upgradePending { hub.release() }
+        exchange.release()
         slot.pointee = nil
-    }
-}
-
-/// A JSON-RPC error body made without a call.
-enum Aria2RPCError {
-    static func parse(_ message: String) -> [UInt8] {
-        JSON.object([
-            ("id", .null), ("jsonrpc", .string("2.0")),
-            ("error", .object([("code", .integer(-32700)), ("message", .string("Parse error: \(message)"))])),
-        ]).serialized
     }
 }
 

@@ -19,12 +19,16 @@ final class WebSocketHub: Sendable {
     let maxMessage: Int
     let maxQueued: Int
     let log: @Sendable (String) -> Void
+    /// Unanswered calls of one client before the hub stops reading from it.
+    static let maxPendingCalls = 256
 
     /// A client: its socket and wslay context belong to the polling thread; `state` is shared with the tasks.
     final class Client: @unchecked Sendable {
         let socket: Int32
         let handle: OpaquePointer?
         let peer: String
+        /// Calls received and not yet answered: above ``WebSocketHub/maxPendingCalls`` the hub stops reading.
+        let pendingCalls = Atomic<Int>(0)
         /// Bytes MHD read past the upgrade request: the first of the stream.
         var extra: [UInt8]
         var context: OpaquePointer?
@@ -37,23 +41,43 @@ final class WebSocketHub: Sendable {
         let calls: AsyncStream<[UInt8]>.Continuation
         let worker: Task<Void, Never>
 
-        init(socket: Int32, handle: OpaquePointer?, peer: String, extra: [UInt8], hub: WebSocketHub) {
+        init(socket: Int32, handle: OpaquePointer?, peer: String, key: String, extra: [UInt8], hub: WebSocketHub) {
             self.socket = socket
             self.handle = handle
             self.peer = peer
             self.extra = extra
             let (stream, continuation) = AsyncStream<[UInt8]>.makeStream()
             self.calls = continuation
-            let peer = peer
             // Filled in below: the worker needs `self` to answer.
             let box = WeakClient()
             self.worker = Task { [rpc = hub.rpc, throttle = hub.throttle] in
-                for await message in stream {
-                    let wait = throttle.admit(peer)
-                    if wait > .zero { try? await Task.sleep(for: wait) }
-                    let reply = await rpc.handle(message, channel: .full)
-                    throttle.record(peer, unauthorized: reply.unauthorized)
-                    if let body = reply.body, let client = box.client { hub.send(body, to: client) }
+                calls: for await message in stream {
+                    // A client that went away gets nothing more done: calls it queued are dropped.
+                    guard !Task.isCancelled, let client = box.client else { break calls }
+                    defer { client.pendingCalls.subtract(1, ordering: .relaxed) }
+                    guard let wait = throttle.admit(key) else {
+                        let refusal = JSON.object([
+                            ("id", .null), ("jsonrpc", .string("2.0")),
+                            ("error", .object([("code", .integer(1)), ("message", .string("too many wrong secrets"))])),
+                        ])
+                        hub.send(refusal.serialized, to: client)
+                        continue
+                    }
+                    let reply: Aria2RPC.Reply
+                    switch rpc.decode(message) {
+                    case .failure(let error):
+                        reply = error
+                    case .success(let request):
+                        if wait == .zero, let immediate = rpc.handleImmediately(request, channel: .full) {
+                            reply = immediate
+                        } else {
+                            if wait > .zero { try? await Task.sleep(for: wait) }
+                            guard !Task.isCancelled else { break calls }
+                            reply = await rpc.handle(request, channel: .full)
+                        }
+                    }
+                    throttle.record(key, reply)
+                    if let body = reply.body { hub.send(body, to: client) }
                 }
             }
             box.client = self
@@ -112,10 +136,10 @@ final class WebSocketHub: Sendable {
     func release() { state.withLock { $0.reserved -= 1 } }
 
     /// Takes over an upgraded connection.
-    func adopt(socket: Int32, handle: OpaquePointer?, extra: [UInt8], peer: String) {
+    func adopt(socket: Int32, handle: OpaquePointer?, extra: [UInt8], peer: String, key: String) {
         let flags = fcntl(socket, F_GETFL)
         _ = fcntl(socket, F_SETFL, flags | O_NONBLOCK)
-        let client = Client(socket: socket, handle: handle, peer: peer, extra: extra, hub: self)
+        let client = Client(socket: socket, handle: handle, peer: peer, key: key, extra: extra, hub: self)
         let refused = state.withLock { state -> Bool in
             if state.stopping { return true }
             state.adopted.append(client)
@@ -162,8 +186,9 @@ final class WebSocketHub: Sendable {
         guard first else { return }
         signal()
         finished.wait()
-        close(wake)
     }
+
+    deinit { close(wake) }  // not in stop(): tasks still finishing may signal
 
     private func signal() {
         var one: UInt64 = 1
@@ -181,7 +206,15 @@ final class WebSocketHub: Sendable {
                 for client in state.adopted { state.clients[ObjectIdentifier(client)] = client }
                 return (state.adopted, state.stopping)
             }
-            for client in adopted where start(client) { clients.append(client) }
+            for client in adopted where start(client) {
+                clients.append(client)
+                // Frames that came with the upgrade request are already here: read them now, not on the next
+                // bytes from the socket.
+                if !client.extra.isEmpty, wslay_event_recv(client.context) != 0 {
+                    finish(client, code: nil)
+                    clients.removeLast()
+                }
+            }
             if stopping {
                 for client in clients { finish(client, code: 1001) }
                 finished.signal()
@@ -212,13 +245,23 @@ final class WebSocketHub: Sendable {
                     finish(client, code: nil)
                     return true
                 }
+                // What waits in wslay's queue counts too: a client that does not read is closed, not buffered.
+                if wslay_event_get_queued_msg_length(client.context) > maxQueued {
+                    finish(client, code: 1008)
+                    return true
+                }
                 return false
             }
             descriptors.removeAll(keepingCapacity: true)
             descriptors.append(pollfd(fd: wake, events: Int16(POLLIN), revents: 0))
             for client in clients {
                 var events: Int16 = 0
-                if wslay_event_want_read(client.context) != 0 { events |= Int16(POLLIN) }
+                // Reading waits while the client has many calls unanswered (its own back-pressure).
+                if wslay_event_want_read(client.context) != 0,
+                    client.pendingCalls.load(ordering: .relaxed) < Self.maxPendingCalls
+                {
+                    events |= Int16(POLLIN)
+                }
                 if wslay_event_want_write(client.context) != 0 { events |= Int16(POLLOUT) }
                 descriptors.append(pollfd(fd: client.socket, events: events, revents: 0))
             }
@@ -320,5 +363,6 @@ private let messageCallback: wslay_event_on_msg_recv_callback = { _, argument, u
     let client = Unmanaged<WebSocketHub.Client>.fromOpaque(user).takeUnretainedValue()
     let opcode = argument.pointee.opcode
     guard opcode == UInt8(WSLAY_TEXT_FRAME.rawValue) || opcode == UInt8(WSLAY_BINARY_FRAME.rawValue) else { return }
+    client.pendingCalls.add(1, ordering: .relaxed)
     client.calls.yield(Array(UnsafeBufferPointer(start: argument.pointee.msg, count: argument.pointee.msg_length)))
 }

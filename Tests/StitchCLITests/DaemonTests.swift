@@ -216,6 +216,87 @@ struct DaemonTests {
         _ = await daemon.stop()
     }
 
+    /// The daemon's own folder cannot be reached through another path to the served folder (a link to it).
+    @Test func theDaemonsOwnFolderIsRefusedThroughALink() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let real = sandbox.path("real")
+        try FileManager.default.createDirectory(atPath: real, withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: sandbox.path("link"), withDestinationPath: real)
+        let daemon = try await ServedDaemon(directory: sandbox.path("link"), sandbox: sandbox)
+        let url = JSON.array([.string("http://127.0.0.1:1/x.bin")])
+        for options: [(String, JSON)] in [
+            [("dir", .string(real + "/.stitch")), ("out", .string("catalog.sqlite3")), ("allow-overwrite", .string("true"))],
+            [("dir", .string(real + "/.stitch/deeper"))], [("dir", .string(real)), ("out", .string(".stitch"))],
+        ] {
+            let refused = try daemon.error("aria2.addUri", [url, .object(options)])
+            #expect(refused.message.contains("daemon's own"), "\(options): \(refused)")
+        }
+        _ = await daemon.stop()
+    }
+
+    /// Clients that reset the connection right after asking for a WebSocket do not use up the places: a
+    /// daemon with 4 still takes 4 clients afterwards.
+    @Test func abandonedUpgradesGiveTheirPlaceBack() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), ["--rpc-max-websocket-clients", "4"], sandbox: sandbox)
+        for _ in 0..<300 {
+            guard let fd = connectToLoopback(port: daemon.port) else { continue }
+            let head = "GET /jsonrpc HTTP/1.1\r\nHost: 127.0.0.1:\(daemon.port)\r\nUpgrade: websocket\r\n"
+                + "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            try RawHTTP.sendAll(fd, Array(head.utf8))
+            var linger = Glibc.linger(l_onoff: 1, l_linger: 0)  // close with a reset, at once
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+            close(fd)
+        }
+        // Places come back as MHD notices each reset; then four clients fit, and a fifth does not.
+        var clients: [TestWebSocket] = []
+        let deadline = ContinuousClock.now + .seconds(30)
+        while clients.count < 4, ContinuousClock.now < deadline {
+            if let client = try? TestWebSocket(port: daemon.port) { clients.append(client) } else {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        #expect(clients.count == 4, "places left after 300 abandoned upgrades: \(clients.count)")
+        #expect(throws: DaemonTestError.self) { try TestWebSocket(port: daemon.port) }
+        _ = await daemon.stop()
+    }
+
+    /// SIGTERM while keep-alive clients keep calling (as a front-end polls): the daemon stops cleanly, exit 0,
+    /// every time (MHD must never stop with a suspended connection).
+    @Test func sigtermUnderKeepAlivePollingExitsCleanly() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        for round in 0..<3 {
+            let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
+            let port = daemon.port
+            let answered = Mutex(0)
+            let pollers = (0..<8).map { index in
+                Thread {
+                    guard let fd = connectToLoopback(port: port) else { return }
+                    defer { close(fd) }
+                    // Half of them ask for something that goes through the manager (the suspended path).
+                    let method = index % 2 == 0 ? "aria2.getGlobalOption" : "aria2.tellActive"
+                    let body = #"{"jsonrpc":"2.0","id":1,"method":"\#(method)"}"#
+                    let request = Array("POST /jsonrpc HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)".utf8)
+                    var buffer = [UInt8](repeating: 0, count: 65_536)
+                    while (try? RawHTTP.sendAll(fd, request)) != nil {
+                        var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                        guard poll(&descriptor, 1, 10_000) > 0 else { return }
+                        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                        guard n > 0 else { return }
+                        answered.withLock { $0 += 1 }
+                    }
+                }
+            }
+            for poller in pollers { poller.start() }
+            _ = await waitUntil(timeout: .seconds(20)) { answered.withLock { $0 } > 200 }
+            let stop = await daemon.stop()
+            #expect(stop.status == 0 && stop.signal == nil, "round \(round): \(stop)")
+        }
+    }
+
     /// The secret: from a file or the environment, never argv; calls without it or with a wrong one are refused
     /// (listMethods needs none); repeated wrong tokens are slowed down while the daemon sleeps.
     @Test func secretIsRequiredAndGuessesAreSlowedWithoutCPU() async throws {
@@ -259,6 +340,18 @@ struct DaemonTests {
         #expect(cpu < ticks * 2, "the waiting cost the daemon \(cpu) ticks of CPU over \(parallel)")
         // The right token still works and clears the slowdown.
         #expect(try daemon.result("aria2.getVersion", [.string("token:s3cret")]).text("version") != nil)
+        // A batch of guesses cannot tell which one was right: after the first wrong one, every call fails.
+        let guesses = (0..<4).map { index in
+            #"{"jsonrpc":"2.0","id":\#(index),"method":"aria2.getVersion","params":["token:\#(index == 2 ? "s3cret" : "guess\(index)")"]}"#
+        }
+        let batch = try daemon.post(Array("[\(guesses.joined(separator: ","))]".utf8))
+        let answers = try #require(try JSON.parse(batch.body).array)
+        #expect(answers.count == 4 && answers.allSatisfy { $0["error"]?.text("message") == "Unauthorized" }, "\(batch.text)")
+        // A call that needs no token (listMethods) does not clear the address: the next guess still waits.
+        _ = try daemon.result("system.listMethods")
+        let again = ContinuousClock.now
+        _ = try daemon.error("aria2.getVersion", [.string("token:guess")])
+        #expect(ContinuousClock.now - again >= .milliseconds(350), "4 wrong tokens in the batch count")
         _ = await daemon.stop()
     }
 
