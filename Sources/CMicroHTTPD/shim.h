@@ -18,6 +18,7 @@ struct stitch_mhd_config {
     unsigned int connection_timeout;
     size_t memory_limit;
     size_t thread_stack_size;
+    unsigned int thread_pool_size; // 0 or 1: one polling thread
     const char *tls_key;  // PEM, or NULL
     const char *tls_cert; // PEM, or NULL
 };
@@ -25,7 +26,7 @@ struct stitch_mhd_config {
 static inline struct MHD_Daemon *stitch_mhd_start(
     const struct stitch_mhd_config *config, MHD_AccessHandlerCallback handler, void *handler_cls,
     MHD_RequestCompletedCallback completed, void *completed_cls) {
-    struct MHD_OptionItem options[12];
+    struct MHD_OptionItem options[14];
     int n = 0;
     options[n++] = (struct MHD_OptionItem){MHD_OPTION_SOCK_ADDR, 0, (void *)config->address};
     options[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, (intptr_t)config->connection_limit, NULL};
@@ -36,6 +37,8 @@ static inline struct MHD_Daemon *stitch_mhd_start(
     options[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)config->memory_limit, NULL};
     options[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_STACK_SIZE, (intptr_t)config->thread_stack_size, NULL};
     options[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, completed_cls};
+    if (config->thread_pool_size > 1)
+        options[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, (intptr_t)config->thread_pool_size, NULL};
     if (config->tls_key && config->tls_cert) {
         options[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)config->tls_key};
         options[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)config->tls_cert};

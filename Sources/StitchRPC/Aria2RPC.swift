@@ -40,7 +40,7 @@ public final class Aria2RPC: Sendable {
     ) {
         self.manager = manager
         self.reservedFolder = reservedFolder
-        self.secret = secret.map { Self.digest(Array($0.utf8)) }
+        self.secret = secret.map { Array($0.utf8) }
         self.limits = limits
         self.onShutdown = onShutdown
         var generator = SystemRandomNumberGenerator()
@@ -570,9 +570,8 @@ public final class Aria2RPC: Sendable {
     /// Checks and removes the `token:` parameter, counting the outcome in `record`.
     private func authorize(_ params: inout [JSON], _ record: CallRecord) -> Result<Void, Failure> {
         if let secret {
-            // SHA-256 of both sides, compared in constant time: neither the secret's bytes nor its length show.
             guard record.failures == 0, let first = params.first?.string, first.hasPrefix("token:"),
-                Self.constantTimeEquals(Self.digest(Array(first.utf8.dropFirst(6))), secret)
+                Self.constantTimeEquals(Array(first.utf8.dropFirst(6)), secret)
             else {
                 record.failures += 1
                 return .failure(.aria2("Unauthorized"))
@@ -1083,17 +1082,16 @@ public final class Aria2RPC: Sendable {
         }
     }
 
-    static func digest(_ bytes: [UInt8]) -> [UInt8] {
-        let hasher = DigestHasher(.sha256)
-        hasher.update(bytes)
-        return hasher.finalize()
-    }
-
-    /// Compares in time that depends on the lengths only, not on where the bytes first differ.
-    static func constantTimeEquals(_ a: [UInt8], _ b: [UInt8]) -> Bool {
-        var difference = UInt8(a.count == b.count ? 0 : 1)
-        for index in 0..<max(a.count, b.count) {
-            difference |= (index < a.count ? a[index] : 0) ^ (index < b.count ? b[index] : 0)
+    /// Whether `given` equals `secret`, in a time that depends on the secret's length only: every byte of the
+    /// secret is compared whatever `given` holds or how long it is, so neither where a guess first differs nor
+    /// the secret's length shows.
+    static func constantTimeEquals(_ given: [UInt8], _ secret: [UInt8]) -> Bool {
+        var difference = UInt8(given.count == secret.count ? 0 : 1)
+        given.withUnsafeBufferPointer { given in
+            for index in 0..<secret.count {
+                let byte = index < given.count ? given[index] : ~secret[index]
+                difference |= byte ^ secret[index]
+            }
         }
         return difference == 0
     }

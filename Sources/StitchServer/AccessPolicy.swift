@@ -57,7 +57,9 @@ public struct AccessPolicy: Sendable {
                         + "with --rpc-allow-origin-all to allow pages of other origins")
             }
         }
-        if let site = request.fetchSite?.lowercased(), site != "same-origin", site != "none" {
+        if let site = request.fetchSite, site != "same-origin", site != "none", site.lowercased() != "same-origin",
+            site.lowercased() != "none"
+        {
             return .refuse(
                 status: 403,
                 reason: "a request a page of another site made (Sec-Fetch-Site: \(site)) is refused; start stitch "
@@ -68,18 +70,28 @@ public struct AccessPolicy: Sendable {
 
     /// The host part of a `Host` header, lower case, without the port and the brackets of an IPv6 address.
     static func hostName(_ header: String) -> String? {
-        let text = header.trimmingCharacters(in: .whitespaces).lowercased()
-        guard !text.isEmpty, !text.contains("/"), !text.contains("@") else { return nil }
-        if text.hasPrefix("[") {
-            guard let close = text.firstIndex(of: "]") else { return nil }
-            let rest = text[text.index(after: close)...]
-            guard rest.isEmpty || (rest.hasPrefix(":") && rest.dropFirst().allSatisfy(\.isNumber)) else { return nil }
-            return String(text[text.index(after: text.startIndex)..<close])
+        // Plain UTF-8 work: this runs for every request.
+        var bytes = Array(header.utf8)
+        while let last = bytes.last, last == 0x20 || last == 0x09 { bytes.removeLast() }
+        while let first = bytes.first, first == 0x20 || first == 0x09 { bytes.removeFirst() }
+        guard !bytes.isEmpty, !bytes.contains(UInt8(ascii: "/")), !bytes.contains(UInt8(ascii: "@")) else { return nil }
+        for index in bytes.indices where (0x41...0x5A).contains(bytes[index]) { bytes[index] += 0x20 }
+        func isPort(_ part: ArraySlice<UInt8>) -> Bool {
+            !part.isEmpty && part.allSatisfy { (0x30...0x39).contains($0) }
         }
-        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-        guard parts.count <= 2, !parts[0].isEmpty else { return nil }
-        if parts.count == 2, parts[1].isEmpty || !parts[1].allSatisfy(\.isNumber) { return nil }
-        return String(parts[0])
+        if bytes[0] == UInt8(ascii: "[") {
+            guard let close = bytes.firstIndex(of: UInt8(ascii: "]")) else { return nil }
+            let rest = bytes[(close + 1)...]
+            guard rest.isEmpty || (rest.first == UInt8(ascii: ":") && isPort(rest.dropFirst())) else { return nil }
+            return String(decoding: bytes[1..<close], as: UTF8.self)
+        }
+        let colons = bytes.indices.filter { bytes[$0] == UInt8(ascii: ":") }
+        guard colons.count <= 1 else { return nil }
+        if let colon = colons.first {
+            guard colon > 0, isPort(bytes[(colon + 1)...]) else { return nil }
+            return String(decoding: bytes[..<colon], as: UTF8.self)
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     /// Whether `host` is an IPv4 or IPv6 literal (which no DNS rebinding can produce).

@@ -18,10 +18,12 @@ public final class RPCServer: Sendable {
         /// The largest request body (and WebSocket message) accepted.
         public var maxRequestSize = 16 << 20
         /// The memory for one connection's request head (its headers and query); a larger head gets 431.
-        public var maxHeaderBytes = 32 << 10
+        public var maxHeaderBytes = 16 << 10
         public var maxConnections = 1_024
         /// Connections from one address at once (so one client cannot hold them all).
         public var maxConnectionsPerAddress = 256
+        /// MHD's polling threads per address (each answers reads on its own; the machine's cores by default).
+        public var threads = max(1, min(8, ProcessInfo.processInfo.activeProcessorCount))
         /// Seconds a connection may stay idle.
         public var connectionTimeout = 60
         public var maxWebSocketClients = 64
@@ -159,6 +161,7 @@ final class Core: @unchecked Sendable {
             per_ip_connection_limit: UInt32(configuration.maxConnectionsPerAddress),
             connection_timeout: UInt32(configuration.connectionTimeout),
             memory_limit: configuration.maxHeaderBytes, thread_stack_size: 1 << 20,
+            thread_pool_size: UInt32(configuration.threads),
             tls_key: key.map { UnsafePointer($0) }, tls_cert: certificate.map { UnsafePointer($0) })
         let context = Unmanaged.passUnretained(self).toOpaque()
         guard let daemon = stitch_mhd_start(&config, accessHandler, context, requestCompleted, context) else {
