@@ -64,7 +64,7 @@ round() {
     rm -rf "$dir" && mkdir -p "$dir"
     if [[ $name == stitch ]]; then
         STITCH_RPC_SECRET=$secret "$STITCH" serve --dir "$dir" --rpc-listen "127.0.0.1:$port" \
-            -j "$DOWNLOADS" -c 1 --max-connection-per-server 16 2>"$work/$name.log" &
+            -j "$DOWNLOADS" -c 1 --max-connections-per-host "$DOWNLOADS" 2>"$work/$name.log" &
     else
         aria2c --enable-rpc --rpc-listen-port="$port" --rpc-secret="$secret" --dir="$dir" \
             --max-concurrent-downloads="$DOWNLOADS" --split=1 --max-connection-per-server=1 \
@@ -94,8 +94,8 @@ def stats(name, key):
     values = [r[key] for r in rows if r["server"] == name]
     return statistics.median(values), min(values), max(values)
 print(f"\n{sys.argv[2]}  ({len(rows) // 2} rounds each, alternating)\n")
-print("| server | rps | p50 ms | p99 ms | errors | polled/unpolled throughput | unpolled MiB/s |")
-print("|---|---|---|---|---|---|---|")
+print("| server | rps | p50 ms | p99 ms | errors | polled/unpolled throughput | unpolled MiB/s | downloads active |")
+print("|---|---|---|---|---|---|---|---|")
 for name in ("stitch", "aria2c"):
     mine = [r for r in rows if r["server"] == name]
     ratio = [r["polled_MiBps"] / r["unpolled_MiBps"] for r in mine if r["unpolled_MiBps"] > 0]
@@ -103,7 +103,8 @@ for name in ("stitch", "aria2c"):
     unpolled = stats(name, "unpolled_MiBps")
     print(f"| {name} | {rps[0]:.0f} ({rps[1]:.0f}-{rps[2]:.0f}) | {p50[0]:.2f} ({p50[1]:.2f}-{p50[2]:.2f}) | "
           f"{p99[0]:.2f} ({p99[1]:.2f}-{p99[2]:.2f}) | {sum(r['errors'] for r in mine)} | "
-          f"{statistics.median(ratio):.3f} ({min(ratio):.3f}-{max(ratio):.3f}) | {unpolled[0]:.1f} |")
+          f"{statistics.median(ratio):.3f} ({min(ratio):.3f}-{max(ratio):.3f}) | {unpolled[0]:.1f} | "
+          f"{min(r['active'] for r in mine)}-{max(r['active_after'] for r in mine)} |")
 s, a = stats("stitch", "rps")[0], stats("aria2c", "rps")[0]
 ps, pa = stats("stitch", "p99_ms")[0], stats("aria2c", "p99_ms")[0]
 print(f"\nstitch/aria2c requests per second: {s / a:.2f}x (higher is better for stitch); "

@@ -3,10 +3,11 @@
 #   build:  libcurl4-openssl-dev (HTTP transport), libssl-dev (libcrypto: checksums), libsqlite3-dev (catalog),
 #           libmicrohttpd-dev + libwslay-dev (stitch serve: HTTP and WebSocket), pkg-config
 #   tests:  nginx-light + openssl (loopback integration server, self-signed certificate), curl, time,
-#           gcc + libc6-dev (build Tests/Shims/eintr_shim.c, the LD_PRELOAD shim of InterruptedWriteTests)
+#           gcc + libc6-dev (build Tests/Shims/eintr_shim.c, the LD_PRELOAD shim of InterruptedWriteTests),
+#           chromium (scripts/browser.sh: a cross-site page attacks stitch serve in headless Chromium)
 set -euo pipefail
 packages=(libcurl4-openssl-dev libssl-dev libsqlite3-dev libmicrohttpd-dev libwslay-dev pkg-config ca-certificates nginx-light openssl curl time gcc
-    libc6-dev)
+    libc6-dev chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

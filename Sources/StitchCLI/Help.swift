@@ -90,7 +90,7 @@ enum Help {
               --rpc-max-websocket-clients N  WebSocket clients at once (default 64)
           -j, --max-concurrent-downloads N   downloads at once (default 5)
               --max-overall-download-limit RATE   all downloads together at most RATE (500K, 2M; 0: none)
-              --max-connection-per-server N       connections to one host over all downloads (default 16)
+              --max-connections-per-host N        connections to one host over all downloads (default 16)
           -c, --split N                  connections per download, 1-16 (default: chosen per file)
               --log FILE                 also append the log to FILE
           -v, --verbose                  log debug lines too

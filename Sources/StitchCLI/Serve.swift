@@ -89,7 +89,7 @@ enum Serve {
                     }
                     rate = parsed
                 }
-            case "--max-connection-per-server": perHost = try count(1...16)
+            case "--max-connections-per-host": perHost = try count(1...4_096)
             case "-c", "--split", "--connections": connections = try count(1...16)
             case "--log": logFile = try value()
             case "-v", "--verbose": verbose = true

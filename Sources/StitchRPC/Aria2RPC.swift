@@ -834,6 +834,7 @@ public final class Aria2RPC: Sendable {
         "disk-cache", "enable-dht", "enable-dht6", "enable-http-keep-alive", "enable-http-pipelining",
         "enable-mmap", "enable-peer-exchange", "file-allocation", "follow-metalink", "follow-torrent",
         "force-save", "http-accept-gzip", "http-no-cache", "index-out", "lowest-speed-limit",
+        "max-concurrent-downloads", "max-overall-download-limit",
         "max-file-not-found", "max-mmap-limit", "max-resume-failure-tries", "max-upload-limit",
         "metalink-base-uri", "metalink-enable-unique-protocol", "metalink-language", "metalink-location",
         "metalink-os", "metalink-preferred-protocol", "metalink-version", "no-file-allocation-limit",
@@ -899,21 +900,48 @@ public final class Aria2RPC: Sendable {
         return .object(members)
     }
 
-    /// `changeOption`: what can change on a download that exists.
+    /// `changeOption`: what can change on a download that exists. Checked first, changed after: a refused option
+    /// changes nothing. The folder and the file name are fixed once added.
     private func changeOption(_ id: DownloadID, _ members: [(String, JSON)]) async throws {
-        // Checked first, changed after: a refused option changes nothing.
+        guard let snapshot = await manager.download(id) else { throw Failure.aria2("GID \(id) is not found") }
+        var options = DownloadManager.AddOptions()
+        options.tuning = snapshot.tuning
+        options.headers = snapshot.headers
         var rate: Int64?? = nil
+        var connections: Int?? = nil
+        var tuningChanged = false
+        var headersChanged = false
+        let tunable: Set<String> = ["max-tries", "retry-wait", "timeout", "connect-timeout", "min-split-size"]
         for (name, value) in members {
             switch name {
             case "max-download-limit":
-                var options = DownloadManager.AddOptions()
                 try Self.apply(name, value, to: &options)
                 rate = .some(options.rateLimit)
+            case "split", "max-connection-per-server":
+                options.connections = connections ?? nil
+                try Self.apply(name, value, to: &options)
+                connections = .some(options.connections)
+            case _ where tunable.contains(name):
+                try Self.apply(name, value, to: &options)
+                tuningChanged = true
+            case "header", "user-agent", "referer":
+                if name == "header", !headersChanged { options.headers = HTTPHeaders() }  // replaces, as aria2
+                try Self.apply(name, value, to: &options)
+                headersChanged = true
+            case "dir", "out":
+                throw Failure.aria2("option \(name) cannot be changed once the download is added")
             default:
-                throw Failure.aria2("option \(name) cannot be changed on a download that was added")
+                guard Self.ignoredOptions.contains(name) else {
+                    throw Failure.aria2("option \(name) cannot be changed on a download that was added")
+                }
             }
         }
         if let rate { try await manager.setRateLimit(id, rate) }
+        if connections != nil || tuningChanged || headersChanged {
+            try await manager.setOptions(
+                id, connections: connections, tuning: tuningChanged ? options.tuning : nil,
+                headers: headersChanged ? options.headers : nil)
+        }
     }
 
     private func globalOptions() async -> JSON {
@@ -922,7 +950,7 @@ public final class Aria2RPC: Sendable {
             ("dir", .string(configuration.downloadDirectory)),
             ("max-concurrent-downloads", .string(String(configuration.maxConcurrentDownloads))),
             ("max-overall-download-limit", .string(String(configuration.rateLimit ?? 0))),
-            ("max-connection-per-server", .string(String(configuration.maxConnectionsPerHost))),
+            ("max-connection-per-server", .string("16")),  // the most one download opens
             // aria2 clients read a number: the configured count, or 4, the most the automatic choice opens.
             ("split", .string(String(configuration.connections ?? 4))),
             ("max-tries", .string(String(configuration.retry.maxRetries + 1))),
@@ -953,10 +981,16 @@ public final class Aria2RPC: Sendable {
                 }
                 changes.append { try await $0.setRateLimit(rate) }
             case "max-connection-per-server":
+                // aria2's is each download's default; Stitch caps a download at 16 and chooses below that itself.
                 guard let count = Int(text), (1...16).contains(count) else {
                     throw Failure.aria2("option \(name): \(text) is not 1…16")
                 }
-                changes.append { try await $0.setMaxConnectionsPerHost(count) }
+                guard count == 16 else {
+                    throw Failure.aria2(
+                        "option max-connection-per-server is set per download in Stitch (split or "
+                            + "max-connection-per-server in addUri); the daemon's cap over all downloads of a host is "
+                            + "--max-connections-per-host")
+                }
             default:
                 throw Failure.aria2("option \(name) cannot be changed while the server runs")
             }

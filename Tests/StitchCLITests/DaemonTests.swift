@@ -73,6 +73,81 @@ struct DaemonTests {
         #expect(stop.status == 0, "\(stop)")
     }
 
+    /// The methods the other tests do not reach, against the binary: batches and system.multicall, a JSONP GET
+    /// with base64 params, forcePause/forceRemove/forcePauseAll, getServers, changeOption, changeGlobalOption,
+    /// saveSession, stitch.retry and stitch.updateSource, the pause/stop/error notifications, and shutdown.
+    @Test func theRestOfTheMethods() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        let bytes = try Self.publish(nginx, "serve-rest.bin", size: 4 << 20, seed: 16)
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), ["-c", "1"], sandbox: sandbox)
+        let socket = try TestWebSocket(port: daemon.port)
+
+        // A batch and a multicall, each with a failing member.
+        let batch = try daemon.post(Array(#"[{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion"},{"jsonrpc":"2.0","id":2,"method":"aria2.nosuch"},{"jsonrpc":"2.0","method":"aria2.getVersion"}]"#.utf8))
+        let answers = try #require(try JSON.parse(batch.body).array)
+        #expect(answers.count == 2 && answers[0]["result"] != nil && answers[1]["error"]?["code"]?.integer == -32601, "\(batch.text)")
+        let multi = try daemon.result("system.multicall", [.array([
+            .object([("methodName", .string("aria2.getGlobalStat")), ("params", .array([]))]),
+            .object([("methodName", .string("aria2.tellStatus")), ("params", .array([.string("ffff")]))]),
+        ])])
+        #expect(multi.array?.count == 2 && multi.array?[0].array?.first?.text("numActive") == "0" && multi.array?[1]["code"]?.integer == 1, "\(multi)")
+        #expect(try daemon.result("system.listNotifications").array?.count == 5)
+
+        // A slow download: getServers while active, forcePause (onDownloadPause), changeOption, unpause.
+        let slow = try #require(try daemon.result("aria2.addUri", [.array([.string(nginx.slowURL("serve-rest.bin"))]), .object([("out", .string("slow.bin"))])]).string)
+        try await daemon.waitFor(slow) { $0.text("status") == "active" }
+        let servers = try daemon.result("aria2.getServers", [.string(slow)])
+        #expect(servers.array?.first?["servers"]?.array?.first?.text("uri") == nginx.slowURL("serve-rest.bin"))
+        // The JSONP GET form with base64 params reads it.
+        let params = Data(#"["\#(slow)",["gid","status"]]"#.utf8).base64EncodedString()
+        let jsonp = try daemon.get("/jsonrpc?method=aria2.tellStatus&id=9&params=\(params)&jsoncallback=got")
+        #expect(jsonp.text.hasPrefix("got(") && jsonp.text.contains(#""status":"active""#), "\(jsonp.text)")
+        #expect(try daemon.result("aria2.forcePause", [.string(slow)]) == .string(slow))
+        try await daemon.waitFor(slow) { $0.text("status") == "paused" }
+        #expect(try daemon.result("aria2.changeOption", [.string(slow), .object([("max-download-limit", .string("1M"))])]) == .string("OK"))
+        #expect(try daemon.result("aria2.getOption", [.string(slow)]).text("max-download-limit") == String(1 << 20))
+        #expect(try daemon.error("aria2.changeOption", [.string(slow), .object([("out", .string("x.bin"))])]).message.contains("out"))
+        #expect(try daemon.result("aria2.changeOption", [.string(slow), .object([("max-tries", .string("3")), ("split", .string("2")), ("user-agent", .string("changed/1"))])]) == .string("OK"))
+        let changed = try daemon.result("aria2.getOption", [.string(slow)])
+        #expect(changed.text("max-tries") == "3" && changed["header"]?.array?.contains(.string("User-Agent: changed/1")) == true, "\(changed)")
+        #expect(try daemon.result("aria2.changeGlobalOption", [.object([("max-overall-download-limit", .string("10M")), ("max-concurrent-downloads", .string("3"))])]) == .string("OK"))
+        let global = try daemon.result("aria2.getGlobalOption")
+        #expect(global.text("max-concurrent-downloads") == "3" && global.text("max-overall-download-limit") == String(10 << 20), "\(global)")
+        #expect(try daemon.error("aria2.changeGlobalOption", [.object([("max-concurrent-downloads", .string("2")), ("dir", .string("/tmp"))])]).message.contains("dir"))
+        #expect(try daemon.result("aria2.getGlobalOption").text("max-concurrent-downloads") == "3", "a refused change changes nothing")
+        #expect(try daemon.result("aria2.saveSession") == .string("OK"))
+        #expect(try daemon.result("aria2.forcePauseAll") == .string("OK"))
+        #expect(try daemon.result("aria2.forceRemove", [.string(slow)]) == .string(slow))
+        #expect(try daemon.result("aria2.tellStatus", [.string(slow)]).text("status") == "removed")
+
+        // A download that fails (404), then stitch.updateSource points it at the right file and stitch.retry
+        // brings it back; onDownloadError, then onDownloadComplete.
+        let broken = try #require(try daemon.result("aria2.addUri", [.array([.string(nginx.httpURL("serve-rest-missing.bin"))]), .object([("out", .string("fixed.bin")), ("max-tries", .string("1"))])]).string)
+        try await daemon.waitFor(broken) { $0.text("status") == "error" }
+        let failed = try daemon.result("aria2.tellStatus", [.string(broken)])
+        #expect(failed.text("errorCode") == "3" && failed.text("errorMessage")?.isEmpty == false, "\(failed)")
+        #expect(try daemon.error("stitch.retry", [.string(slow)]).message.contains("has not failed"), "a removed one is not retried")
+        #expect(try daemon.result("stitch.updateSource", [.string(broken), .string(nginx.httpURL("serve-rest.bin"))]) == .string(broken))
+        #expect(try daemon.result("stitch.retry", [.string(broken)]) == .string(broken))
+        try await daemon.waitFor(broken, Self.isComplete)
+        #expect(FileManager.default.contents(atPath: sandbox.path("dl/fixed.bin")).map(Array.init) == bytes)
+
+        var seen: [String: Set<String>] = [:]
+        while seen[broken]?.contains("aria2.onDownloadComplete") != true, let note = try socket.notification(timeout: 10_000) {
+            let gid = note["params"]?.array?.first?.text("gid") ?? "?"
+            seen[gid, default: []].insert(note.text("method") ?? "?")
+        }
+        #expect(seen[slow]?.isSuperset(of: ["aria2.onDownloadStart", "aria2.onDownloadPause", "aria2.onDownloadStop"]) == true, "\(seen)")
+        #expect(seen[broken]?.isSuperset(of: ["aria2.onDownloadError", "aria2.onDownloadComplete"]) == true, "\(seen)")
+
+        // shutdown answers OK, then the daemon stops as on SIGTERM.
+        #expect(try daemon.result("aria2.shutdown") == .string("OK"))
+        let end = await daemon.process.wait(timeout: .seconds(60))
+        #expect(end.status == 0 && end.stderr.contains("an RPC shutdown"), "\(end)")
+    }
+
     /// Pause, unpause, remove and changePosition on a queue that one download at a time drains, with aria2's
     /// statuses; the removed one is listed as stopped until its result is purged.
     @Test func queueControlAsAria2Does() async throws {

@@ -5,6 +5,7 @@ Run by scripts/aria2p.sh (which makes the virtual environment): python drive.py 
 """
 import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import secrets
@@ -141,4 +142,32 @@ finally:
     log.seek(0)
     text = log.read()
 check(status == 0, f"stitch serve exited {status}:\n{text}")
-print(f"aria2p {importlib.metadata.version('aria2p')} drove stitch serve: {checks} checks passed")
+
+# WSS: the daemon with a certificate serves the WebSocket over TLS too (websocket-client, trusting it).
+import ssl  # noqa: E402
+import websocket  # noqa: E402
+
+tls_log = open(os.path.join(work, "tls.log"), "w+")
+tls = subprocess.Popen(
+    [stitch, "serve", "--dir", os.path.join(work, "tls"), "--rpc-listen", "127.0.0.1:0",
+     "--rpc-certificate", os.path.join(nginx_dir, "cert.pem"), "--rpc-private-key", os.path.join(nginx_dir, "key.pem")],
+    stderr=tls_log, env=env)
+try:
+    tls_port = None
+    deadline = time.monotonic() + 60
+    while tls_port is None and time.monotonic() < deadline:
+        tls_log.seek(0)
+        found = re.search(r" on 127\.0\.0\.1:(\d+)", tls_log.read())
+        tls_port = int(found.group(1)) if found else None
+        time.sleep(0.05)
+    socket = websocket.create_connection(
+        f"wss://127.0.0.1:{tls_port}/jsonrpc", timeout=10,
+        sslopt={"ca_certs": os.path.join(nginx_dir, "cert.pem"), "cert_reqs": ssl.CERT_REQUIRED})
+    socket.send(json.dumps({"jsonrpc": "2.0", "id": "w", "method": "aria2.getVersion", "params": [f"token:{secret}"]}))
+    answer = json.loads(socket.recv())
+    check(answer.get("id") == "w" and "version" in answer.get("result", {}), f"WSS answer {answer}")
+    socket.close()
+finally:
+    tls.send_signal(signal.SIGTERM)
+    check(tls.wait(60) == 0, "the TLS daemon stopped cleanly")
+print(f"aria2p {importlib.metadata.version('aria2p')} drove stitch serve (and WSS answered): {checks} checks passed")

@@ -589,6 +589,32 @@ public actor DownloadManager {
         }
     }
 
+    /// Changes a download's connections, engine settings and headers (aria2's `changeOption`). Not finished
+    /// downloads only; a running one starts its transfer again with them at once, keeping its bytes.
+    /// - Parameters:
+    ///   - connections: `.some(nil)` for the manager's choice; nil leaves them.
+    ///   - headers: nil leaves them.
+    public func setOptions(
+        _ id: DownloadID, connections: Int?? = nil, tuning: Tuning? = nil, headers: HTTPHeaders? = nil
+    ) throws {
+        try checkOpen()
+        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        guard managed.status != .completed, managed.status != .removed else {
+            throw DownloadManagerError(.invalidRequest("download \(id) is \(managed.status.name); its options are final"))
+        }
+        if case .some(.some(let count)) = connections, !(1...16).contains(count) {
+            throw DownloadManagerError(.invalidRequest("connections must be 1…16, not \(count)"))
+        }
+        if let connections { managed.entry.options.connections = connections }
+        if let tuning { managed.entry.options.tuning = tuning }
+        if let headers { managed.entry.headers = headers.map { "\($0.name): \($0.value)" } }
+        managed.entry.updatedAt = Date().timeIntervalSince1970
+        do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        if managed.run != nil, managed.status == .running { managed.restartAfterRun = true }
+        table[id] = managed
+        if managed.restartAfterRun { stopRun(id) }
+    }
+
     /// Changes how many connections all running downloads may hold to one host (at least 1). Lowered, running
     /// downloads keep the connections they have; new ones are granted once the host is below the cap.
     public func setMaxConnectionsPerHost(_ count: Int) throws {
