@@ -1,0 +1,129 @@
+import Foundation
+import Stitch
+import Synchronization
+
+// aria2's shapes: GIDs, parameters, windows of lists, statuses, error codes.
+extension Aria2RPC {
+    // MARK: Shapes
+
+    /// The download `params[index]` names: 16 hex digits, or a prefix that only one download's GID has.
+    func gid(_ params: [JSON], _ index: Int) async throws -> DownloadID {
+        guard index < params.count, let text = params[index].string, !text.isEmpty, text.count <= 16,
+            text.allSatisfy(\.isHexDigit)
+        else { throw Failure.aria2("a GID is 1 to 16 hex digits") }
+        // A whole GID (what clients send nearly always) is one look-up; only a prefix needs the list.
+        if text.count == 16, let id = DownloadID(text), await manager.download(id) != nil { return id }
+        let lowered = text.lowercased()
+        let matches = await manager.downloads().map(\.id).filter { "\($0)".hasPrefix(lowered) }
+        guard matches.count == 1 else {
+            throw Failure.aria2(matches.isEmpty ? "GID \(text) is not found" : "GID \(text) is ambiguous")
+        }
+        return matches[0]
+    }
+
+    static func int(_ params: [JSON], _ index: Int, _ name: String) throws -> Int {
+        guard index < params.count, let value = params[index].integer, let int = Int(exactly: value) else {
+            throw Failure(code: -32602, message: "Invalid params: \(name) must be an integer")
+        }
+        return int
+    }
+
+    static func keys(_ params: [JSON], _ index: Int) throws -> Set<String>? {
+        guard index < params.count else { return nil }
+        guard let names = params[index].array else {
+            throw Failure(code: -32602, message: "Invalid params: keys must be an array of strings")
+        }
+        return Set(names.compactMap(\.string))
+    }
+
+    /// aria2's window of a list: from `offset` (negative: counted from the end, the list then read backwards)
+    /// at most `count` entries.
+    static func window<T>(_ list: [T], offset: Int, count: Int) -> [T] {
+        guard count > 0, !list.isEmpty else { return [] }
+        if offset >= 0 {
+            guard offset < list.count else { return [] }
+            return Array(list[offset..<min(list.count, offset + count)])
+        }
+        let start = list.count + offset  // -1 is the last
+        guard start >= 0 else { return [] }
+        return Array(list[max(0, start - count + 1)...start].reversed())
+    }
+
+    static func isStopped(_ status: DownloadStatus) -> Bool {
+        if case .failed = status { return true }
+        return status == .completed || status == .removed
+    }
+
+    /// aria2's name for a status.
+    static func statusName(_ status: DownloadStatus) -> String {
+        switch status {
+        case .queued: "waiting"
+        case .running: "active"
+        case .paused: "paused"
+        case .completed: "complete"
+        case .failed(let failure): failure.code == .cancelled ? "removed" : "error"
+        case .removed: "removed"
+        }
+    }
+
+    /// A download as aria2's `tellStatus` shows it, limited to `keys` when given.
+    static func status(_ snapshot: DownloadSnapshot, keys: Set<String>?) -> JSON {
+        let total = snapshot.progress.total ?? 0
+        let done = snapshot.progress.bytes
+        let path = snapshot.path ?? ""
+        let directory = Self.directory(of: snapshot)
+        var members: [(String, JSON)] = [
+            ("gid", .string("\(snapshot.id)")), ("status", .string(statusName(snapshot.status))),
+            ("totalLength", .string(String(total))), ("completedLength", .string(String(done))),
+            ("uploadLength", .string("0")),
+            ("downloadSpeed", .string(String(Int64(snapshot.status == .running ? snapshot.progress.bytesPerSecond : 0)))),
+            ("uploadSpeed", .string("0")),
+            ("connections", .string(snapshot.status == .running ? "1" : "0")),
+            ("dir", .string(directory)),
+            (
+                "files",
+                .array([
+                    .object([
+                        ("index", .string("1")), ("path", .string(path)), ("length", .string(String(total))),
+                        ("completedLength", .string(String(done))), ("selected", .string("true")),
+                        ("uris", uris(snapshot)),
+                    ])
+                ])
+            ),
+        ]
+        if case .failed(let failure) = snapshot.status {
+            members.append(("errorCode", .string(String(aria2ErrorCode(failure)))))
+            members.append(("errorMessage", .string(failure.message)))
+        }
+        guard let keys else { return .object(members) }
+        return .object(members.filter { keys.contains($0.0) })
+    }
+
+    /// aria2's exit-status code for a failure, where one fits (1: unknown).
+    static func aria2ErrorCode(_ failure: DownloadFailure) -> Int {
+        switch failure.code {
+        case .httpStatus: failure.httpStatus == 404 ? 3 : 22
+        case .retriesExhausted: 2
+        case .network: 19
+        case .checksumMismatch: 32
+        case .destinationExists: 13
+        case .io: 16
+        case .cancelled: 5
+        default: 1
+        }
+    }
+
+    /// Whether `given` equals `secret`, in a time that depends on the secret's length only: every byte of the
+    /// secret is compared whatever `given` holds or how long it is, so neither where a guess first differs nor
+    /// the secret's length shows.
+    static func constantTimeEquals(_ given: [UInt8], _ secret: [UInt8]) -> Bool {
+        var difference = UInt8(given.count == secret.count ? 0 : 1)
+        given.withUnsafeBufferPointer { given in
+            for index in 0..<secret.count {
+                let byte = index < given.count ? given[index] : ~secret[index]
+                difference |= byte ^ secret[index]
+            }
+        }
+        return difference == 0
+    }
+}
