@@ -236,17 +236,17 @@ extension Aria2RPC {
         return .object(members)
     }
 
-    /// `changeOption`: what can change on a download that exists. Checked first, changed after: a refused option
-    /// changes nothing. The folder and the file name are fixed once added.
+    /// `changeOption`: what can change on a download that exists. Checked first, changed after (in one step of
+    /// the manager, the settings given replacing only themselves): a refused option changes nothing. The folder
+    /// and the file name are fixed once added.
     func changeOption(_ id: DownloadID, _ members: [(String, JSON)]) async throws {
-        guard let snapshot = await manager.download(id) else { throw Failure.aria2("GID \(id) is not found") }
         var options = DownloadManager.AddOptions()
-        options.tuning = snapshot.tuning
-        options.headers = snapshot.headers
         var rate: Int64?? = nil
         var connections: Int?? = nil
         var tuningChanged = false
-        var headersChanged = false
+        var replaceHeaders = false
+        var fields = HTTPHeaders()
+        var fieldsGiven = false
         let tunable: Set<String> = ["max-tries", "retry-wait", "timeout", "connect-timeout", "min-split-size"]
         for (name, value) in members {
             switch name {
@@ -260,10 +260,14 @@ extension Aria2RPC {
             case _ where tunable.contains(name):
                 try Self.apply(name, value, to: &options)
                 tuningChanged = true
-            case "header", "user-agent", "referer":
-                if name == "header", !headersChanged { options.headers = HTTPHeaders() }  // replaces, as aria2
-                try Self.apply(name, value, to: &options)
-                headersChanged = true
+            case "header":
+                try Self.apply(name, value, to: &options)  // the list replaces the download's headers, as aria2
+                replaceHeaders = true
+            case "user-agent", "referer":
+                var one = DownloadManager.AddOptions()
+                try Self.apply(name, value, to: &one)
+                for field in one.headers { fields.add(name: field.name, value: field.value) }
+                fieldsGiven = true
             case "dir", "out":
                 throw Failure.aria2("option \(name) cannot be changed once the download is added")
             default:
@@ -272,12 +276,13 @@ extension Aria2RPC {
                 }
             }
         }
-        if let rate { try await manager.setRateLimit(id, rate) }
-        if connections != nil || tuningChanged || headersChanged {
+        // The options first: they refuse a finished download before the rate is set.
+        if connections != nil || tuningChanged || replaceHeaders || fieldsGiven {
             try await manager.setOptions(
                 id, connections: connections, tuning: tuningChanged ? options.tuning : nil,
-                headers: headersChanged ? options.headers : nil)
+                headers: replaceHeaders ? options.headers : nil, headerFields: fieldsGiven ? fields : nil)
         }
+        if let rate { try await manager.setRateLimit(id, rate) }
     }
 
     func globalOptions() async -> JSON {

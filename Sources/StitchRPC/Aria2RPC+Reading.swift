@@ -27,8 +27,22 @@ extension Aria2RPC {
     }
 
     final class ResultCache: Sendable {
-        let table = Mutex<[String: [UInt8]]>([:])
+        let table = Mutex<(results: [String: [UInt8]], bytes: Int)>(([:], 0))
+        /// At most this many results, and this many bytes of them, per view.
         static let capacity = 256
+        static let byteCapacity = 8 << 20
+
+        func get(_ key: String) -> [UInt8]? { table.withLock { $0.results[key] } }
+
+        func put(_ key: String, _ bytes: [UInt8]) {
+            table.withLock { table in
+                guard table.results.count < Self.capacity, table.bytes + bytes.count <= Self.byteCapacity,
+                    table.results[key] == nil
+                else { return }
+                table.results[key] = bytes
+                table.bytes += bytes.count
+            }
+        }
     }
 
     /// How old a view may be for reads answered at once (progress is reported ten times a second).
@@ -59,7 +73,7 @@ extension Aria2RPC {
     /// nil when it needs ``handle(_:channel:)``. What a server calls first, so a poll costs no task, no actor hop
     /// and no thread switch.
     public func handleImmediately(_ request: JSON, channel: Channel) -> Reply? {
-        guard Self.onlyReads(request), let view = cachedView() else { return nil }
+        guard Self.onlyReads(request, maxCalls: limits.maxCalls), let view = cachedView() else { return nil }
         let record = CallRecord(channel: channel)
         func answer(_ call: JSON, into out: inout [UInt8]) -> Bool {
             guard case .object = call, let method = call["method"]?.string else {
@@ -110,11 +124,11 @@ extension Aria2RPC {
     }
 
     /// Whether every call of `request` (batches and multicalls included) is a read that ``read`` answers.
-    static func onlyReads(_ request: JSON) -> Bool {
+    static func onlyReads(_ request: JSON, maxCalls: Int) -> Bool {
         func reads(_ method: String?, _ params: JSON?) -> Bool {
             guard let method, readOnlyMethods.contains(method), method != "aria2.getGlobalOption" else { return false }
             guard method == "system.multicall" else { return true }
-            guard let calls = params?.array?.first?.array, calls.count <= 1_000 else { return false }
+            guard let calls = params?.array?.first?.array, calls.count <= maxCalls else { return false }
             return calls.allSatisfy { $0["methodName"]?.string != "system.multicall" && reads($0["methodName"]?.string, nil) }
         }
         if case .array(let calls) = request {
@@ -155,10 +169,10 @@ extension Aria2RPC {
         var params = params
         if case .failure(let failure) = authorize(&params, record) { return .failure(failure) }
         let key = method + "\u{1}" + String(decoding: JSON.array(params).serialized, as: UTF8.self)
-        if let hit = view.results.table.withLock({ $0[key] }) { return .success(hit) }
+        if let hit = view.results.get(key) { return .success(hit) }
         do {
             let bytes = try read(method, params, view).serialized
-            view.results.table.withLock { if $0.count < ResultCache.capacity { $0[key] = bytes } }
+            view.results.put(key, bytes)
             return .success(bytes)
         } catch let failure as Failure {
             return .failure(failure)

@@ -42,11 +42,11 @@ extension Aria2RPC {
         guard count > 0, !list.isEmpty else { return [] }
         if offset >= 0 {
             guard offset < list.count else { return [] }
-            return Array(list[offset..<min(list.count, offset + count)])
+            return Array(list[offset..<(offset + min(count, list.count - offset))])  // no overflow for a huge count
         }
         let start = list.count + offset  // -1 is the last
         guard start >= 0 else { return [] }
-        return Array(list[max(0, start - count + 1)...start].reversed())
+        return Array(list[(start - min(count - 1, start))...start].reversed())
     }
 
     static func isStopped(_ status: DownloadStatus) -> Bool {

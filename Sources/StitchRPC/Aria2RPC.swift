@@ -246,7 +246,10 @@ public final class Aria2RPC: Sendable {
 
     func call(_ method: String, _ params: [JSON]) async throws -> JSON {
         if method != "aria2.getGlobalOption", Self.readOnlyMethods.contains(method) {
-            return try read(method, params, await refreshedView())
+            // A fresh view is as good as a new one: every change invalidates it.
+            let view: View
+            if let cached = cachedView() { view = cached } else { view = await refreshedView() }
+            return try read(method, params, view)
         }
         // Whatever it comes to, what readers see next is fetched again.
         defer { invalidate() }
@@ -318,26 +321,27 @@ public final class Aria2RPC: Sendable {
             return .integer(Int64(try await manager.move(id, to: place)))
         case "aria2.changeUri":
             // (gid, fileIndex, delUris, addUris[, position]) → [deleted, added], as aria2.
-            let snapshot = try await snapshot(params, 0)
+            let id = try await gid(params, 0)
             guard try Self.int(params, 1, "fileIndex") == 1 else { throw Failure.aria2("fileIndex must be 1") }
             guard params.count > 3, let remove = params[2].array?.compactMap(\.string),
                 let add = params[3].array?.compactMap(\.string)
             else { throw Failure(code: -32602, message: "Invalid params: changeUri takes delUris and addUris arrays") }
             for url in add { try Self.checkScheme(url) }
-            var list = snapshot.mirrors.isEmpty ? [snapshot.url] : snapshot.mirrors
-            var deleted = 0
-            for url in remove {
-                if let index = list.firstIndex(of: url) {
-                    list.remove(at: index)
-                    deleted += 1
+            let position = params.count > 4 ? try Self.int(params, 4, "position") : nil
+            // The edit runs inside the manager, on the list as it is then: two clients' edits both stay.
+            let (deleted, added) = try await manager.editMirrors(id) { list -> (Int, Int) in
+                var deleted = 0
+                for url in remove {
+                    if let index = list.firstIndex(of: url) {
+                        list.remove(at: index)
+                        deleted += 1
+                    }
                 }
+                let fresh = add.filter { !list.contains($0) }
+                list.insert(contentsOf: fresh, at: position.map { min(max(0, $0), list.count) } ?? list.count)
+                return (deleted, fresh.count)
             }
-            let fresh = add.filter { !list.contains($0) }
-            let at = params.count > 4 ? min(max(0, try Self.int(params, 4, "position")), list.count) : list.count
-            list.insert(contentsOf: fresh, at: at)
-            guard !list.isEmpty else { throw Failure.aria2("a download needs at least one URI") }
-            try await manager.setMirrors(snapshot.id, list)
-            return .array([.integer(Int64(deleted)), .integer(Int64(fresh.count))])
+            return .array([.integer(Int64(deleted)), .integer(Int64(added))])
         case "aria2.changeOption":
             let id = try await gid(params, 0)
             guard params.count > 1, let members = params[1].members else {

@@ -189,5 +189,11 @@ import Testing
         #expect(Aria2RPC.window(list, offset: -5, count: 3) == [0])
         #expect(Aria2RPC.window(list, offset: -6, count: 3) == [])
         #expect(Aria2RPC.window(list, offset: 0, count: 0) == [])
+        // What a client sends is not trusted to stay small (offset + count overflowed and trapped).
+        #expect(Aria2RPC.window(list, offset: 1, count: .max) == [1, 2, 3, 4])
+        #expect(Aria2RPC.window(list, offset: -1, count: .max) == [4, 3, 2, 1, 0])
+        #expect(Aria2RPC.window(list, offset: .min, count: .max) == [])
+        #expect(Aria2RPC.window(list, offset: .max, count: .max) == [])
+        #expect(Aria2RPC.window(list, offset: 0, count: .min) == [])
     }
 }

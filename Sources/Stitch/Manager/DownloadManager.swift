@@ -397,11 +397,15 @@ public actor DownloadManager {
     /// Queues a paused or failed download again; it continues from its saved partial data.
     public func resume(_ id: DownloadID) throws {
         try transition(id, .resume)
-        if table[id]?.entry.options.mirrorsTried != 0 {
-            table[id]?.entry.options.mirrorsTried = 0  // every mirror is worth a try again
-            if let entry = table[id]?.entry { try? catalog.update(entry) }
-        }
+        resetMirrors(id)
         schedule()
+    }
+
+    /// Every mirror is worth a try again once the user resumes a download.
+    private func resetMirrors(_ id: DownloadID) {
+        guard table[id]?.entry.options.mirrorsTried != 0 else { return }
+        table[id]?.entry.options.mirrorsTried = 0
+        if let entry = table[id]?.entry { try? catalog.update(entry) }
     }
 
     /// Stops a download for good unless resumed: it becomes failed (cancelled) and keeps its partial data.
@@ -453,6 +457,7 @@ public actor DownloadManager {
     public func resumeAll() {
         for id in order where table[id]?.status == .paused {
             try? transition(id, .resume)
+            resetMirrors(id)
         }
         schedule()
     }
@@ -589,13 +594,17 @@ public actor DownloadManager {
         }
     }
 
-    /// Changes a download's connections, engine settings and headers (aria2's `changeOption`). Not finished
-    /// downloads only; a running one starts its transfer again with them at once, keeping its bytes.
+    /// Changes a download's connections, engine settings and headers (aria2's `changeOption`), all in one step
+    /// of the actor, so changes made at once by two callers to different settings both stay. Not finished
+    /// downloads only; a running one starts its transfer again with them (keeping its bytes) when they changed.
     /// - Parameters:
     ///   - connections: `.some(nil)` for the manager's choice; nil leaves them.
-    ///   - headers: nil leaves them.
+    ///   - tuning: its non-nil settings replace the download's; the others stay.
+    ///   - headers: replace every header; nil leaves them.
+    ///   - headerFields: set these headers by name (replacing those of the same name), after `headers`.
     public func setOptions(
-        _ id: DownloadID, connections: Int?? = nil, tuning: Tuning? = nil, headers: HTTPHeaders? = nil
+        _ id: DownloadID, connections: Int?? = nil, tuning: Tuning? = nil, headers: HTTPHeaders? = nil,
+        headerFields: HTTPHeaders? = nil
     ) throws {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
@@ -605,9 +614,26 @@ public actor DownloadManager {
         if case .some(.some(let count)) = connections, !(1...16).contains(count) {
             throw DownloadManagerError(.invalidRequest("connections must be 1…16, not \(count)"))
         }
+        let before = managed.entry
         if let connections { managed.entry.options.connections = connections }
-        if let tuning { managed.entry.options.tuning = tuning }
+        if let patch = tuning {
+            var merged = managed.entry.options.tuning
+            if let value = patch.maxRetries { merged.maxRetries = value }
+            if let value = patch.retryDelay { merged.retryDelay = value }
+            if let value = patch.stallTimeout { merged.stallTimeout = value }
+            if let value = patch.connectTimeout { merged.connectTimeout = value }
+            if let value = patch.minimumSplitSize { merged.minimumSplitSize = value }
+            managed.entry.options.tuning = merged
+        }
         if let headers { managed.entry.headers = headers.map { "\($0.name): \($0.value)" } }
+        if let headerFields {
+            let names = Set(headerFields.map { $0.name.lowercased() })
+            managed.entry.headers.removeAll { line in
+                Downloader.parseHeaderLine(line).map { names.contains($0.0.lowercased()) } ?? false
+            }
+            managed.entry.headers += headerFields.map { "\($0.name): \($0.value)" }
+        }
+        guard managed.entry != before else { return }  // nothing changed: a running transfer goes on
         managed.entry.updatedAt = Date().timeIntervalSince1970
         do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
         if managed.run != nil, managed.status == .running { managed.restartAfterRun = true }
@@ -651,11 +677,7 @@ public actor DownloadManager {
         guard managed.status != .completed, managed.status != .removed else {
             throw DownloadManagerError(.invalidRequest("download \(id) is \(managed.status.name); its source is final"))
         }
-        if managed.entry.url != url {
-            managed.entry.options.formerURLs.removeAll { $0 == url }
-            managed.entry.options.formerURLs.append(managed.entry.url)
-            managed.entry.url = url
-        }
+        Self.point(&managed.entry, at: url)
         if let headers { managed.entry.headers = headers.map { "\($0.name): \($0.value)" } }
         managed.entry.updatedAt = Date().timeIntervalSince1970
         do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
@@ -1032,7 +1054,8 @@ public actor DownloadManager {
         table[id] = managed
         // A download the user paused, cancelled or removed keeps that status; so does one stopped by close().
         guard managed.status == .running, !isClosed else { return }
-        if managed.restartAfterRun {
+        // A run that finished before it could be stopped for new settings or a new source is done, not redone.
+        if managed.restartAfterRun, case .failure = outcome {
             let host = Self.hostKey(managed.entry.url)  // the new source's host, which may not be the old one
             if hosts.acquire(host, upTo: 1) == 1 {
                 start(id, host: host)
@@ -1067,9 +1090,14 @@ public actor DownloadManager {
     /// The mirror to go on from after `error`, if one is left untried and another server could help.
     private func nextMirror(_ entry: CatalogEntry, after error: DownloadError) -> String? {
         let all = entry.options.mirrors
-        guard all.count > 1, entry.options.mirrorsTried < all.count - 1 else { return nil }
+        // Every mirror once: the others than the current one, or all of them when the current URL is not listed.
+        let others = all.contains(entry.url) ? all.count - 1 : all.count
+        guard all.count > 1, entry.options.mirrorsTried < others else { return nil }
         switch error.code {
-        case .cancelled, .io, .destinationExists, .invalidURL, .unsupportedScheme, .invalidOption: return nil
+        // Local problems, which another server cannot mend.
+        case .cancelled, .io, .destinationExists, .invalidURL, .unsupportedScheme, .invalidOption, .unusableState,
+            .nothingToResume:
+            return nil
         default: break
         }
         let current = all.firstIndex(of: entry.url) ?? -1
@@ -1079,33 +1107,53 @@ public actor DownloadManager {
     /// Points the download at `url`, keeping its partial data for a server that proves the file is the same.
     private func switchSource(_ id: DownloadID, to url: String, mirror: Bool) {
         guard var managed = table[id] else { return }
-        if managed.entry.url != url {
-            managed.entry.options.formerURLs.removeAll { $0 == url }
-            managed.entry.options.formerURLs.append(managed.entry.url)
-            managed.entry.url = url
-        }
+        Self.point(&managed.entry, at: url)
         if mirror { managed.entry.options.mirrorsTried += 1 }
         managed.entry.updatedAt = Date().timeIntervalSince1970
         try? catalog.update(managed.entry)
         table[id] = managed
     }
 
-    /// Sets every URL of download `id`'s file (aria2's `changeUri`): the current one stays if listed; otherwise
-    /// the download goes on from the first (a running one at once), as ``updateSource(_:url:headers:)``.
-    public func setMirrors(_ id: DownloadID, _ urls: [String]) throws {
+    /// The entry's URL becomes `url`, the old one kept among those whose partial data it may resume (the last
+    /// 32: an older state's URL is then simply not resumed from).
+    private static func point(_ entry: inout CatalogEntry, at url: String) {
+        guard entry.url != url else { return }
+        entry.options.formerURLs.removeAll { $0 == url || $0 == entry.url }
+        entry.options.formerURLs.append(entry.url)
+        if entry.options.formerURLs.count > 32 { entry.options.formerURLs.removeFirst(entry.options.formerURLs.count - 32) }
+        entry.url = url
+    }
+
+    /// Edits every URL of download `id`'s file (aria2's `changeUri`) in one step of the actor: `edit` gets the
+    /// list (the current URL among them) and changes it; the current URL stays if still listed, otherwise the
+    /// download goes on from the first (a running one at once), as ``updateSource(_:url:headers:)``. One catalog
+    /// write. Returns what `edit` returned.
+    public func editMirrors<T: Sendable>(
+        _ id: DownloadID, _ edit: @Sendable (inout [String]) throws -> T
+    ) throws -> T {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
-        guard !urls.isEmpty else { throw DownloadManagerError(.invalidRequest("a download needs at least one URL")) }
-        for url in urls {
-            do { _ = try validateURL(url) } catch { throw DownloadManagerError(.invalidRequest(error.message)) }
+        guard managed.status != .completed, managed.status != .removed else {
+            throw DownloadManagerError(.invalidRequest("download \(id) is \(managed.status.name); its source is final"))
         }
+        var urls = managed.entry.options.mirrors.isEmpty ? [managed.entry.url] : managed.entry.options.mirrors
+        let result = try edit(&urls)
         var unique: [String] = []
         for url in urls where !unique.contains(url) { unique.append(url) }
+        guard !unique.isEmpty else { throw DownloadManagerError(.invalidRequest("a download needs at least one URL")) }
+        for url in unique {
+            do { _ = try validateURL(url) } catch { throw DownloadManagerError(.invalidRequest(error.message)) }
+        }
         managed.entry.options.mirrors = unique.count > 1 ? unique : []
         managed.entry.options.mirrorsTried = 0
+        let moves = !unique.contains(managed.entry.url)
+        if moves { Self.point(&managed.entry, at: unique[0]) }
+        managed.entry.updatedAt = Date().timeIntervalSince1970
         do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
+        if moves, managed.run != nil, managed.status == .running { managed.restartAfterRun = true }
         table[id] = managed
-        if !unique.contains(managed.entry.url) { try updateSource(id, url: unique[0]) }
+        if managed.restartAfterRun { stopRun(id) }
+        return result
     }
 
     private func stopRun(_ id: DownloadID) {
