@@ -109,9 +109,11 @@ final class Core: @unchecked Sendable {
     let throttle: AuthThrottle
     let log: @Sendable (String) -> Void
     /// Requests whose connection is suspended while their call runs; stopping waits for them.
-    /// Once `closed`, no request is suspended any more (keep-alive connections may still send some after
-    /// `MHD_quiesce_daemon`): they get 503 at once, so `MHD_stop_daemon` never meets a suspended connection.
-    private let inFlight = Mutex<(count: Int, closed: Bool, waiters: [CheckedContinuation<Void, Never>])>((0, false, []))
+    /// Requests suspended for their call (until resumed) and pending (until MHD says they completed: answer
+    /// sent or client gone). Once `closed`, no request is suspended any more (keep-alive connections may still
+    /// send some after `MHD_quiesce_daemon`): they get 503 at once, so `MHD_stop_daemon` never meets a suspended
+    /// connection.
+    private let inFlight = Mutex<(suspended: Int, pending: Int, closed: Bool)>((0, 0, false))
     /// Listening sockets handed back by `MHD_quiesce_daemon`, closed after `MHD_stop_daemon` as MHD requires.
     private var quiescedSockets: [Int32] = []
 
@@ -188,16 +190,15 @@ final class Core: @unchecked Sendable {
         }
     }
 
-    /// Refuses to suspend any more requests, then waits until none is suspended (MHD must not stop with one).
+    /// Refuses to suspend any more requests, waits until none is suspended (MHD must not stop with one), and
+    /// gives the answers on their way (`aria2.shutdown`'s own among them) up to two seconds to leave. Polls: this
+    /// runs once, at the end.
     func drain() async {
-        await withCheckedContinuation { continuation in
-            let ready = inFlight.withLock { state -> Bool in
-                state.closed = true
-                if state.count == 0 { return true }
-                state.waiters.append(continuation)
-                return false
-            }
-            if ready { continuation.resume() }
+        inFlight.withLock { $0.closed = true }
+        while inFlight.withLock({ $0.suspended }) > 0 { try? await Task.sleep(for: .milliseconds(5)) }
+        let grace = ContinuousClock.now + .seconds(2)
+        while inFlight.withLock({ $0.pending }) > 0, ContinuousClock.now < grace {
+            try? await Task.sleep(for: .milliseconds(5))
         }
     }
 
@@ -225,6 +226,8 @@ final class Core: @unchecked Sendable {
         /// A 101 was queued and the hub's place is held until MHD hands over the socket (or the request ends
         /// without it, when the place is given back).
         var upgradePending = false
+        /// Suspended for its call, and counted as pending in `inFlight` until the request completes.
+        var counted = false
         /// The client's address, for the log.
         let peer: String
         /// What the wrong-token throttle counts by: the address, or an IPv6 address's /64.
@@ -305,7 +308,8 @@ final class Core: @unchecked Sendable {
         }
         let admitted = inFlight.withLock { state -> Bool in
             guard !state.closed else { return false }
-            state.count += 1
+            state.suspended += 1
+            state.pending += 1
             return true
         }
         guard admitted else {
@@ -313,19 +317,16 @@ final class Core: @unchecked Sendable {
             closing.headers = [("Connection", "close")]
             return queue(connection, closing)
         }
+        // Counted until MHD says the request is complete (its answer sent, or the client gone), not merely
+        // resumed: stopping waits for the answers under way to leave, `aria2.shutdown`'s own among them.
+        exchange.counted = true
         MHD_suspend_connection(connection)
         let resumable = UnsafeSendable(connection)
         Task {
             let answer = await work()
             exchange.answer.withLock { $0 = answer }
             MHD_resume_connection(resumable.value)
-            let waiters = self.inFlight.withLock { state -> [CheckedContinuation<Void, Never>] in
-                state.count -= 1
-                guard state.count == 0 else { return [] }
-                defer { state.waiters = [] }
-                return state.waiters
-            }
-            for waiter in waiters { waiter.resume() }
+            self.inFlight.withLock { $0.suspended -= 1 }
         }
         return .YES
     }
@@ -548,6 +549,7 @@ final class Core: @unchecked Sendable {
         let exchange = Unmanaged<Exchange>.fromOpaque(pointer)
         // The 101 never reached the client (it went away first): the hub's place is free again.
         if exchange.takeUnretainedValue().upgradePending { hub.release() }
+        if exchange.takeUnretainedValue().counted { inFlight.withLock { $0.pending -= 1 } }
         exchange.release()
         slot.pointee = nil
     }

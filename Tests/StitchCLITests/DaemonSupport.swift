@@ -120,7 +120,9 @@ enum RawHTTP {
         head += "Connection: close\r\n\r\n"
         try sendAll(fd, Array(head.utf8) + body)
         let bytes = try readToEnd(fd)
-        return try parse(bytes)
+        do { return try parse(bytes) } catch {
+            throw DaemonTestError("\(method) \(path) \(String(decoding: body.prefix(200), as: UTF8.self)): \(error)")
+        }
     }
 
     static func sendAll(_ fd: Int32, _ bytes: [UInt8]) throws {
