@@ -210,7 +210,11 @@ extension Aria2RPC {
         case "aria2.getSessionInfo":
             return .object([("sessionId", .string(sessionID))])
         case "aria2.tellStatus":
-            return Self.status(try snapshot(0), keys: try Self.keys(params, 1))
+            let snapshot = try snapshot(0)
+            let keys = try Self.keys(params, 1)
+            guard case .object(var members) = Self.status(snapshot, keys: keys) else { return .null }
+            members += Self.details(snapshot, keys: keys)
+            return .object(members)
         case "aria2.getUris":
             return Self.uris(try snapshot(0))
         case "aria2.getFiles":
@@ -279,5 +283,36 @@ extension Aria2RPC {
             throw Failure.aria2(matches.isEmpty ? "GID \(text) is not found" : "GID \(text) is ambiguous")
         }
         return matches[0]
+    }
+
+    /// Stitch's extra keys in `tellStatus` (aria2 clients ignore them): `stitch.lastProblem` in plain words,
+    /// `stitch.segments` (each range with how far it is on stable storage and how far written, numbers as strings)
+    /// and `stitch.validators`. Read from the download's state file, so only for one download at a time.
+    static func details(_ snapshot: DownloadSnapshot, keys: Set<String>?) -> [(String, JSON)] {
+        func wanted(_ key: String) -> Bool { keys.map { $0.contains(key) } ?? true }
+        var members: [(String, JSON)] = []
+        if wanted("stitch.lastProblem"), let problem = snapshot.lastProblem {
+            members.append(("stitch.lastProblem", .string(problem)))
+        }
+        guard wanted("stitch.segments") || wanted("stitch.validators") else { return members }
+        var segments: [JSON] = []
+        var validators: [(String, JSON)] = []
+        if snapshot.status == .completed, let total = snapshot.progress.total {
+            segments = [segment(0, total, total, total)]
+        } else if let path = snapshot.path, let saved = try? Downloader.savedDownload(at: path) {
+            segments = saved.segments.map { segment($0.start, $0.end, $0.durable, $0.written) }
+            if let etag = saved.etag { validators.append(("etag", .string(etag))) }
+            if let modified = saved.lastModified { validators.append(("lastModified", .string(modified))) }
+        }
+        if wanted("stitch.segments") { members.append(("stitch.segments", .array(segments))) }
+        if wanted("stitch.validators") { members.append(("stitch.validators", .object(validators))) }
+        return members
+    }
+
+    private static func segment(_ start: Int64, _ end: Int64?, _ durable: Int64, _ written: Int64) -> JSON {
+        .object([
+            ("start", .string(String(start))), ("end", .string(end.map(String.init) ?? "")),
+            ("durable", .string(String(durable))), ("written", .string(String(written))),
+        ])
     }
 }

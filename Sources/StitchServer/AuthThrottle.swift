@@ -32,14 +32,16 @@ final class AuthThrottle: Sendable {
     }
 
     /// How long a request from `address` must wait before it is handled (zero for most); nil when its turn
-    /// would come later than `maxWait` (it is refused at once, and keeps no connection waiting). While an
-    /// address is slowed, each of its requests takes the next free moment, one delay after the previous one's,
-    /// so parallel connections do not multiply its guesses.
+    /// would come later than `maxWait` (it is refused at once, and keeps no connection waiting). Once an
+    /// address has sent a wrong token (until it sends a right one), each of its requests takes the next free
+    /// moment, one delay after the previous one's, so parallel connections do not multiply its guesses.
     func admit(_ address: String) -> Duration? {
         let now = ContinuousClock.now
         return table.withLock { table -> Duration? in
-            guard var entry = table[address], entry.until > now else { return .zero }
-            let slot = entry.until
+            guard var entry = table[address] else { return .zero }
+            // Turns are taken even once the last delay has passed: guesses sent together after a pause are
+            // still answered one per delay, not all at once.
+            let slot = max(entry.until, now)
             guard slot - now <= maxWait else { return nil }
             entry.until = slot + delay(after: entry.failures)
             table[address] = entry

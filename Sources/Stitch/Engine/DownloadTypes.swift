@@ -190,6 +190,21 @@ public struct SavedDownload: Sendable, Hashable {
     public var checksum: ExpectedChecksum?
     public var durableBytes: Int64
     public var totalBytes: Int64?
+    /// The byte ranges of the file and how much of each is on stable storage (as of the last checkpoint).
+    public var segments: [SavedSegment] = []
+    /// The validators a resume is checked against.
+    public var etag: String?
+    public var lastModified: String?
+}
+
+/// A byte range `start..<end` of a partial download (`end` nil while the length is unknown), of which
+/// `start..<durable` is on stable storage and `start..<written` was written (in the page cache: what a crash of
+/// the process, not of the machine, keeps; the live record says so within this boot).
+public struct SavedSegment: Sendable, Hashable {
+    public var start: Int64
+    public var end: Int64?
+    public var durable: Int64
+    public var written: Int64
 }
 
 /// How many connections a download uses.

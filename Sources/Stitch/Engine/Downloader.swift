@@ -52,10 +52,20 @@ public struct Downloader: Sendable {
             guard let (name, value) = parseHeaderLine(line) else { continue }
             headers.add(name: name, value: value)
         }
+        // What the live record says was written since the last checkpoint (this boot only, as a resume trusts it).
+        let live = state.bootID == BootID.current ? LiveRecord.read(at: paths.live, nonce: state.nonce) : nil
         return SavedDownload(
             url: state.url, headers: headers,
             checksum: state.checksum.flatMap { try? ExpectedChecksum(parsing: $0) },
-            durableBytes: state.durableBytes, totalBytes: state.validators.totalLength)
+            durableBytes: state.durableBytes, totalBytes: state.validators.totalLength,
+            segments: state.segments.enumerated().map { index, segment in
+                let written = live.flatMap { index < $0.count ? $0[index] : nil } ?? segment.durable
+                let end = segment.end ?? Int64.max
+                return SavedSegment(
+                    start: segment.start, end: segment.end, durable: segment.durable,
+                    written: min(end, max(segment.durable, written)))
+            },
+            etag: state.validators.etag, lastModified: state.validators.lastModified)
     }
 
     /// Re-reads the checksummed pieces of the partial download at `destination` and marks every damaged one as

@@ -140,6 +140,8 @@ public actor DownloadManager {
         var run: Run?
         /// Set by ``updateSource``: when the current run ends, start again with the new source.
         var restartAfterRun = false
+        /// The last problem the download met, in plain words (a retry's reason, a restart's, a failure).
+        var lastProblem: String?
     }
 
     private final class Run: Sendable {
@@ -1036,9 +1038,12 @@ public actor DownloadManager {
             break
         case .restarting(let reason):
             managed.progress.bytes = 0
+            managed.lastProblem = "restarted from zero: \(reason)"
             table[id] = managed
             publish(.restarting(id, reason))
         case .retrying(let attempt, let maxRetries, let delay, let reason):
+            managed.lastProblem = "\(reason) (retry \(attempt) of \(maxRetries))"
+            table[id] = managed
             publish(.retrying(id, attempt: attempt, maxRetries: maxRetries, delay: delay, reason: reason))
         case .notice(let text):
             publish(.notice(id, text))
@@ -1174,7 +1179,7 @@ public actor DownloadManager {
             status: managed.status, progress: managed.progress, priority: entry.priority, position: entry.position,
             checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt,
             rateLimit: entry.options.rateLimit, mirrors: entry.options.mirrors.isEmpty ? [entry.url] : entry.options.mirrors,
-            tuning: entry.options.tuning)
+            tuning: entry.options.tuning, lastProblem: managed.lastProblem ?? entry.errorMessage)
     }
 
     private func outcome(of id: DownloadID) -> Result<DownloadSnapshot, DownloadFailure>? {

@@ -206,6 +206,9 @@ public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
     public var mirrors: [String] = []
     /// This download's own engine settings.
     public var tuning = DownloadManager.Tuning()
+    /// The last problem it met, in plain words: the reason of its last retry or restart from zero, or its
+    /// failure; nil when none.
+    public var lastProblem: String? = nil
 }
 
 /// What the manager reports as downloads move.
