@@ -366,7 +366,7 @@ final class Core: @unchecked Sendable {
             var answer = HTTPAnswer(status: 204, body: [])
             if configuration.policy.allowOriginAll {
                 answer.headers = [
-                    ("Access-Control-Allow-Methods", "POST, GET, OPTIONS"),
+                    ("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Methods", "POST, GET, OPTIONS"),
                     ("Access-Control-Allow-Headers", "Content-Type"), ("Access-Control-Max-Age", "1728000"),
                 ]
             }

@@ -247,6 +247,38 @@ struct DaemonTests {
         _ = await daemon.stop()
     }
 
+    /// With --rpc-allow-origin-all (which needs a secret) a page of another origin may call: the preflight is
+    /// answered with CORS headers, and so is the call; the secret still applies.
+    @Test func allowOriginAllLetsOtherPagesCallWithTheSecret() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let refused = try StitchProcess(["serve", "--dir", sandbox.path("dl"), "--rpc-allow-origin-all"], directory: sandbox.directory)
+        let refusal = await refused.wait()
+        #expect(refusal.status == 64 && refusal.stderr.contains("needs a secret"), "\(refusal)")
+        let daemon = try await ServedDaemon(
+            directory: sandbox.path("dl"), ["--rpc-allow-origin-all", "--log", sandbox.path("serve.log")],
+            environment: ["STITCH_RPC_SECRET": "cors"], sandbox: sandbox)
+        let origin = ("Origin", "https://ariang.example")
+        let preflight = try RawHTTP.request(
+            port: daemon.port, method: "OPTIONS", path: "/jsonrpc",
+            headers: [("Host", "127.0.0.1:\(daemon.port)"), origin, ("Access-Control-Request-Method", "POST"),
+                ("Access-Control-Request-Headers", "content-type")])
+        #expect(preflight.status == 204 && preflight.headers["access-control-allow-origin"] == "*", "\(preflight.headers)")
+        #expect(preflight.headers["access-control-allow-methods"]?.contains("POST") == true)
+        #expect(preflight.headers["access-control-allow-headers"]?.lowercased().contains("content-type") == true)
+        let call = try daemon.post(
+            Array(#"{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion","params":["token:cors"]}"#.utf8), headers: [origin])
+        #expect(call.status == 200 && call.headers["access-control-allow-origin"] == "*", "\(call.headers)")
+        #expect(try JSON.parse(call.body)["result"]?.text("version") == StitchVersion.string)
+        let noToken = try daemon.post(Array(#"{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion"}"#.utf8), headers: [origin])
+        #expect(try JSON.parse(noToken.body)["error"]?.text("message") == "Unauthorized")
+        _ = await daemon.stop()
+        // --log FILE has the same lines as stderr, with their levels.
+        let logged = (try? String(contentsOfFile: sandbox.path("serve.log"), encoding: .utf8)) ?? ""
+        #expect(logged.contains("stitch serve info: serving") && logged.contains("stitch serve info: stopped"), "\(logged)")
+        #expect(logged.contains("wrong or missing secret"), "\(logged)")
+    }
+
     /// Bodies too large, nested too deep, frames too long: refused with an error; the daemon keeps serving.
     @Test func oversizedAndMalformedRequestsAreBounded() async throws {
         let sandbox = try Sandbox("serve")
