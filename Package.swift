@@ -57,6 +57,8 @@ let package = Package(
         .target(
             name: "StitchServer",
             dependencies: ["Stitch", "StitchRPC", "CMicroHTTPD", "CWslay"],
+            // The daemon's web page, built into the binary (PackageResources.index_html, …).
+            resources: [.embedInCode("Web")],
             swiftSettings: swiftSettings
         ),
         .executableTarget(

@@ -36,6 +36,6 @@ else
     swift test --skip-build --filter MatrixTests
     # A real aria2 client (aria2p from PyPI, in a virtual environment) drives `stitch serve`.
     bash scripts/aria2p.sh "$nginx_dir"
-    # A cross-site page attacks the daemon in headless Chromium.
-    bash scripts/browser.sh
+    # The web page in headless Chromium (its logic under Node, a cross-site attack, the page driven by Selenium).
+    bash scripts/browser.sh "$nginx_dir"
 fi

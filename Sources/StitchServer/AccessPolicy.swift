@@ -39,15 +39,9 @@ public struct AccessPolicy: Sendable {
     }
 
     public func check(_ request: Request) -> Verdict {
-        guard let hostHeader = request.host, let host = Self.hostName(hostHeader) else {
-            return .refuse(status: 400, reason: "the request has no valid Host header")
-        }
-        guard Self.isAddress(host) || host == "localhost" || allowedHosts.contains(host) else {
-            return .refuse(
-                status: 403,
-                reason: "Host \(hostHeader) is not this server's name; start stitch serve with --rpc-allow-host "
-                    + "\(host) to accept it")
-        }
+        let hostVerdict = checkHost(request)
+        guard hostVerdict == .allow else { return hostVerdict }
+        let hostHeader = request.host ?? ""
         if allowOriginAll { return .allow }
         if let origin = request.origin {
             guard Self.sameOrigin(origin, host: hostHeader) else {
@@ -57,13 +51,26 @@ public struct AccessPolicy: Sendable {
                         + "with --rpc-allow-origin-all to allow pages of other origins")
             }
         }
-        if let site = request.fetchSite, site != "same-origin", site != "none", site.lowercased() != "same-origin",
-            site.lowercased() != "none"
-        {
+        if let site = request.fetchSite, site.lowercased() != "same-origin", site.lowercased() != "none" {
             return .refuse(
                 status: 403,
                 reason: "a request a page of another site made (Sec-Fetch-Site: \(site)) is refused; start stitch "
                     + "serve with --rpc-allow-origin-all to allow it")
+        }
+        return .allow
+    }
+
+    /// The `Host` check alone: what the daemon's static page needs (it carries no secret and does nothing by
+    /// itself, so a link from another site may open it; the rebinding check still applies).
+    public func checkHost(_ request: Request) -> Verdict {
+        guard let hostHeader = request.host, let host = Self.hostName(hostHeader) else {
+            return .refuse(status: 400, reason: "the request has no valid Host header")
+        }
+        guard Self.isAddress(host) || host == "localhost" || allowedHosts.contains(host) else {
+            return .refuse(
+                status: 403,
+                reason: "Host \(hostHeader) is not this server's name; start stitch serve with --rpc-allow-host "
+                    + "\(host) to accept it")
         }
         return .allow
     }

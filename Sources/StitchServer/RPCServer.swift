@@ -335,13 +335,25 @@ final class Core: @unchecked Sendable {
     private func begin(_ exchange: Exchange, _ connection: OpaquePointer, _ url: String, _ method: String)
         -> MHD_Result
     {
-        guard url == "/jsonrpc" else {
-            exchange.refusal = .refusal(404, "not found: the RPC is at /jsonrpc")
-            return .YES
-        }
         let request = AccessPolicy.Request(
             host: header(connection, "Host"), origin: header(connection, "Origin"),
             fetchSite: header(connection, "Sec-Fetch-Site"))
+        if url != "/jsonrpc", let asset = WebPage.asset(for: url) {
+            if case .refuse(let status, let reason) = configuration.policy.checkHost(request) {
+                log("refused a request for \(url) from \(exchange.peer): \(reason)")
+                exchange.refusal = .refusal(status, reason)
+            } else if method != "GET" && method != "HEAD" {
+                exchange.refusal = .refusal(405, "method \(method) is not allowed for the page: use GET")
+            } else {
+                exchange.refusal = HTTPAnswer(
+                    status: 200, body: asset.bytes, contentType: asset.contentType, headers: WebPage.headers)
+            }
+            return .YES
+        }
+        guard url == "/jsonrpc" else {
+            exchange.refusal = .refusal(404, "not found: the page is at /, the RPC at /jsonrpc")
+            return .YES
+        }
         if case .refuse(let status, let reason) = configuration.policy.check(request) {
             log("refused a request from \(exchange.peer): \(reason)")
             exchange.refusal = .refusal(status, reason)

@@ -247,6 +247,58 @@ struct DaemonTests {
         _ = await daemon.stop()
     }
 
+    /// The web page at `/`, built into the binary: its files with their types and the strict headers; a `Host` the
+    /// daemon does not answer to is refused for the page as for the RPC; only GET and HEAD; a cross-site
+    /// navigation to the page is allowed (it acts on nothing by itself), and its scripts reach the RPC only as the
+    /// page's own origin.
+    @Test func webPageIsServedWithStrictHeaders() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
+        let page = try daemon.get("/")
+        #expect(page.status == 200 && page.headers["content-type"] == "text/html; charset=utf-8")
+        #expect(page.text.contains(#"<script type="module" src="/app.mjs"></script>"#), "\(page.text.prefix(300))")
+        let policy = try #require(page.headers["content-security-policy"])
+        for directive in ["default-src 'none'", "script-src 'self'", "style-src 'self'", "connect-src 'self'",
+            "frame-ancestors 'none'", "base-uri 'none'"] {
+            #expect(policy.contains(directive), "\(policy)")
+        }
+        #expect(!policy.contains("unsafe"), "\(policy)")
+        #expect(page.headers["x-content-type-options"] == "nosniff")
+        #expect(page.headers["referrer-policy"] == "no-referrer")
+        #expect(page.headers["x-frame-options"] == "DENY")
+        #expect(try daemon.get("/index.html").body == page.body)
+        for (path, type, marker) in [
+            ("/app.mjs", "text/javascript; charset=utf-8", "import * as L from \"./logic.mjs\""),
+            ("/logic.mjs", "text/javascript; charset=utf-8", "export function formatBytes"),
+            ("/app.css", "text/css; charset=utf-8", "prefers-color-scheme: dark"),
+            ("/favicon.svg", "image/svg+xml", "<svg"),
+        ] {
+            let asset = try daemon.get(path)
+            #expect(asset.status == 200 && asset.headers["content-type"] == type, "\(path): \(asset.headers)")
+            #expect(asset.text.contains(marker), "\(path)")
+            #expect(asset.headers["content-security-policy"] == policy, "\(path)")
+        }
+        // Inline scripts and styles would need the policy to allow them: there are none.
+        #expect(!page.text.contains("<script>") && !page.text.contains(" style=") && !page.text.contains(" onclick="))
+        // The query string does not change what is served.
+        #expect(try daemon.get("/?x=1").body == page.body)
+        let head = try RawHTTP.request(port: daemon.port, method: "HEAD", path: "/", headers: [("Host", "127.0.0.1")])
+        #expect(head.status == 200 && head.body.isEmpty)
+        let post = try RawHTTP.request(
+            port: daemon.port, method: "POST", path: "/", headers: [("Host", "127.0.0.1"), ("Content-Length", "0")])
+        #expect(post.status == 405, "\(post.text)")
+        let rebound = try RawHTTP.request(
+            port: daemon.port, method: "GET", path: "/", headers: [("Host", "evil.example:\(daemon.port)")])
+        #expect(rebound.status == 403 && rebound.text.contains("--rpc-allow-host"), "\(rebound.text)")
+        #expect(!rebound.text.contains("<html"))
+        let linked = try daemon.get("/", headers: [("Sec-Fetch-Site", "cross-site"), ("Sec-Fetch-Mode", "navigate")])
+        #expect(linked.status == 200 && linked.body == page.body)
+        let missing = try daemon.get("/app.js")
+        #expect(missing.status == 404 && missing.text.contains("the page is at /"), "\(missing.text)")
+        _ = await daemon.stop()
+    }
+
     /// With --rpc-allow-origin-all (which needs a secret) a page of another origin may call: the preflight is
     /// answered with CORS headers, and so is the call; the secret still applies.
     @Test func allowOriginAllLetsOtherPagesCallWithTheSecret() async throws {
