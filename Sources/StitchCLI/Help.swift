@@ -72,6 +72,7 @@ enum Help {
 
         Runs a download daemon on DIR until SIGTERM, SIGINT or an RPC shutdown (everything is saved; exit 0).
         Clients speak aria2's JSON-RPC at /jsonrpc (POST, GET, WebSocket): aria2p, AriaNg, webui-aria2.
+        Its own web page is at / (http://127.0.0.1:6800/ by default).
         After a kill -9 or a reboot, the next start on DIR has every download back in its state and order.
         The catalog lives in DIR/.stitch; nothing is written outside DIR.
 

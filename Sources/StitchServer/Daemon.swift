@@ -107,6 +107,12 @@ public enum Daemon {
         log.info(
             "serving \(folder) on \(server.boundAddresses.joined(separator: " and ")) (\(report.restored) "
                 + "download\(report.restored == 1 ? "" : "s") restored\(options.secret == nil ? "; no secret" : ""))")
+        if let first = server.boundAddresses.first {
+            // A wildcard address is no place to open; its loopback address is.
+            let shown = first.replacingOccurrences(of: "0.0.0.0:", with: "127.0.0.1:")
+                .replacingOccurrences(of: "[::]:", with: "[::1]:")
+            log.info("the web page: \(options.server.tls == nil ? "http" : "https")://\(shown)/")
+        }
 
         let notifier = Task { await notify(manager, rpc, server, log: log) }
         let signals = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in

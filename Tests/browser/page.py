@@ -297,6 +297,34 @@ def test_remove(work):
     return driver, daemon
 
 
+def test_retry(work):
+    """A download that failed (404) is retried from its row once the file is there, and completes byte-exact; the
+    row said why it failed, in plain words."""
+    name = f"page-retry-{os.getpid()}.bin"
+    path = os.path.join(WWW, name)
+    if os.path.exists(path):
+        os.remove(path)
+    daemon = Daemon(work).start()
+    driver = browser(work)
+    open_page(driver, daemon)
+    url = f"{HTTP}/{name}"
+    add_through_form(driver, [url])
+    gid = wait_for(lambda: gid_of(daemon, url), "the download")
+    wait_for(lambda: row_state(driver, gid) == ["list-stopped", "error"], "the row to show Failed")
+    problem = driver.find_element(By.CSS_SELECTOR, f"li.item[data-gid='{gid}'] .error").text
+    check("404" in problem, f"the row says why: {problem!r}")
+    try:
+        make_file(name, 3 << 20)
+        row_button(driver, gid, "retry").click()
+        wait_for(lambda: row_state(driver, gid) == ["list-stopped", "complete"], "the retried download to complete")
+        check(digest(os.path.join(daemon.dir, name)) == digest(path), "byte-exact after the retry")
+        check(driver.find_element(By.CSS_SELECTOR, f"li.item[data-gid='{gid}'] .error").text == "",
+              "no problem shown once done")
+    finally:
+        os.remove(path)
+    return driver, daemon
+
+
 def test_move_and_select(work):
     """Settings from the page (one at a time, a speed limit), several URLs at once, move one up, then select
     several and remove them together."""
@@ -699,7 +727,7 @@ def test_addresses(work):
     return driver, tls
 
 
-TESTS = [test_add_and_complete, test_pause_resume, test_remove, test_move_and_select, test_piece_bar, test_secret,
+TESTS = [test_add_and_complete, test_pause_resume, test_remove, test_retry, test_move_and_select, test_piece_bar, test_secret,
          test_restart, test_polling_rate, test_phone, test_keyboard, test_colour_schemes, test_thousand_stopped,
          test_addresses]
 

@@ -74,6 +74,8 @@ test("describe: unknown size, done, failed, paused", () => {
   assert.deepEqual(failed.actions, ["retry", "remove"]);
   assert.equal(L.describe(status({ status: "error", errorMessage: "HTTP 404" })).error, "HTTP 404");
   assert.deepEqual(L.describe(status({ status: "paused" })).actions, ["resume", "up", "down", "remove"]);
+  assert.deepEqual(L.describe(status({ status: "removed" })).actions, ["remove"], "stitch.retry refuses removed ones");
+  assert.deepEqual(L.describe(status({ status: "complete" })).actions, ["remove"]);
   const nameless = L.describe(status({ files: [] }));
   assert.equal(nameless.name, "0123456789abcdef", "the gid when nothing else names it");
   const over = L.describe(status({ totalLength: "100", completedLength: "150" }));
@@ -95,13 +97,14 @@ test("callFor maps actions to aria2's methods; removing a stopped download forge
 test("a selection acts only on the downloads the action applies to", () => {
   const rows = [
     { gid: "a", state: "active" }, { gid: "b", state: "paused" }, { gid: "c", state: "error" },
-    { gid: "d", state: "complete" },
+    { gid: "d", state: "complete" }, { gid: "e", state: "removed" },
   ];
   assert.deepEqual(L.callsForSelection("pause", rows), [["aria2.pause", ["a"]]]);
   assert.deepEqual(L.callsForSelection("resume", rows), [["aria2.unpause", ["b"]]]);
   assert.deepEqual(L.callsForSelection("retry", rows), [["stitch.retry", ["c"]]]);
   assert.deepEqual(L.callsForSelection("remove", rows).map((c) => c[0]), [
     "aria2.remove", "aria2.remove", "aria2.removeDownloadResult", "aria2.removeDownloadResult",
+    "aria2.removeDownloadResult",
   ]);
   const selection = new Set(["a", "x", "c"]);
   L.pruneSelection(selection, ["a", "b", "c"]);

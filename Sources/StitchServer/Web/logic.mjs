@@ -104,8 +104,9 @@ export function actionsFor(state) {
     case "paused":
       return ["resume", "up", "down", "remove"];
     case "error":
+      return ["retry", "remove"]; // stitch.retry takes a failed download, not a removed one
     case "removed":
-      return ["retry", "remove"];
+      return ["remove"];
     case "complete":
       return ["remove"];
     default:
