@@ -117,10 +117,13 @@ extension Aria2RPC {
                 any = any || wrote
             }
             out.append(UInt8(ascii: "]"))
-            return Reply(body: any ? out : nil, unauthorized: record.failures, authorized: record.authorized)
+            return Reply(
+                body: any ? out : nil, unauthorized: record.failures, missingSecret: record.missing,
+                authorized: record.authorized)
         }
         return Reply(
-            body: answer(request, into: &out) ? out : nil, unauthorized: record.failures, authorized: record.authorized)
+            body: answer(request, into: &out) ? out : nil, unauthorized: record.failures,
+            missingSecret: record.missing, authorized: record.authorized)
     }
 
     /// Whether every call of `request` (batches and multicalls included) is a read that ``read`` answers.
@@ -184,6 +187,11 @@ extension Aria2RPC {
     /// Checks and removes the `token:` parameter, counting the outcome in `record`.
     func authorize(_ params: inout [JSON], _ record: CallRecord) -> Result<Void, Failure> {
         if let secret {
+            // No token at all is no guess: refused, not counted (the throttle slows wrong tokens only).
+            if record.failures == 0, params.first?.string?.hasPrefix("token:") != true {
+                record.missing += 1
+                return .failure(.aria2("Unauthorized"))
+            }
             guard record.failures == 0, let first = params.first?.string, first.hasPrefix("token:"),
                 Self.constantTimeEquals(Array(first.utf8.dropFirst(6)), secret)
             else {

@@ -82,14 +82,19 @@ public final class Aria2RPC: Sendable {
     public struct Reply: Sendable, Error {
         /// The response body; nil when nothing is to be sent (only notifications, calls without an `id`).
         public var body: [UInt8]?
-        /// Calls in it refused for a wrong or missing secret (the server slows such clients down).
+        /// Calls in it refused for a wrong secret (the server slows such clients down).
         public var unauthorized: Int
+        /// Calls in it refused for carrying no secret at all. Not a guess, so not slowed down: a page of another
+        /// site can make a browser open the daemon's own page, whose first calls carry none, and must not get the
+        /// user's own clients slowed down by it.
+        public var missingSecret = 0
         /// Some call in it carried the right secret (a secret is set).
         public var authorized = false
 
-        public init(body: [UInt8]?, unauthorized: Int = 0, authorized: Bool = false) {
+        public init(body: [UInt8]?, unauthorized: Int = 0, missingSecret: Int = 0, authorized: Bool = false) {
             self.body = body
             self.unauthorized = unauthorized
+            self.missingSecret = missingSecret
             self.authorized = authorized
         }
     }
@@ -129,7 +134,8 @@ public final class Aria2RPC: Sendable {
     public func handle(_ request: JSON, channel: Channel) async -> Reply {
         let record = CallRecord(channel: channel)
         let body = await handle(request, record)
-        return Reply(body: body, unauthorized: record.failures, authorized: record.authorized)
+        return Reply(
+            body: body, unauthorized: record.failures, missingSecret: record.missing, authorized: record.authorized)
     }
 
     /// What the calls of one request share: how it came, and how its calls fared with the secret. Once one call
@@ -138,6 +144,7 @@ public final class Aria2RPC: Sendable {
     final class CallRecord: @unchecked Sendable {  // used by one task at a time, in turn
         let channel: Channel
         var failures = 0
+        var missing = 0
         var authorized = false
         init(channel: Channel) { self.channel = channel }
     }

@@ -288,7 +288,13 @@ final class Core: @unchecked Sendable {
         let request: JSON
         let channel: Aria2RPC.Channel
         let callback: String?
-        switch exchange.isGet ? prepareGet(getCall(connection)) : preparePost(exchange.body) {
+        let call = exchange.isGet ? getCall(connection) : nil
+        // JSONP is for pages of other origins (under --rpc-allow-origin-all) and old clients; this server's own
+        // page has no use for it, and refusing it keeps `script-src 'self'` from covering an RPC answer.
+        if call?.callback != nil, header(connection, "Sec-Fetch-Site")?.lowercased() == "same-origin" {
+            return queue(connection, .refusal(400, "jsoncallback is not for this server's own pages"))
+        }
+        switch call.map(prepareGet) ?? preparePost(exchange.body) {
         case .failure(let answer):
             return queue(connection, answer)
         case .success(let prepared):
@@ -346,7 +352,8 @@ final class Core: @unchecked Sendable {
                 exchange.refusal = .refusal(405, "method \(method) is not allowed for the page: use GET")
             } else {
                 exchange.refusal = HTTPAnswer(
-                    status: 200, body: asset.bytes, contentType: asset.contentType, headers: WebPage.headers)
+                    status: 200, body: asset.bytes, contentType: asset.contentType,
+                    headers: WebPage.headers(host: request.host, secure: configuration.tls != nil))
             }
             return .YES
         }
@@ -485,7 +492,8 @@ final class Core: @unchecked Sendable {
     /// Records whether the client's token was wrong (the throttle), and logs it.
     private func settle(_ peer: String, _ key: String, _ reply: Aria2RPC.Reply) {
         throttle.record(key, reply)
-        if reply.unauthorized > 0 { log("\(reply.unauthorized) wrong or missing secret(s) from \(peer)") }
+        if reply.unauthorized > 0 { log("\(reply.unauthorized) wrong secret(s) from \(peer)") }
+        if reply.missingSecret > 0 { log("\(reply.missingSecret) call(s) without the secret from \(peer)") }
     }
 
     private func wrap(_ body: [UInt8], callback: String?) -> HTTPAnswer {

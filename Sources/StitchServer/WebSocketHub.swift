@@ -56,8 +56,15 @@ final class WebSocketHub: Sendable {
                     guard !Task.isCancelled, let client = box.client else { break calls }
                     defer { client.pendingCalls.subtract(1, ordering: .relaxed) }
                     guard let wait = throttle.admit(key) else {
+                        // With the call's id, so a client waiting for its answer gets one.
+                        let id: JSON
+                        if case .success(let request) = rpc.decode(message), let given = request["id"] {
+                            id = given
+                        } else {
+                            id = .null
+                        }
                         let refusal = JSON.object([
-                            ("id", .null), ("jsonrpc", .string("2.0")),
+                            ("id", id), ("jsonrpc", .string("2.0")),
                             ("error", .object([("code", .integer(1)), ("message", .string("too many wrong secrets"))])),
                         ])
                         hub.send(refusal.serialized, to: client)
@@ -77,6 +84,10 @@ final class WebSocketHub: Sendable {
                         }
                     }
                     throttle.record(key, reply)
+                    if reply.unauthorized > 0 { hub.log("\(reply.unauthorized) wrong secret(s) from \(peer) (WebSocket)") }
+                    if reply.missingSecret > 0 {
+                        hub.log("\(reply.missingSecret) call(s) without the secret from \(peer) (WebSocket)")
+                    }
                     if let body = reply.body { hub.send(body, to: client) }
                 }
             }

@@ -294,9 +294,61 @@ struct DaemonTests {
         #expect(!rebound.text.contains("<html"))
         let linked = try daemon.get("/", headers: [("Sec-Fetch-Site", "cross-site"), ("Sec-Fetch-Mode", "navigate")])
         #expect(linked.status == 200 && linked.body == page.body)
-        let missing = try daemon.get("/app.js")
-        #expect(missing.status == 404 && missing.text.contains("the page is at /"), "\(missing.text)")
+        // Cut off from a window that opened it, where browsers honour that: loopback (and TLS), not a LAN name
+        // over plain HTTP (they would only log an error).
+        #expect(page.headers["cross-origin-opener-policy"] == "same-origin", "\(page.headers)")
         _ = await daemon.stop()
+        let named = try await ServedDaemon(
+            directory: sandbox.path("dl2"), ["--rpc-allow-host", "nas.lan"], sandbox: sandbox)
+        let lan = try RawHTTP.request(port: named.port, method: "GET", path: "/", headers: [("Host", "nas.lan:\(named.port)")])
+        #expect(lan.status == 200 && lan.headers["cross-origin-opener-policy"] == nil, "\(lan.headers)")
+        // JSONP is not for the page's own origin: an answer the page's script-src would allow.
+        let jsonp = try RawHTTP.request(
+            port: named.port, method: "GET", path: "/jsonrpc?method=aria2.getGlobalStat&id=1&jsoncallback=cb",
+            headers: [("Host", "127.0.0.1:\(named.port)"), ("Sec-Fetch-Site", "same-origin")])
+        #expect(jsonp.status == 400 && !jsonp.text.hasPrefix("cb("), "\(jsonp.text)")
+        let missing = try named.get("/app.js")
+        #expect(missing.status == 404 && missing.text.contains("the page is at /"), "\(missing.text)")
+        _ = await named.stop()
+    }
+
+    /// Calls that carry no token are refused but are no guess: another site can make a browser open the daemon's
+    /// page over and over, whose first calls carry none, and the user's own client must not be slowed by it.
+    /// Wrong tokens still are; a WebSocket call refused for them is answered with its own id.
+    @Test func callsWithoutTheSecretAreNotGuesses() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let daemon = try await ServedDaemon(
+            directory: sandbox.path("dl"), ["--log", sandbox.path("serve.log")],
+            environment: ["STITCH_RPC_SECRET": "s3cret"], sandbox: sandbox)
+        for _ in 0..<20 { #expect(try daemon.error("aria2.getVersion").message == "Unauthorized") }
+        let multicall = try daemon.result(
+            "system.multicall", [.array([.object([("methodName", .string("aria2.tellActive")), ("params", .array([]))])])])
+        #expect(multicall.array?.first?["message"]?.string == "Unauthorized", "\(multicall)")
+        let right = ContinuousClock.now
+        #expect(try daemon.result("aria2.getVersion", [.string("token:s3cret")]).text("version") == StitchVersion.string)
+        #expect(ContinuousClock.now - right < .seconds(1), "not slowed by 21 requests without a token")
+
+        // Wrong tokens in parallel pile up turns past 10 s (40 × 0.4 s): the first 429 says so, and then a WebSocket call
+        // (with the right token, even) is refused at once, with its id, so a client waiting on it is answered.
+        let wrong = Array(#"{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion","params":["token:guess"]}"#.utf8)
+        for _ in 0..<3 { _ = try daemon.post(wrong) }  // the address is slowed from now on
+        let socket = try TestWebSocket(port: daemon.port)
+        let refusal = try await withThrowingTaskGroup(of: Int.self) { group -> String? in
+            for _ in 0..<40 { group.addTask { try await offload { try daemon.post(wrong).status } } }
+            var refusal: String?
+            for try await status in group where status == 429 && refusal == nil {
+                try socket.send(#"{"jsonrpc":"2.0","id":"call-42","method":"aria2.getVersion","params":["token:s3cret"]}"#)
+                refusal = try socket.receive(timeout: 5_000)
+            }
+            return refusal
+        }
+        let reply = try JSON.parse(Array(try #require(refusal, "a 429 came").utf8))
+        #expect(reply["id"]?.string == "call-42", "\(reply)")
+        #expect(reply["error"]?.text("message") == "too many wrong secrets", "\(reply)")
+        _ = await daemon.stop()
+        let logged = (try? String(contentsOfFile: sandbox.path("serve.log"), encoding: .utf8)) ?? ""
+        #expect(logged.contains("call(s) without the secret") && logged.contains("wrong secret(s)"), "\(logged)")
     }
 
     /// With --rpc-allow-origin-all (which needs a secret) a page of another origin may call: the preflight is
@@ -328,7 +380,7 @@ struct DaemonTests {
         // --log FILE has the same lines as stderr, with their levels.
         let logged = (try? String(contentsOfFile: sandbox.path("serve.log"), encoding: .utf8)) ?? ""
         #expect(logged.contains("stitch serve info: serving") && logged.contains("stitch serve info: stopped"), "\(logged)")
-        #expect(logged.contains("wrong or missing secret"), "\(logged)")
+        #expect(logged.contains("call(s) without the secret"), "\(logged)")
     }
 
     /// Bodies too large, nested too deep, frames too long: refused with an error; the daemon keeps serving.

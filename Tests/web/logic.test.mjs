@@ -237,3 +237,148 @@ test("parseRate and rateText", () => {
   assert.equal(L.rateText(String(1 << 30)), "1G");
   assert.equal(L.rateText("1000"), "1000");
 });
+
+test("failureKind tells the secret's troubles from the network's", () => {
+  assert.equal(L.failureKind(new Error("Unauthorized")), "auth");
+  assert.equal(L.failureKind(new Error("too many wrong secrets from 127.0.0.1; try again later")), "throttled");
+  assert.equal(L.failureKind(new Error("too many wrong secrets")), "throttled", "the WebSocket's refusal");
+  assert.equal(L.failureKind(new Error("the connection closed")), "network");
+  assert.equal(L.failureKind(undefined), "network");
+});
+
+const types = (effects) => effects.map((e) => e.type);
+
+test("Connection: a WebSocket, a handshake, then polling", () => {
+  const c = new L.Connection();
+  assert.deepEqual(types(c.start(false)), ["openSocket"]);
+  assert.equal(c.mayPoll, false);
+  assert.deepEqual(types(c.socketOpened()), ["handshake"]);
+  assert.deepEqual(types(c.handshaken("s1")), ["poll"]);
+  assert.equal(c.phase, "live");
+  assert.equal(c.mayPoll, true);
+});
+
+test("Connection: a daemon that goes away is retried with backoff capped at 5 s; a restart is said", () => {
+  const c = new L.Connection();
+  c.start(false);
+  c.socketOpened();
+  c.handshaken("s1");
+  const first = c.socketClosed(1000);
+  assert.deepEqual(first, [{ type: "retry", delay: 250 }]);
+  assert.equal(c.phase, "lost");
+  assert.equal(c.mayPoll, false);
+  const delays = [250];
+  for (let i = 0; i < 7; i++) {
+    assert.deepEqual(types(c.retryDue()), ["openSocket"]);
+    const effects = c.socketFailed(2000 + i);
+    assert.deepEqual(types(effects), ["retry"], "no HTTP probe once the page was live");
+    delays.push(effects[0].delay);
+  }
+  assert.deepEqual(delays, [250, 500, 1000, 2000, 4000, 5000, 5000, 5000]);
+  assert.equal(c.lostSince, 1000, "lost since the first failure");
+  c.retryDue();
+  assert.deepEqual(types(c.socketOpened()), ["handshake"]);
+  const back = c.handshaken("s2");
+  assert.deepEqual(back[1], { type: "notice", text: "The daemon restarted; the page is live again." });
+  assert.equal(c.lostSince, 0);
+  c.socketClosed(5000);
+  assert.equal(c.nextDelay, 250, "the backoff started over when the WebSocket opened");
+  c.retryDue();
+  c.socketOpened();
+  assert.deepEqual(c.handshaken("s2")[1], { type: "notice", text: "Connected again." }, "same session: no restart");
+  assert.deepEqual(types(c.handshaken(undefined)), ["poll"], "an unknown session is no restart");
+});
+
+test("Connection: no WebSocket on a first visit falls back to HTTP, whose WebSocket retries back off", () => {
+  const c = new L.Connection();
+  c.start(false);
+  assert.deepEqual(types(c.socketFailed(0)), ["probeHTTP"]);
+  assert.deepEqual(types(c.httpProbed(true, 0)), ["handshake", "retry"]);
+  assert.equal(c.transport, "http");
+  assert.deepEqual(types(c.handshaken("s1")), ["poll"]);
+  assert.equal(c.mayPoll, true);
+  const delays = [c.nextDelay];
+  for (let i = 0; i < 6; i++) {
+    c.retryDue();
+    const effects = c.socketFailed(i);
+    assert.deepEqual(types(effects), ["retry"], "quietly: no new handshake or probe");
+    delays.push(effects[0].delay);
+    assert.equal(c.phase, "live", "still live over HTTP");
+  }
+  assert.deepEqual(delays, [250, 500, 1000, 2000, 4000, 5000, 5000], "the handshake did not reset the backoff");
+  c.retryDue();
+  assert.deepEqual(types(c.socketOpened()), ["handshake"]);
+  assert.equal(c.transport, "websocket");
+});
+
+test("Connection: HTTP that fails too is a lost daemon", () => {
+  const c = new L.Connection();
+  c.start(false);
+  c.socketFailed(0);
+  assert.deepEqual(types(c.httpProbed(false, 7)), ["retry"]);
+  assert.equal(c.phase, "lost");
+  assert.equal(c.lostSince, 7);
+  c.retryDue();
+  assert.deepEqual(types(c.socketFailed(8)), ["retry"], "then only the WebSocket is tried");
+});
+
+test("Connection: a live HTTP poll that fails loses the daemon; one that hangs on a WebSocket closes it", () => {
+  const http = new L.Connection();
+  http.start(false);
+  http.socketFailed(0);
+  http.httpProbed(true, 0);
+  http.handshaken("s");
+  assert.deepEqual(types(http.failed("network", 3)), [], "its WebSocket retry is already pending");
+  assert.equal(http.phase, "lost");
+  assert.equal(http.transport, "none");
+  const ws = new L.Connection();
+  ws.start(false);
+  ws.socketOpened();
+  ws.handshaken("s");
+  assert.deepEqual(types(ws.failed("network", 3)), ["closeSocket"]);
+  assert.deepEqual(types(ws.socketClosed(4)), ["retry"]);
+});
+
+test("Connection: the secret is asked for, and nothing is sent while the page waits for it", () => {
+  const c = new L.Connection();
+  c.start(false);
+  c.socketOpened();
+  assert.deepEqual(c.failed("auth", 0), [{ type: "askSecret", rejected: false }], "none given yet: not 'rejected'");
+  assert.equal(c.mayPoll, false);
+  // The daemon restarts while the dialog is open: the page reconnects but sends nothing.
+  assert.deepEqual(types(c.socketClosed(1)), ["retry"]);
+  assert.equal(c.phase, "secret");
+  c.retryDue();
+  assert.deepEqual(c.socketOpened(), [], "no handshake with a refused secret");
+  assert.deepEqual(types(c.secretEntered()), ["handshake"]);
+  assert.deepEqual(c.failed("auth", 2), [{ type: "askSecret", rejected: true }]);
+  assert.deepEqual(c.failed("throttled", 3), [{ type: "askSecret", rejected: true }]);
+  c.secretEntered();
+  assert.deepEqual(types(c.handshaken("s")), ["poll"]);
+  assert.equal(c.secretRejected, false);
+});
+
+test("Connection: a secret entered while polling over HTTP brings the WebSocket back too", () => {
+  const c = new L.Connection();
+  c.start(false);
+  c.socketFailed(0);
+  c.httpProbed(true, 0);
+  c.failed("auth", 0);
+  c.retryDue(); // the pending WebSocket try happened and failed meanwhile
+  c.socketFailed(1);
+  assert.deepEqual(types(c.secretEntered()), ["handshake"], "its retry is pending already");
+  const fresh = new L.Connection();
+  fresh.start(false);
+  fresh.socketFailed(0);
+  fresh.httpProbed(true, 0);
+  fresh.failed("auth", 0);
+  fresh.retryDue();
+  assert.deepEqual(types(fresh.secretEntered()), ["handshake", "retry"]);
+  const none = new L.Connection();
+  none.start(true);
+  none.socketFailed(0);
+  none.httpProbed(false, 0);
+  none.failed("auth", 0);
+  none.retryDue();
+  assert.deepEqual(types(none.secretEntered()), ["openSocket"]);
+});

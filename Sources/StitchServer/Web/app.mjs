@@ -13,19 +13,20 @@ const SECRET_KEY = "stitch.secret";
 
 const $ = (id) => document.getElementById(id);
 
+const CALL_TIMEOUT = 15000; // longer than the daemon ever holds a call (a slowed client waits at most 10 s)
+
 const app = {
   secret: sessionStorage.getItem(SECRET_KEY) || "",
+  connection: new L.Connection(),
   socket: null,
-  transport: "none", // "websocket", "http" or "none"
+  version: "",
   nextID: 1,
   pending: new Map(),
-  backoff: new L.Backoff(),
-  reconnectTimer: 0,
+  retryTimer: 0,
   throttle: new L.Throttle(1000),
   pollTimer: 0,
   polling: false,
   polls: 0,
-  sessionID: null,
   pages: { waiting: 0, stopped: 0 },
   totals: { active: 0, waiting: 0, stopped: 0 },
   rows: new Map(),
@@ -33,9 +34,10 @@ const app = {
   detail: null,
   history: new L.SpeedHistory(60),
   settingsLoaded: false,
-  waitingForSecret: false,
-  lostSince: 0,
 };
+
+// For the browser tests: when each poll started (performance.now()).
+window.stitchPage = { pollTimes: [] };
 
 // ---- transport ---------------------------------------------------------------------------------------------
 
@@ -48,26 +50,44 @@ function rpcURL(scheme) {
 function call(method, params = [], { token = true } = {}) {
   const id = `p${app.nextID++}`;
   const request = { jsonrpc: "2.0", id, method, params: token ? L.withToken(params, app.secret) : params };
-  if (app.transport === "websocket" && app.socket && app.socket.readyState === WebSocket.OPEN) {
+  const socket = app.socket;
+  if (app.connection.transport === "websocket" && socket && socket.readyState === WebSocket.OPEN) {
     return new Promise((resolve, reject) => {
-      app.pending.set(id, { resolve, reject });
-      app.socket.send(JSON.stringify(request));
+      // A daemon that stopped answering on a socket that looks open (a sleeping phone, a dropped network) is
+      // found out here: the socket is closed and the page reconnects.
+      const timer = setTimeout(() => {
+        app.pending.delete(id);
+        reject(new Error("the daemon did not answer"));
+        if (app.socket === socket) socket.close();
+      }, CALL_TIMEOUT);
+      app.pending.set(id, {
+        resolve: (value) => (clearTimeout(timer), resolve(value)),
+        reject: (error) => (clearTimeout(timer), reject(error)),
+      });
+      socket.send(JSON.stringify(request));
     });
   }
   return httpCall(request);
 }
 
 async function httpCall(request) {
-  const response = await fetch(rpcURL("http"), {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify(request),
-    cache: "no-store",
-    credentials: "omit",
-  });
-  const reply = await response.json();
-  if (reply.error) throw rpcError(reply.error);
-  return reply.result;
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), CALL_TIMEOUT);
+  try {
+    const response = await fetch(rpcURL("http"), {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(request),
+      cache: "no-store",
+      credentials: "omit",
+      signal: controller.signal,
+    });
+    const reply = await response.json();
+    if (reply.error) throw rpcError(reply.error);
+    return reply.result;
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function rpcError(error) {
@@ -82,89 +102,116 @@ async function multicall(calls) {
   return results.map((entry) => (Array.isArray(entry) ? entry[0] : rpcError(entry)));
 }
 
-function connect() {
-  clearTimeout(app.reconnectTimer);
-  setConnection("connecting", app.lostSince ? "Reconnecting…" : "Connecting…");
+/** Carries out what the connection's state machine asks for. */
+function perform(effects) {
+  for (const effect of effects) {
+    switch (effect.type) {
+      case "openSocket":
+        openSocket();
+        break;
+      case "closeSocket":
+        if (app.socket) app.socket.close();
+        break;
+      case "probeHTTP":
+        probeHTTP();
+        break;
+      case "handshake":
+        handshake();
+        break;
+      case "poll":
+        app.settingsLoaded = false;
+        schedulePoll(0);
+        break;
+      case "askSecret":
+        askForSecret(effect.rejected);
+        break;
+      case "notice":
+        showNotice(effect.text, "info");
+        break;
+      case "retry":
+        clearTimeout(app.retryTimer);
+        app.retryTimer = setTimeout(() => perform(app.connection.retryDue()), effect.delay);
+        break;
+    }
+  }
+  showConnection();
+}
+
+function openSocket() {
+  if (app.socket) {
+    const old = app.socket;
+    app.socket = null; // its events are ignored from now on
+    old.close();
+  }
   let socket;
   try {
     socket = new WebSocket(rpcURL("ws"));
   } catch {
-    fallBackToHTTP();
+    perform(app.connection.socketFailed(Date.now()));
     return;
   }
   app.socket = socket;
   let opened = false;
   socket.addEventListener("open", () => {
+    if (app.socket !== socket) return;
     opened = true;
-    app.transport = "websocket";
-    established();
+    perform(app.connection.socketOpened());
   });
-  socket.addEventListener("message", (event) => onMessage(event.data));
+  socket.addEventListener("message", (event) => {
+    if (app.socket === socket) onMessage(event.data);
+  });
   socket.addEventListener("close", () => {
     if (app.socket !== socket) return;
     app.socket = null;
     for (const { reject } of app.pending.values()) reject(new Error("the connection closed"));
     app.pending.clear();
-    // A WebSocket that never opened: on a first visit, perhaps refused (too many clients) while HTTP works; after
-    // losing the daemon, most likely the daemon is still away, and the next try is the WebSocket again.
-    if (opened || app.lostSince) lost();
-    else fallBackToHTTP();
+    perform(opened ? app.connection.socketClosed(Date.now()) : app.connection.socketFailed(Date.now()));
   });
 }
 
-/** No WebSocket (refused, or too many clients): poll over HTTP while trying the WebSocket again later. */
-async function fallBackToHTTP() {
-  app.transport = "http";
+async function probeHTTP() {
+  let ok = true;
   try {
-    await call("aria2.getVersion");
-  } catch (error) {
-    if (L.isUnauthorized(error)) {
-      askForSecret(true);
-      return;
-    }
-    app.transport = "none";
-    lost();
-    return;
+    await httpCall({ jsonrpc: "2.0", id: "probe", method: "system.listMethods", params: [] });
+  } catch {
+    ok = false;
   }
-  established();
-  scheduleReconnect(); // the WebSocket is still wanted
+  perform(app.connection.httpProbed(ok, Date.now()));
 }
 
-async function established() {
+async function handshake() {
+  let effects;
   try {
     const [version, session] = await multicall([["aria2.getVersion", []], ["aria2.getSessionInfo", []]]);
     if (version instanceof Error) throw version;
-    const restarted = app.sessionID !== null && session && session.sessionId !== app.sessionID;
-    if (session && !(session instanceof Error)) app.sessionID = session.sessionId;
-    app.backoff.reset();
-    const wasLost = app.lostSince !== 0;
-    app.lostSince = 0;
-    app.waitingForSecret = false;
-    setConnection("live", `Live · stitch ${version.version}${app.transport === "http" ? " (polling)" : ""}`);
-    if (restarted) showNotice("The daemon restarted; the page is live again.", "info");
-    else if (wasLost) showNotice("Connected again.", "info");
-    app.settingsLoaded = false;
-    schedulePoll(0);
+    app.version = version.version;
+    // The secret is kept only once the daemon took it.
+    if (app.secret) sessionStorage.setItem(SECRET_KEY, app.secret);
+    effects = app.connection.handshaken(session instanceof Error ? undefined : session.sessionId);
   } catch (error) {
-    if (L.isUnauthorized(error)) askForSecret(app.secret !== "");
-    else lost();
+    const kind = L.failureKind(error);
+    if (kind === "auth") sessionStorage.removeItem(SECRET_KEY);
+    effects = app.connection.failed(kind, Date.now());
   }
+  perform(effects);
 }
 
-function lost() {
-  if (!app.lostSince) app.lostSince = Date.now();
-  if (app.transport === "websocket") app.transport = "none";
-  scheduleReconnect();
-}
-
-function scheduleReconnect() {
-  clearTimeout(app.reconnectTimer);
-  const delay = app.backoff.next();
-  if (app.transport !== "http") {
-    const since = new Date(app.lostSince).toLocaleTimeString();
-    setConnection("lost", `The daemon is not answering (since ${since}); trying again in ${(delay / 1000).toFixed(1)} s`);
+function showConnection() {
+  const c = app.connection;
+  switch (c.phase) {
+    case "live":
+      setConnection("live", `Live · stitch ${app.version}${c.transport === "http" ? " (polling over HTTP)" : ""}`);
+      break;
+    case "lost":
+      setConnection("lost", `The daemon is not answering (since ${new Date(c.lostSince).toLocaleTimeString()}); `
+        + `trying again in ${(c.nextDelay / 1000).toFixed(1)} s`);
+      break;
+    case "secret":
+      setConnection("secret", c.secretRejected ? "The secret was not accepted" : "This daemon needs its secret");
+      break;
+    default:
+      setConnection("connecting", "Connecting…");
   }
-  app.reconnectTimer = setTimeout(connect, delay);
 }
 
 function onMessage(text) {
@@ -199,28 +246,25 @@ function schedulePoll(delay) {
 
 async function runPoll() {
   app.pollTimer = 0;
-  if (app.transport === "none" || app.waitingForSecret) return;
+  if (!app.connection.mayPoll) return;
   if (app.polling) {
     schedulePoll(100);
     return;
   }
   app.polling = true;
-  app.throttle.ran(performance.now());
+  const now = performance.now();
+  app.throttle.ran(now);
   app.polls += 1;
+  window.stitchPage.pollTimes.push(now);
   document.body.dataset.polls = String(app.polls);
   try {
     await poll();
   } catch (error) {
-    if (L.isUnauthorized(error)) askForSecret(true);
-    else if (app.transport === "http") {
-      app.transport = "none";
-      lost();
-    }
-    // Over a WebSocket the close event reports a lost daemon.
+    perform(app.connection.failed(L.failureKind(error), Date.now()));
   } finally {
     app.polling = false;
   }
-  if (app.transport !== "none" && !app.waitingForSecret) schedulePoll(1000);
+  if (app.connection.mayPoll) schedulePoll(1000);
 }
 
 async function poll() {
@@ -232,22 +276,30 @@ async function poll() {
     ["aria2.tellWaiting", [waiting.offset, waiting.count, LIST_KEYS]],
     ["aria2.tellStopped", [stopped.offset, stopped.count, LIST_KEYS]],
   ];
-  const detail = app.detail;
+  const detail = app.detail && !app.detail.gone ? app.detail : null;
   if (detail) calls.push(["aria2.tellStatus", [detail.gid, DETAIL_KEYS]]);
   if (!app.settingsLoaded) calls.push(["aria2.getGlobalOption", []]);
   const results = await multicall(calls);
   const [stat, active, waitingList, stoppedList] = results;
-  for (const result of results) if (result instanceof Error && L.isUnauthorized(result)) throw result;
+  for (const result of results) if (result instanceof Error && L.failureKind(result) !== "network") throw result;
+  const groups = { active, waiting: waitingList, stopped: stoppedList };
   if (!(stat instanceof Error)) {
     app.totals = { active: Number(stat.numActive), waiting: Number(stat.numWaiting), stopped: Number(stat.numStopped) };
     app.history.add(stat.downloadSpeed);
     renderGlobal(stat);
+    // A page that no longer exists (its last rows went): keep what is shown, and ask for the right page.
+    for (const [group, asked] of [["waiting", waiting], ["stopped", stopped]]) {
+      const fresh = L.pageWindow(app.totals[group], PAGE_SIZE, app.pages[group], group === "stopped");
+      if (fresh.offset !== asked.offset) {
+        app.pages[group] = fresh.page;
+        groups[group] = null;
+        schedulePoll(0);
+      }
+    }
   }
-  render({
-    active: active instanceof Error ? [] : active,
-    waiting: waitingList instanceof Error ? [] : waitingList,
-    stopped: stoppedList instanceof Error ? [] : stoppedList,
-  });
+  // A list whose call failed keeps its rows until the next poll.
+  for (const group of Object.keys(groups)) if (groups[group] instanceof Error) groups[group] = null;
+  render(groups);
   let next = 4;
   if (detail) {
     const status = results[next++];
@@ -296,18 +348,36 @@ function focusedControl() {
   const element = document.activeElement;
   const item = element && element.closest && element.closest("li.item");
   if (!item) return null;
-  return { gid: item.dataset.gid, action: element.dataset.action || "", select: element.classList.contains("select") };
+  const list = item.parentElement;
+  return {
+    gid: item.dataset.gid, action: element.dataset.action || "", select: element.classList.contains("select"),
+    list: list.id, index: [...list.children].indexOf(item),
+  };
 }
 
 /** Gives the focus back to the same control of the same row, or to the row's first button when that one went. */
 function restoreFocus(control) {
   if (!control) return;
   const row = app.rows.get(control.gid);
-  if (!row || !row.element.isConnected || row.element.contains(document.activeElement)) return;
+  if (!row || !row.element.isConnected) {
+    // The row went (removed, or paged away): the row now in its place, else the group's heading.
+    if (document.activeElement && document.activeElement !== document.body) return;
+    focusNear(control.list, control.index);
+    return;
+  }
+  if (row.element.contains(document.activeElement)) return;
   const again = control.select
     ? row.box
     : row.element.querySelector(`[data-action="${control.action}"]`) || row.actions.firstElementChild || row.name;
   again.focus();
+}
+
+function focusNear(listID, index) {
+  const list = $(listID);
+  if (!list) return;
+  const near = list.children[Math.min(index, list.children.length - 1)];
+  if (near) near.querySelector("button.name").focus();
+  else list.closest(".group").querySelector("h2").focus();
 }
 
 function render(groups) {
@@ -316,6 +386,10 @@ function render(groups) {
   for (const group of ["active", "waiting", "stopped"]) {
     const list = $(`list-${group}`);
     const statuses = groups[group];
+    if (!statuses) {
+      for (const li of list.children) shown.add(li.dataset.gid);
+      continue;
+    }
     let index = 0;
     for (const status of statuses) {
       const view = L.describe(status);
@@ -447,7 +521,14 @@ function renderBulk() {
 
 function renderDetail(status) {
   if (status instanceof Error) {
-    setText($("detail-line"), status.message);
+    // Forgotten (removed from the list) while shown: said, and no longer asked for.
+    app.detail.gone = /not found/i.test(status.message);
+    setText($("detail-line"), app.detail.gone ? "This download is no longer in the daemon's list." : status.message);
+    if (app.detail.gone) {
+      $("pieces").replaceChildren();
+      $("connections").replaceChildren();
+      $("connections-empty").hidden = false;
+    }
     return;
   }
   const view = L.describe(status);
@@ -514,17 +595,25 @@ function fillSettings(options) {
 
 // ---- actions -----------------------------------------------------------------------------------------------
 
-async function perform(calls, what) {
+/** An action's calls; failures are said in the notice (a refused secret opens the secret dialog). */
+async function act(calls, what) {
   if (calls.length === 0) return;
   try {
     const results = calls.length === 1 ? [await call(...calls[0])] : await multicall(calls);
     const failures = results.filter((r) => r instanceof Error);
-    if (failures.length) showNotice(`${what}: ${failures[0].message}`);
+    if (failures.length && !secretTrouble(failures[0])) showNotice(`${what}: ${failures[0].message}`);
   } catch (error) {
-    if (L.isUnauthorized(error)) askForSecret(true);
-    else showNotice(`${what}: ${error.message}`);
+    if (!secretTrouble(error)) showNotice(`${what}: ${error.message}`);
   }
   schedulePoll(0);
+}
+
+/** Whether `error` is about the secret; if so the connection asks for it. */
+function secretTrouble(error) {
+  const kind = L.failureKind(error);
+  if (kind === "network") return false;
+  perform(app.connection.failed(kind, Date.now()));
+  return true;
 }
 
 function rowAction(button) {
@@ -537,7 +626,7 @@ function rowAction(button) {
     return;
   }
   const [method, params] = L.callFor(action, row.view.gid, row.view.state);
-  perform([[method, params]], `${ACTION_WORDS[action]} ${row.view.name}`);
+  act([[method, params]], `${ACTION_WORDS[action]} ${row.view.name}`);
 }
 
 function bulkAction(action) {
@@ -549,8 +638,8 @@ function bulkAction(action) {
     return;
   }
   const rows = [...app.selection].map((gid) => app.rows.get(gid)?.view).filter(Boolean);
-  perform(L.callsForSelection(action, rows), `${ACTION_WORDS[action]} ${rows.length} downloads`);
-  if (action === "remove") app.selection.clear();
+  act(L.callsForSelection(action, rows), `${ACTION_WORDS[action]} ${rows.length} downloads`);
+  if (action === "remove") bulkAction("clear");
 }
 
 function visible(group) {
@@ -558,7 +647,10 @@ function visible(group) {
 }
 
 function openDetail(gid, name) {
-  app.detail = { gid, sample: null };
+  const item = app.rows.get(gid)?.element;
+  const list = item ? item.parentElement : null;
+  app.detail = { gid, sample: null, gone: false, list: list ? list.id : "list-active",
+    index: list ? [...list.children].indexOf(item) : 0 };
   setText($("detail-title"), name);
   setText($("detail-line"), "");
   $("pieces").replaceChildren();
@@ -597,7 +689,7 @@ async function addDownloads(event) {
       form.out.value = "";
     }
   } catch (error) {
-    if (L.isUnauthorized(error)) askForSecret(true);
+    secretTrouble(error);
     message.dataset.kind = "error";
     message.textContent = `Not added: ${error.message}`;
   } finally {
@@ -627,7 +719,7 @@ async function applySettings(event) {
     message.textContent = "Applied.";
     app.settingsLoaded = false;
   } catch (error) {
-    if (L.isUnauthorized(error)) askForSecret(true);
+    secretTrouble(error);
     message.dataset.kind = "error";
     message.textContent = error.message;
   }
@@ -635,8 +727,6 @@ async function applySettings(event) {
 }
 
 function askForSecret(rejected) {
-  app.waitingForSecret = true;
-  setConnection("secret", rejected ? "The secret was not accepted" : "This daemon needs its secret");
   $("secret-message").textContent = rejected
     ? "The secret was not accepted. Enter the daemon's RPC secret (the contents of --rpc-secret-file)."
     : "This daemon needs its RPC secret (the contents of --rpc-secret-file).";
@@ -650,13 +740,10 @@ function submitSecret(event) {
   event.preventDefault();
   const value = $("secret-input").value;
   if (!value) return;
-  app.secret = value;
-  sessionStorage.setItem(SECRET_KEY, value);
+  app.secret = value; // kept in session storage once the daemon takes it
   $("secret-input").value = "";
   $("secret-dialog").close();
-  app.waitingForSecret = false;
-  if (app.transport === "none") connect();
-  else established();
+  perform(app.connection.secretEntered());
 }
 
 // ---- wiring ------------------------------------------------------------------------------------------------
@@ -672,10 +759,11 @@ function wire() {
   $("secret-dialog").addEventListener("cancel", (event) => event.preventDefault());
   $("detail-close").addEventListener("click", () => $("detail").close());
   $("detail").addEventListener("close", () => {
-    const gid = app.detail && app.detail.gid;
+    const detail = app.detail;
     app.detail = null;
-    const row = gid && app.rows.get(gid);
-    if (row) row.name.focus();
+    const row = detail && app.rows.get(detail.gid);
+    if (row && row.element.isConnected) row.name.focus();
+    else if (detail) focusNear(detail.list, detail.index);
   });
   document.querySelector("main").addEventListener("click", (event) => {
     const button = event.target.closest("button");
@@ -713,4 +801,4 @@ function wire() {
 }
 
 wire();
-connect();
+perform(app.connection.start(app.secret !== ""));

@@ -358,3 +358,133 @@ export function rateText(bytes) {
   }
   return String(n);
 }
+
+/** What a failed call means for the connection: "auth" (no or a wrong secret), "throttled" (too many wrong
+ * secrets from this address: wait, then a right one), or "network" (anything else). */
+export function failureKind(error) {
+  const message = String((error && error.message) || "");
+  if (/unauthorized/i.test(message)) return "auth";
+  if (/too many wrong secrets/i.test(message)) return "throttled";
+  return "network";
+}
+
+/**
+ * The page's connection to the daemon, as a state machine without timers or I/O: each event returns the effects
+ * to perform, which app.mjs carries out and reports back as events.
+ *
+ * Effects: `openSocket` (a WebSocket to /jsonrpc), `closeSocket`, `probeHTTP` (one call over HTTP POST),
+ * `handshake` (getVersion and getSessionInfo), `poll` (start polling), `askSecret` ({ rejected }), `notice`
+ * ({ text }), `retry` ({ delay } in ms, then `retryDue`).
+ *
+ * - A WebSocket first. One that never opens on a first visit (refused, too many clients) is answered by a probe
+ *   over HTTP; if that works the page polls over HTTP and tries the WebSocket again now and then, quietly.
+ * - Backoff grows from 0.25 s to 5 s and starts over only when a WebSocket opens.
+ * - While the page waits for the user's secret it sends nothing that needs one: a reconnect does not resend a
+ *   secret that was refused.
+ */
+export class Connection {
+  constructor() {
+    this.transport = "none"; // "none", "websocket", "http"
+    this.phase = "connecting"; // "connecting", "live", "lost", "secret"
+    this.socketOpen = false;
+    this.everLive = false;
+    this.lostSince = 0;
+    this.sessionID = null;
+    this.hasSecret = false;
+    this.secretRejected = false;
+    this.retryPending = false;
+    this.nextDelay = 0;
+    this.backoff = new Backoff();
+  }
+
+  start(hasSecret) {
+    this.hasSecret = hasSecret;
+    return [{ type: "openSocket" }];
+  }
+
+  socketOpened() {
+    this.socketOpen = true;
+    this.transport = "websocket";
+    this.backoff.reset();
+    return this.phase === "secret" ? [] : [{ type: "handshake" }];
+  }
+
+  /** The WebSocket closed before it opened. */
+  socketFailed(now) {
+    this.socketOpen = false;
+    if (this.transport === "http") return [this.retry()]; // live over HTTP: try again later, quietly
+    if (!this.everLive && this.lostSince === 0 && this.phase !== "secret") return [{ type: "probeHTTP" }];
+    return this.lose(now);
+  }
+
+  /** The WebSocket closed after it had opened. */
+  socketClosed(now) {
+    this.socketOpen = false;
+    if (this.transport === "websocket") this.transport = "none";
+    return this.lose(now);
+  }
+
+  httpProbed(ok, now) {
+    if (!ok) return this.lose(now);
+    this.transport = "http";
+    return [...(this.phase === "secret" ? [] : [{ type: "handshake" }]), this.retry()];
+  }
+
+  /** The handshake answered; `sessionID` is the daemon's (a new one means it restarted). */
+  handshaken(sessionID) {
+    const restarted = this.sessionID !== null && typeof sessionID === "string" && sessionID !== this.sessionID;
+    const wasLost = this.lostSince !== 0;
+    if (typeof sessionID === "string") this.sessionID = sessionID;
+    this.phase = "live";
+    this.everLive = true;
+    this.lostSince = 0;
+    this.secretRejected = false;
+    const effects = [{ type: "poll" }];
+    if (restarted) effects.push({ type: "notice", text: "The daemon restarted; the page is live again." });
+    else if (wasLost) effects.push({ type: "notice", text: "Connected again." });
+    return effects;
+  }
+
+  /** A handshake or poll failed; `kind` as failureKind() says. */
+  failed(kind, now) {
+    if (kind === "auth" || kind === "throttled") {
+      this.secretRejected = this.hasSecret || kind === "throttled";
+      this.phase = "secret";
+      return [{ type: "askSecret", rejected: this.secretRejected }];
+    }
+    if (this.transport === "websocket" && this.socketOpen) return [{ type: "closeSocket" }]; // then socketClosed
+    if (this.transport === "http") this.transport = "none";
+    return this.lose(now);
+  }
+
+  secretEntered() {
+    this.hasSecret = true;
+    this.phase = "connecting";
+    if (this.transport === "websocket" && this.socketOpen) return [{ type: "handshake" }];
+    if (this.transport === "http") return [{ type: "handshake" }, ...(this.retryPending ? [] : [this.retry()])];
+    return this.retryPending ? [] : [{ type: "openSocket" }];
+  }
+
+  retryDue() {
+    this.retryPending = false;
+    return [{ type: "openSocket" }];
+  }
+
+  get mayPoll() {
+    return this.phase === "live" && this.transport !== "none";
+  }
+
+  lose(now) {
+    if (this.phase !== "secret") {
+      this.phase = "lost";
+      if (!this.lostSince) this.lostSince = now;
+    }
+    return this.retryPending ? [] : [this.retry()];
+  }
+
+  retry() {
+    this.retryPending = true;
+    this.nextDelay = this.backoff.next();
+    return { type: "retry", delay: this.nextDelay };
+  }
+}
