@@ -14,6 +14,8 @@ final class AuthThrottle: Sendable {
     }
 
     private let table = Mutex<[String: Entry]>([:])
+    /// When each address's calls without a token were last logged, and how many went unlogged since.
+    private let missingLog = Mutex<[String: (last: ContinuousClock.Instant, kept: Int)]>([:])
     let firstDelay: Duration
     let maxDelay: Duration
     /// The longest a request waits for its turn; later ones are refused at once.
@@ -75,6 +77,23 @@ final class AuthThrottle: Sendable {
                     table[oldest.key] = nil
                 }
             }
+        }
+    }
+
+    /// Whether calls without a token from `address` are to be logged now: at most once a minute per address,
+    /// since they are not slowed down and any client could otherwise write log lines at its request rate. The
+    /// answer is how many such requests went unlogged since the last line (nil: not now).
+    func logsMissingSecret(_ address: String, every interval: Duration = .seconds(60)) -> Int? {
+        let now = ContinuousClock.now
+        return missingLog.withLock { log -> Int? in
+            if let entry = log[address], now - entry.last < interval {
+                log[address] = (entry.last, entry.kept + 1)
+                return nil
+            }
+            let kept = log[address]?.kept ?? 0
+            log[address] = (now, 0)
+            if log.count > capacity { log = log.filter { now - $0.value.last < interval } }
+            return kept
         }
     }
 }

@@ -493,7 +493,10 @@ final class Core: @unchecked Sendable {
     private func settle(_ peer: String, _ key: String, _ reply: Aria2RPC.Reply) {
         throttle.record(key, reply)
         if reply.unauthorized > 0 { log("\(reply.unauthorized) wrong secret(s) from \(peer)") }
-        if reply.missingSecret > 0 { log("\(reply.missingSecret) call(s) without the secret from \(peer)") }
+        if reply.missingSecret > 0, let kept = throttle.logsMissingSecret(key) {
+            log("\(reply.missingSecret) call(s) without the secret from \(peer)"
+                + (kept > 0 ? " (and \(kept) such request(s) since the last such line)" : ""))
+        }
     }
 
     private func wrap(_ body: [UInt8], callback: String?) -> HTTPAnswer {

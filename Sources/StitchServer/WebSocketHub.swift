@@ -58,9 +58,12 @@ final class WebSocketHub: Sendable {
                     guard let wait = throttle.admit(key) else {
                         // With the call's id, so a client waiting for its answer gets one.
                         let id: JSON
-                        if case .success(let request) = rpc.decode(message), let given = request["id"] {
+                        switch rpc.decode(message) {
+                        case .success(.object(let members)):
+                            // A notification (no id) gets no answer, refused or not.
+                            guard let given = members.first(where: { $0.0 == "id" })?.1 else { continue }
                             id = given
-                        } else {
+                        default:
                             id = .null
                         }
                         let refusal = JSON.object([
@@ -85,8 +88,9 @@ final class WebSocketHub: Sendable {
                     }
                     throttle.record(key, reply)
                     if reply.unauthorized > 0 { hub.log("\(reply.unauthorized) wrong secret(s) from \(peer) (WebSocket)") }
-                    if reply.missingSecret > 0 {
-                        hub.log("\(reply.missingSecret) call(s) without the secret from \(peer) (WebSocket)")
+                    if reply.missingSecret > 0, let kept = throttle.logsMissingSecret(key) {
+                        hub.log("\(reply.missingSecret) call(s) without the secret from \(peer) (WebSocket)"
+                            + (kept > 0 ? " (and \(kept) such request(s) since the last such line)" : ""))
                     }
                     if let body = reply.body { hub.send(body, to: client) }
                 }

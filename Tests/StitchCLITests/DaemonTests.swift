@@ -329,13 +329,15 @@ struct DaemonTests {
         #expect(try daemon.result("aria2.getVersion", [.string("token:s3cret")]).text("version") == StitchVersion.string)
         #expect(ContinuousClock.now - right < .seconds(1), "not slowed by 21 requests without a token")
 
-        // Wrong tokens in parallel pile up turns past 10 s (40 × 0.4 s): the first 429 says so, and then a WebSocket call
-        // (with the right token, even) is refused at once, with its id, so a client waiting on it is answered.
+        // Wrong tokens: seven in a row bring the address to the 5 s cap (0.1 + 0.2 + … + 3.2 s of waiting); then
+        // parallel ones take turns 5 s apart, and those past 10 s get 429 at once. The first 429 leaves turns
+        // booked about 15 s ahead, so a WebSocket call sent then (with the right token, even) is refused at once,
+        // with its id, so a client waiting on it is answered.
         let wrong = Array(#"{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion","params":["token:guess"]}"#.utf8)
-        for _ in 0..<3 { _ = try daemon.post(wrong) }  // the address is slowed from now on
+        for _ in 0..<7 { _ = try daemon.post(wrong) }
         let socket = try TestWebSocket(port: daemon.port)
         let refusal = try await withThrowingTaskGroup(of: Int.self) { group -> String? in
-            for _ in 0..<40 { group.addTask { try await offload { try daemon.post(wrong).status } } }
+            for _ in 0..<5 { group.addTask { try await offload { try daemon.post(wrong).status } } }
             var refusal: String?
             for try await status in group where status == 429 && refusal == nil {
                 try socket.send(#"{"jsonrpc":"2.0","id":"call-42","method":"aria2.getVersion","params":["token:s3cret"]}"#)

@@ -258,23 +258,28 @@ test("Connection: a WebSocket, a handshake, then polling", () => {
   assert.equal(c.mayPoll, true);
 });
 
-test("Connection: a daemon that goes away is retried with backoff capped at 5 s; a restart is said", () => {
+/** A live page whose daemon went away at `now`, and every retry since has failed: [connection, delays]. */
+function lostFor(tries, now = 1000) {
   const c = new L.Connection();
   c.start(false);
   c.socketOpened();
   c.handshaken("s1");
-  const first = c.socketClosed(1000);
-  assert.deepEqual(first, [{ type: "retry", delay: 250 }]);
-  assert.equal(c.phase, "lost");
-  assert.equal(c.mayPoll, false);
-  const delays = [250];
-  for (let i = 0; i < 7; i++) {
+  const delays = [c.socketClosed(now)[0].delay];
+  for (let i = 0; i < tries; i++) {
     assert.deepEqual(types(c.retryDue()), ["openSocket"]);
-    const effects = c.socketFailed(2000 + i);
-    assert.deepEqual(types(effects), ["retry"], "no HTTP probe once the page was live");
+    assert.deepEqual(types(c.socketFailed(now + i)), ["probeHTTP"], "HTTP might still work");
+    const effects = c.httpProbed(false, now + i);
+    assert.deepEqual(types(effects), ["retry"]);
     delays.push(effects[0].delay);
   }
+  return [c, delays];
+}
+
+test("Connection: a daemon that goes away is retried with backoff capped at 5 s; a restart is said", () => {
+  const [c, delays] = lostFor(7);
   assert.deepEqual(delays, [250, 500, 1000, 2000, 4000, 5000, 5000, 5000]);
+  assert.equal(c.phase, "lost");
+  assert.equal(c.mayPoll, false);
   assert.equal(c.lostSince, 1000, "lost since the first failure");
   c.retryDue();
   assert.deepEqual(types(c.socketOpened()), ["handshake"]);
@@ -282,14 +287,29 @@ test("Connection: a daemon that goes away is retried with backoff capped at 5 s;
   assert.deepEqual(back[1], { type: "notice", text: "The daemon restarted; the page is live again." });
   assert.equal(c.lostSince, 0);
   c.socketClosed(5000);
-  assert.equal(c.nextDelay, 250, "the backoff started over when the WebSocket opened");
+  assert.equal(c.nextDelay, 250, "the backoff started over once the WebSocket worked");
   c.retryDue();
   c.socketOpened();
   assert.deepEqual(c.handshaken("s2")[1], { type: "notice", text: "Connected again." }, "same session: no restart");
   assert.deepEqual(types(c.handshaken(undefined)), ["poll"], "an unknown session is no restart");
 });
 
-test("Connection: no WebSocket on a first visit falls back to HTTP, whose WebSocket retries back off", () => {
+test("Connection: a WebSocket that opens and fails at once every time keeps backing off", () => {
+  const c = new L.Connection();
+  c.start(false);
+  c.socketOpened();
+  c.handshaken("s");
+  const delays = [];
+  for (let i = 0; i < 7; i++) {
+    const effects = c.socketClosed(i);
+    delays.push(effects[0].delay);
+    c.retryDue();
+    c.socketOpened(); // then it closes before its handshake answers
+  }
+  assert.deepEqual(delays, [250, 500, 1000, 2000, 4000, 5000, 5000]);
+});
+
+test("Connection: no WebSocket falls back to HTTP, whose WebSocket retries back off", () => {
   const c = new L.Connection();
   c.start(false);
   assert.deepEqual(types(c.socketFailed(0)), ["probeHTTP"]);
@@ -311,7 +331,23 @@ test("Connection: no WebSocket on a first visit falls back to HTTP, whose WebSoc
   assert.equal(c.transport, "websocket");
 });
 
-test("Connection: HTTP that fails too is a lost daemon", () => {
+test("Connection: HTTP live, one failed poll, and HTTP is tried again (not only the WebSocket)", () => {
+  const c = new L.Connection();
+  c.start(false);
+  c.socketFailed(0);
+  c.httpProbed(true, 0);
+  c.handshaken("s");
+  assert.deepEqual(types(c.failed("network", 3)), [], "its WebSocket retry is already pending");
+  assert.equal(c.phase, "lost");
+  assert.equal(c.transport, "none");
+  c.retryDue();
+  assert.deepEqual(types(c.socketFailed(4)), ["probeHTTP"]);
+  assert.deepEqual(types(c.httpProbed(true, 5)), ["handshake", "retry"]);
+  assert.deepEqual(types(c.handshaken("s")), ["poll", "notice"]);
+  assert.equal(c.phase, "live");
+});
+
+test("Connection: a first visit while the daemon is down keeps trying both", () => {
   const c = new L.Connection();
   c.start(false);
   c.socketFailed(0);
@@ -319,31 +355,69 @@ test("Connection: HTTP that fails too is a lost daemon", () => {
   assert.equal(c.phase, "lost");
   assert.equal(c.lostSince, 7);
   c.retryDue();
-  assert.deepEqual(types(c.socketFailed(8)), ["retry"], "then only the WebSocket is tried");
+  assert.deepEqual(types(c.socketFailed(8)), ["probeHTTP"]);
 });
 
-test("Connection: a live HTTP poll that fails loses the daemon; one that hangs on a WebSocket closes it", () => {
-  const http = new L.Connection();
-  http.start(false);
-  http.socketFailed(0);
-  http.httpProbed(true, 0);
-  http.handshaken("s");
-  assert.deepEqual(types(http.failed("network", 3)), [], "its WebSocket retry is already pending");
-  assert.equal(http.phase, "lost");
-  assert.equal(http.transport, "none");
+test("Connection: a retry never replaces a WebSocket that is open or on its way", () => {
+  const c = new L.Connection();
+  c.start(false);
+  c.socketFailed(0);
+  c.httpProbed(true, 0); // a WebSocket retry is pending
+  c.handshaken("s");
+  assert.deepEqual(types(c.retryDue()), ["openSocket"]);
+  // While it opens, an HTTP poll fails: no second retry is booked.
+  assert.deepEqual(c.failed("network", 1), []);
+  assert.deepEqual(types(c.socketOpened()), ["handshake"], "nothing to cancel");
+  assert.deepEqual(c.retryDue(), [], "a stray timer does not replace the open socket");
+  // A secret entered over HTTP while a WebSocket is on its way books nothing more either.
+  const h = new L.Connection();
+  h.start(false);
+  h.socketFailed(0);
+  h.httpProbed(true, 0);
+  h.failed("auth", 0);
+  h.retryDue(); // opening
+  assert.deepEqual(types(h.secretEntered()), ["handshake"]);
+  assert.deepEqual(types(h.socketOpened()), ["handshake"]);
+  // A retry booked, then a socket opens some other way: the retry is cancelled.
+  const r = new L.Connection();
+  r.start(false);
+  r.socketFailed(0);
+  r.httpProbed(true, 0);
+  r.retryDue();
+  r.socketFailed(1); // books a retry
+  assert.equal(r.retryPending, true);
+  r.socketOpening = true; // (as if opened by the secret dialog)
+  assert.deepEqual(types(r.socketOpened()), ["cancelRetry", "handshake"]);
+  assert.equal(r.retryPending, false);
+});
+
+test("Connection: the answer of a transport given up on does not make the page live", () => {
+  const c = new L.Connection();
+  c.start(false);
+  c.socketOpened();
+  c.handshaken("s");
+  c.failed("network", 1); // closeSocket
+  c.socketClosed(1);
+  assert.deepEqual(c.handshaken("s"), [], "a late answer");
+  assert.equal(c.phase, "lost");
+});
+
+test("Connection: a live WebSocket whose call goes unanswered is closed and retried", () => {
   const ws = new L.Connection();
   ws.start(false);
   ws.socketOpened();
   ws.handshaken("s");
   assert.deepEqual(types(ws.failed("network", 3)), ["closeSocket"]);
   assert.deepEqual(types(ws.socketClosed(4)), ["retry"]);
+  assert.equal(ws.phase, "lost");
 });
 
 test("Connection: the secret is asked for, and nothing is sent while the page waits for it", () => {
   const c = new L.Connection();
   c.start(false);
   c.socketOpened();
-  assert.deepEqual(c.failed("auth", 0), [{ type: "askSecret", rejected: false }], "none given yet: not 'rejected'");
+  assert.deepEqual(c.failed("auth", 0), [{ type: "askSecret", rejected: false, throttled: false }],
+    "none given yet: not 'rejected'");
   assert.equal(c.mayPoll, false);
   // The daemon restarts while the dialog is open: the page reconnects but sends nothing.
   assert.deepEqual(types(c.socketClosed(1)), ["retry"]);
@@ -351,11 +425,13 @@ test("Connection: the secret is asked for, and nothing is sent while the page wa
   c.retryDue();
   assert.deepEqual(c.socketOpened(), [], "no handshake with a refused secret");
   assert.deepEqual(types(c.secretEntered()), ["handshake"]);
-  assert.deepEqual(c.failed("auth", 2), [{ type: "askSecret", rejected: true }]);
-  assert.deepEqual(c.failed("throttled", 3), [{ type: "askSecret", rejected: true }]);
+  assert.deepEqual(c.failed("auth", 2), [{ type: "askSecret", rejected: true, throttled: false }]);
+  assert.deepEqual(c.failed("throttled", 3), [{ type: "askSecret", rejected: false, throttled: true }],
+    "the address is slowed: not necessarily this secret's fault");
   c.secretEntered();
   assert.deepEqual(types(c.handshaken("s")), ["poll"]);
   assert.equal(c.secretRejected, false);
+  assert.equal(c.throttled, false);
 });
 
 test("Connection: a secret entered while polling over HTTP brings the WebSocket back too", () => {
@@ -367,18 +443,17 @@ test("Connection: a secret entered while polling over HTTP brings the WebSocket 
   c.retryDue(); // the pending WebSocket try happened and failed meanwhile
   c.socketFailed(1);
   assert.deepEqual(types(c.secretEntered()), ["handshake"], "its retry is pending already");
-  const fresh = new L.Connection();
-  fresh.start(false);
-  fresh.socketFailed(0);
-  fresh.httpProbed(true, 0);
-  fresh.failed("auth", 0);
-  fresh.retryDue();
-  assert.deepEqual(types(fresh.secretEntered()), ["handshake", "retry"]);
-  const none = new L.Connection();
-  none.start(true);
-  none.socketFailed(0);
-  none.httpProbed(false, 0);
-  none.failed("auth", 0);
-  none.retryDue();
-  assert.deepEqual(types(none.secretEntered()), ["openSocket"]);
+  // No transport at all (the daemon away) while the dialog waits: the retry already booked brings the socket,
+  // which then handshakes with the new secret.
+  const away = new L.Connection();
+  away.start(true);
+  away.socketFailed(0);
+  away.httpProbed(false, 0);
+  away.failed("auth", 0);
+  away.retryDue();
+  away.socketFailed(1); // waiting for the secret: no probe, a retry
+  assert.equal(away.retryPending, true);
+  assert.deepEqual(away.secretEntered(), []);
+  assert.deepEqual(types(away.retryDue()), ["openSocket"]);
+  assert.deepEqual(types(away.socketOpened()), ["handshake"]);
 });

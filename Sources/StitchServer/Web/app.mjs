@@ -58,7 +58,8 @@ function call(method, params = [], { token = true } = {}) {
       const timer = setTimeout(() => {
         app.pending.delete(id);
         reject(new Error("the daemon did not answer"));
-        if (app.socket === socket) socket.close();
+        // Given up on at once: its close event may take long on a dead network.
+        if (app.socket === socket) dropSocket(Date.now());
       }, CALL_TIMEOUT);
       app.pending.set(id, {
         resolve: (value) => (clearTimeout(timer), resolve(value)),
@@ -123,7 +124,7 @@ function perform(effects) {
         schedulePoll(0);
         break;
       case "askSecret":
-        askForSecret(effect.rejected);
+        askForSecret(effect.rejected, effect.throttled);
         break;
       case "notice":
         showNotice(effect.text, "info");
@@ -132,17 +133,38 @@ function perform(effects) {
         clearTimeout(app.retryTimer);
         app.retryTimer = setTimeout(() => perform(app.connection.retryDue()), effect.delay);
         break;
+      case "cancelRetry":
+        clearTimeout(app.retryTimer);
+        break;
     }
   }
   showConnection();
 }
 
+/** Forgets the current socket (its events are ignored from now on), failing its unanswered calls as stale. */
+function detachSocket() {
+  const old = app.socket;
+  if (!old) return;
+  app.socket = null;
+  for (const { reject } of app.pending.values()) reject(staleError());
+  app.pending.clear();
+  old.close();
+}
+
+/** The WebSocket is given up on (a call went unanswered): the connection hears it closed, now. */
+function dropSocket(now) {
+  detachSocket();
+  perform(app.connection.socketClosed(now));
+}
+
+function staleError() {
+  const error = new Error("the connection to the daemon was lost; try again");
+  error.stale = true;
+  return error;
+}
+
 function openSocket() {
-  if (app.socket) {
-    const old = app.socket;
-    app.socket = null; // its events are ignored from now on
-    old.close();
-  }
+  detachSocket();
   let socket;
   try {
     socket = new WebSocket(rpcURL("ws"));
@@ -163,7 +185,7 @@ function openSocket() {
   socket.addEventListener("close", () => {
     if (app.socket !== socket) return;
     app.socket = null;
-    for (const { reject } of app.pending.values()) reject(new Error("the connection closed"));
+    for (const { reject } of app.pending.values()) reject(staleError());
     app.pending.clear();
     perform(opened ? app.connection.socketClosed(Date.now()) : app.connection.socketFailed(Date.now()));
   });
@@ -189,6 +211,7 @@ async function handshake() {
     if (app.secret) sessionStorage.setItem(SECRET_KEY, app.secret);
     effects = app.connection.handshaken(session instanceof Error ? undefined : session.sessionId);
   } catch (error) {
+    if (error.stale) return; // its socket went, and the connection heard so
     const kind = L.failureKind(error);
     if (kind === "auth") sessionStorage.removeItem(SECRET_KEY);
     effects = app.connection.failed(kind, Date.now());
@@ -207,7 +230,8 @@ function showConnection() {
         + `trying again in ${(c.nextDelay / 1000).toFixed(1)} s`);
       break;
     case "secret":
-      setConnection("secret", c.secretRejected ? "The secret was not accepted" : "This daemon needs its secret");
+      setConnection("secret", c.throttled ? "Too many wrong secrets from this address"
+        : c.secretRejected ? "The secret was not accepted" : "This daemon needs its secret");
       break;
     default:
       setConnection("connecting", "Connecting…");
@@ -260,7 +284,7 @@ async function runPoll() {
   try {
     await poll();
   } catch (error) {
-    perform(app.connection.failed(L.failureKind(error), Date.now()));
+    if (!error.stale) perform(app.connection.failed(L.failureKind(error), Date.now()));
   } finally {
     app.polling = false;
   }
@@ -726,10 +750,13 @@ async function applySettings(event) {
   schedulePoll(0);
 }
 
-function askForSecret(rejected) {
-  $("secret-message").textContent = rejected
-    ? "The secret was not accepted. Enter the daemon's RPC secret (the contents of --rpc-secret-file)."
-    : "This daemon needs its RPC secret (the contents of --rpc-secret-file).";
+function askForSecret(rejected, throttled) {
+  $("secret-message").textContent = throttled
+    ? "Too many wrong secrets came from this address (this page or another client); the daemon waits before it "
+      + "answers again. Enter the secret to try again in a few seconds."
+    : rejected
+      ? "The secret was not accepted. Enter the daemon's RPC secret (the contents of --rpc-secret-file)."
+      : "This daemon needs its RPC secret (the contents of --rpc-secret-file).";
   const dialog = $("secret-dialog");
   dialog.dataset.rejected = String(rejected);
   if (!dialog.open) dialog.showModal();

@@ -374,11 +374,12 @@ export function failureKind(error) {
  *
  * Effects: `openSocket` (a WebSocket to /jsonrpc), `closeSocket`, `probeHTTP` (one call over HTTP POST),
  * `handshake` (getVersion and getSessionInfo), `poll` (start polling), `askSecret` ({ rejected }), `notice`
- * ({ text }), `retry` ({ delay } in ms, then `retryDue`).
+ * ({ text }), `retry` ({ delay } in ms, then `retryDue`), `cancelRetry`.
  *
- * - A WebSocket first. One that never opens on a first visit (refused, too many clients) is answered by a probe
- *   over HTTP; if that works the page polls over HTTP and tries the WebSocket again now and then, quietly.
- * - Backoff grows from 0.25 s to 5 s and starts over only when a WebSocket opens.
+ * - A WebSocket first. One that does not open (refused, too many clients, a proxy) is answered by a probe over
+ *   HTTP; if that works the page polls over HTTP and tries the WebSocket again now and then, quietly. A
+ *   WebSocket that is open or on its way is never replaced by a retry.
+ * - Backoff grows from 0.25 s to 5 s and starts over only when a WebSocket works (its handshake answered).
  * - While the page waits for the user's secret it sends nothing that needs one: a reconnect does not resend a
  *   secret that was refused.
  */
@@ -386,12 +387,14 @@ export class Connection {
   constructor() {
     this.transport = "none"; // "none", "websocket", "http"
     this.phase = "connecting"; // "connecting", "live", "lost", "secret"
+    this.socketOpening = false;
     this.socketOpen = false;
     this.everLive = false;
     this.lostSince = 0;
     this.sessionID = null;
     this.hasSecret = false;
     this.secretRejected = false;
+    this.throttled = false;
     this.retryPending = false;
     this.nextDelay = 0;
     this.backoff = new Backoff();
@@ -399,25 +402,28 @@ export class Connection {
 
   start(hasSecret) {
     this.hasSecret = hasSecret;
-    return [{ type: "openSocket" }];
+    return [this.open()];
   }
 
   socketOpened() {
+    this.socketOpening = false;
     this.socketOpen = true;
     this.transport = "websocket";
-    this.backoff.reset();
-    return this.phase === "secret" ? [] : [{ type: "handshake" }];
+    const effects = this.retryPending ? [{ type: "cancelRetry" }] : [];
+    this.retryPending = false;
+    return this.phase === "secret" ? effects : [...effects, { type: "handshake" }];
   }
 
-  /** The WebSocket closed before it opened. */
+  /** The WebSocket closed before it opened: HTTP may still work (a proxy without WebSocket, no place left). */
   socketFailed(now) {
+    this.socketOpening = false;
     this.socketOpen = false;
-    if (this.transport === "http") return [this.retry()]; // live over HTTP: try again later, quietly
-    if (!this.everLive && this.lostSince === 0 && this.phase !== "secret") return [{ type: "probeHTTP" }];
+    if (this.transport === "http") return this.retryPending ? [] : [this.retry()]; // live over HTTP: quietly
+    if (this.phase !== "secret") return [{ type: "probeHTTP" }];
     return this.lose(now);
   }
 
-  /** The WebSocket closed after it had opened. */
+  /** The WebSocket closed after it had opened (or was given up on: a call went unanswered). */
   socketClosed(now) {
     this.socketOpen = false;
     if (this.transport === "websocket") this.transport = "none";
@@ -427,18 +433,25 @@ export class Connection {
   httpProbed(ok, now) {
     if (!ok) return this.lose(now);
     this.transport = "http";
-    return [...(this.phase === "secret" ? [] : [{ type: "handshake" }]), this.retry()];
+    const effects = this.phase === "secret" ? [] : [{ type: "handshake" }];
+    if (!this.retryPending && !this.socketOpening) effects.push(this.retry()); // the WebSocket, later
+    return effects;
   }
 
   /** The handshake answered; `sessionID` is the daemon's (a new one means it restarted). */
   handshaken(sessionID) {
+    if (this.transport === "none") return []; // an answer from a transport given up on meanwhile
     const restarted = this.sessionID !== null && typeof sessionID === "string" && sessionID !== this.sessionID;
     const wasLost = this.lostSince !== 0;
     if (typeof sessionID === "string") this.sessionID = sessionID;
+    // The backoff starts over only once a WebSocket really works (one that opens and then fails every time, as
+    // behind a broken proxy, keeps backing off).
+    if (this.transport === "websocket") this.backoff.reset();
     this.phase = "live";
     this.everLive = true;
     this.lostSince = 0;
     this.secretRejected = false;
+    this.throttled = false;
     const effects = [{ type: "poll" }];
     if (restarted) effects.push({ type: "notice", text: "The daemon restarted; the page is live again." });
     else if (wasLost) effects.push({ type: "notice", text: "Connected again." });
@@ -448,9 +461,10 @@ export class Connection {
   /** A handshake or poll failed; `kind` as failureKind() says. */
   failed(kind, now) {
     if (kind === "auth" || kind === "throttled") {
-      this.secretRejected = this.hasSecret || kind === "throttled";
+      this.throttled = kind === "throttled";
+      this.secretRejected = this.hasSecret && !this.throttled;
       this.phase = "secret";
-      return [{ type: "askSecret", rejected: this.secretRejected }];
+      return [{ type: "askSecret", rejected: this.secretRejected, throttled: this.throttled }];
     }
     if (this.transport === "websocket" && this.socketOpen) return [{ type: "closeSocket" }]; // then socketClosed
     if (this.transport === "http") this.transport = "none";
@@ -461,17 +475,27 @@ export class Connection {
     this.hasSecret = true;
     this.phase = "connecting";
     if (this.transport === "websocket" && this.socketOpen) return [{ type: "handshake" }];
-    if (this.transport === "http") return [{ type: "handshake" }, ...(this.retryPending ? [] : [this.retry()])];
-    return this.retryPending ? [] : [{ type: "openSocket" }];
+    if (this.transport === "http") {
+      const effects = [{ type: "handshake" }];
+      if (!this.retryPending && !this.socketOpening) effects.push(this.retry());
+      return effects;
+    }
+    return this.retryPending || this.socketOpening ? [] : [this.open()];
   }
 
   retryDue() {
     this.retryPending = false;
-    return [{ type: "openSocket" }];
+    // A WebSocket that is open or opening already is not replaced.
+    return this.socketOpen || this.socketOpening ? [] : [this.open()];
   }
 
   get mayPoll() {
     return this.phase === "live" && this.transport !== "none";
+  }
+
+  open() {
+    this.socketOpening = true;
+    return { type: "openSocket" };
   }
 
   lose(now) {
@@ -479,7 +503,8 @@ export class Connection {
       this.phase = "lost";
       if (!this.lostSince) this.lostSince = now;
     }
-    return this.retryPending ? [] : [this.retry()];
+    // A WebSocket on its way decides what comes next; else one try, after the backoff.
+    return this.retryPending || this.socketOpening ? [] : [this.retry()];
   }
 
   retry() {
