@@ -261,11 +261,6 @@ public final class Aria2RPC: Sendable {
         // Whatever it comes to, what readers see next is fetched again.
         defer { invalidate() }
         switch method {
-        case "aria2.getVersion":
-            return .object([
-                ("version", .string(StitchVersion.string)),
-                ("enabledFeatures", .array(["HTTPS", "Async DNS"].map(JSON.string))),
-            ])
         case "aria2.addUri":
             return try await addUri(params)
         case "aria2.remove", "aria2.forceRemove":
