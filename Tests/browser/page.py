@@ -252,6 +252,7 @@ def add_through_form(driver, urls, out="", split="", checksum="", headers=""):
             element.clear()
             if value:
                 element.send_keys(value)
+    driver.execute_script("document.getElementById('add-message').textContent = ''")  # this answer, not the last
     driver.find_element(By.ID, "add-submit").click()
     return wait_for(lambda: driver.find_element(By.ID, "add-message").text, "the add form's answer")
 
@@ -291,6 +292,27 @@ def test_add_and_complete(work):
     width = driver.execute_script(
         f"return document.querySelector(\"li.item[data-gid='{gid}'] .bar-fill\").style.width")
     check(width == "100%", f"a full bar: {width}")
+    # The form's other options: a file name, a checksum that matches, a header; then a checksum that does not.
+    good = f"{HTTP}/small.bin?checked"
+    sha = digest(os.path.join(WWW, "small.bin"))
+    message = add_through_form(driver, [good], out="checked.bin", split="2", checksum=f"sha-256={sha}",
+                               headers="X-Stitch-Page: yes")
+    check(message == "Added 1 download.", message)
+    checked = wait_for(lambda: gid_of(daemon, good), "the checked download")
+    wait_for(lambda: row_state(driver, checked) == ["list-stopped", "complete"], "the checked download completes")
+    check(digest(os.path.join(daemon.dir, "checked.bin")) == sha, "saved under the given name, byte-exact")
+    options = daemon.rpc("aria2.getOption", checked)
+    check(options.get("checksum") == f"sha-256={sha}", f"the checksum went with it: {options}")
+    check("X-Stitch-Page: yes" in options.get("header", []), f"the header went with it: {options}")
+    bad = f"{HTTP}/small.bin?mismatch"
+    add_through_form(driver, [bad], out="mismatch.bin", checksum="sha-256=" + "0" * 64)
+    mismatch = wait_for(lambda: gid_of(daemon, bad), "the mismatching download")
+    wait_for(lambda: row_state(driver, mismatch) == ["list-stopped", "error"], "a checksum mismatch fails")
+    problem = driver.find_element(By.CSS_SELECTOR, f"li.item[data-gid='{mismatch}'] .error").text
+    check("checksum" in problem.lower(), f"the row says the checksum did not match: {problem!r}")
+    check(not os.path.exists(os.path.join(daemon.dir, "mismatch.bin")), "no file at the destination")
+    message = add_through_form(driver, "http://h/a\nftp//broken")
+    check(message.startswith("Not an http"), f"the form checks the URLs first: {message}")
     return driver, daemon
 
 
