@@ -86,6 +86,10 @@ struct DaemonTests {
         _ = try Self.publish(nginx, "serve-rest-slow.bin", size: 32 << 20, seed: 17)
         let daemon = try await ServedDaemon(directory: sandbox.path("dl"), ["-c", "1"], sandbox: sandbox)
         let socket = try TestWebSocket(port: daemon.port)
+        // An answer over it first: the daemon hands the socket to its WebSocket hub after sending the 101, so only
+        // then are notifications sure to reach it (an onDownloadStart was missed once in CI).
+        try socket.send(#"{"jsonrpc":"2.0","id":"ready","method":"aria2.getVersion"}"#)
+        #expect(try socket.receive().map { $0.contains(#""id":"ready""#) } == true)
 
         // A batch and a multicall, each with a failing member.
         let batch = try daemon.post(Array(#"[{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion"},{"jsonrpc":"2.0","id":2,"method":"aria2.nosuch"},{"jsonrpc":"2.0","method":"aria2.getVersion"}]"#.utf8))
