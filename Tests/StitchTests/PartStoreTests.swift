@@ -965,6 +965,72 @@ import Testing
         values + [Int64](repeating: 0, count: LiveRecord.slotCount - values.count)
     }
 
+    // MARK: The page cache
+
+    /// A checkpoint drops what it made durable from the page cache (clean pages that nothing reads back), so a
+    /// download larger than the cache costs no reclaim on the receive path and evicts nothing else; what is
+    /// written but not yet durable stays cached. The bytes are the same either way.
+    @Test func checkpointDropsWhatItMadeDurableFromTheCache() throws {
+        let dir = try TemporaryDirectory()
+        // tmpfs pages are the file: advice cannot drop them.
+        try #require(filesystemType(of: dir.path) != "tmpfs", "the test folder is on tmpfs")
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let mib = 1 << 20
+        let total = 16 * mib
+        let data = ServedFile.randomBytes(count: total, seed: 31)
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: Int64(total)).validators)
+        #expect(store.cacheKeptBelow.load(ordering: .relaxed) == 1 << 30, "a download's first GiB stays cached")
+        store.cacheKeptBelow.store(Int64(2 * mib), ordering: .relaxed)  // here: the first 2 MiB
+        func resident(_ range: Range<Int>) throws -> Int { try residentPages(paths.part, range) }
+        let pages = mib / Int(sysconf(Int32(_SC_PAGESIZE)))  // per MiB
+
+        try write(store, data, 0..<(8 * mib))
+        #expect(try resident(0..<(8 * mib)) > 7 * pages, "just written: in the cache")
+        try store.checkpoint()
+        #expect(store.durable.load(ordering: .relaxed) == Int64(8 * mib))
+        #expect(try resident(0..<(2 * mib)) > 2 * pages * 9 / 10, "the first 2 MiB are kept")
+        #expect(try resident((2 * mib)..<(8 * mib)) < pages / 4, "durable beyond them: dropped")
+        // A checkpoint that ends inside a (2 MiB) folio: the next one drops that folio too.
+        try write(store, data, (8 * mib)..<(11 * mib))
+        try store.checkpoint()
+        try write(store, data, (11 * mib)..<(14 * mib))
+        #expect(try resident((11 * mib)..<(14 * mib)) > 3 * pages * 9 / 10, "written, not yet durable: kept")
+        try store.checkpoint()
+        let left = try resident((8 * mib)..<(14 * mib))
+        #expect(left < pages, "everything durable beyond the first 2 MiB dropped, boundaries too (\(left) pages left)")
+        #expect(try readFile(paths.part).prefix(14 * mib) == data.prefix(14 * mib)[...], "the bytes, from the disk")
+    }
+
+    /// The type of the file system holding `path` (the longest mount point of /proc/mounts above it).
+    func filesystemType(of path: String) throws -> String {
+        let mounts = String(decoding: try readFile("/proc/mounts"), as: UTF8.self)
+        var best: (point: String, type: String) = ("", "")
+        for line in mounts.split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            guard fields.count > 2 else { continue }
+            let point = String(fields[1])
+            let inside = point == "/" || path == point || path.hasPrefix(point + "/")
+            if inside, point.count > best.point.count { best = (point, String(fields[2])) }
+        }
+        return best.type
+    }
+
+    /// How many of the pages of `range` of the file at `path` are in the page cache (`mincore`).
+    func residentPages(_ path: String, _ range: Range<Int>) throws -> Int {
+        let fd = open(path, O_RDONLY)
+        try #require(fd >= 0)
+        defer { close(fd) }
+        let mapped = mmap(nil, range.count, PROT_READ, MAP_SHARED, fd, off_t(range.lowerBound))
+        try #require(mapped != MAP_FAILED, "mmap")
+        defer { munmap(mapped, range.count) }
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        var vector = [UInt8](repeating: 0, count: (range.count + page - 1) / page)
+        try #require(mincore(mapped, range.count, &vector) == 0, "mincore")
+        return vector.filter { $0 & 1 == 1 }.count
+    }
+
     func write(_ store: PartStore, _ data: [UInt8], _ range: Range<Int>, slot: Int = 0) throws {
         let error = data[range].withUnsafeBytes { store.write($0, at: Int64(range.lowerBound)) }
         #expect(error == nil)

@@ -466,6 +466,8 @@ final class PartStore: @unchecked Sendable {
             // The in-memory state changes only once the file says the same.
             next.updatedAt = now()
             try writeState(next)
+            Self.dropFromCache(
+                fd, from: state.segments, to: next.segments, keepingBelow: cacheKeptBelow.load(ordering: .relaxed))
             state = next
             durable.store(next.durableBytes, ordering: .releasing)
             pendingPieces.withLock { pending in
@@ -473,6 +475,32 @@ final class PartStore: @unchecked Sendable {
             }
         }
     }
+
+    /// Drops the ranges a checkpoint just made durable from the page cache, beyond the file's first
+    /// `keepingBelow` bytes. They are clean now (synced), so this only frees their pages: a download larger than
+    /// the page cache then neither makes the kernel reclaim under pressure on the receive path nor evicts the
+    /// rest of the machine's cache. Nothing reads them back but verification (after a crash, at a steal's
+    /// overlap, a resume's checksum prefix), which reads the disk. Advice only: a failure changes nothing.
+    ///
+    /// The first GiB stays cached (``cacheKeptBelow``): a file that size is cheap to keep and often opened right
+    /// away, and freeing its pages cost 12–18 % more CPU at 1 GiB (bench/large.sh) for no gain in speed; at 5 GiB
+    /// dropping the rest made the download 1.8× faster at 0.64× the CPU.
+    ///
+    /// The kernel drops only whole folios, which on ext4 are up to 2 MiB: the folio holding the previous
+    /// checkpoint's end was partly outside that range, so each range starts 2 MiB-aligned below it (those bytes
+    /// are durable since the previous checkpoint), within the segment.
+    static func dropFromCache(_ fd: Int32, from before: [Segment], to after: [Segment], keepingBelow kept: Int64) {
+        let folio: Int64 = 2 << 20
+        for (old, new) in zip(before, after) where old.start == new.start && new.durable > old.durable {
+            let start = max(kept, old.start, old.durable / folio * folio)
+            guard new.durable > start else { continue }
+            _ = posix_fadvise(fd, off_t(start), off_t(new.durable - start), POSIX_FADV_DONTNEED)
+        }
+    }
+
+    /// Bytes at the start of the file whose pages checkpoints leave in the page cache (``dropFromCache``);
+    /// changeable for tests.
+    let cacheKeptBelow = Atomic<Int64>(1 << 30)
 
     /// The pieces holding bytes the state counts as written that no recorded checksum vouches for: those without
     /// one (a piece not yet complete at the checkpoint) and those whose bytes no longer match it. After falling
