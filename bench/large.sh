@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Large files: one connection, plain HTTP, a file bigger than the page cache lets sit dirty (5 GiB here, where
-# vm.dirty_ratio is 20 % of 24 GiB), stitch against curl, with dd writing the same size as the ceiling.
+# vm.dirty_ratio is 20 % of 24 GiB), stitch against curl, with dd writing the same size from /dev/zero as a
+# reference (not a strict ceiling: dd leaves everything dirty and syncs once at the end).
 #
 # Every run starts from the same state: the previous output removed, `sync`, the page cache dropped, then the
 # source file read once so nginx serves it from memory for every tool alike. Tools alternate within each round.
@@ -23,6 +24,10 @@ STITCH_B=${STITCH_B:-}
 BENCH_TMPDIR=${BENCH_TMPDIR:-/tmp}
 [[ $(id -u) -eq 0 ]] || { echo "large.sh: needs root (drop_caches)" >&2; exit 1; }
 [[ -x $STITCH ]] || { echo "large.sh: no $STITCH (swift build -c release)" >&2; exit 1; }
+[[ -z $STITCH_B || -x $STITCH_B ]] || { echo "large.sh: STITCH_B=$STITCH_B is not an executable" >&2; exit 1; }
+# On tmpfs there is no disk: syncs, the advice and drop_caches do nothing, and the figures would be RAM's.
+fstype=$(stat -f -c %T "$BENCH_TMPDIR")
+[[ $fstype != tmpfs && $fstype != ramfs ]] || { echo "large.sh: $BENCH_TMPDIR is $fstype; set BENCH_TMPDIR to a disk" >&2; exit 1; }
 work=$(mktemp -d "$BENCH_TMPDIR/stitch-bench-large.XXXXXX")
 nginx_dir=$work/nginx
 mkdir -p "$nginx_dir" "$work/out"
@@ -94,4 +99,4 @@ for tool in "${tools[@]}"; do
             t, w, wmin, wmax, mib * 1048576 / w / 1e6, c, cmin, cmax, cw / w, (cc > 0 ? c / cc : 0) }'
 done
 echo
-echo "dd is the ceiling: writing the same size from /dev/zero with one fdatasync at the end."
+echo "dd is a reference: writing the same size from /dev/zero with one fdatasync at the end ($fstype at $BENCH_TMPDIR)."

@@ -479,18 +479,24 @@ final class PartStore: @unchecked Sendable {
     /// Drops the ranges a checkpoint just made durable from the page cache, beyond the file's first
     /// `keepingBelow` bytes. They are clean now (synced), so this only frees their pages: a download larger than
     /// the page cache then neither makes the kernel reclaim under pressure on the receive path nor evicts the
-    /// rest of the machine's cache. Nothing reads them back but verification (after a crash, at a steal's
-    /// overlap, a resume's checksum prefix), which reads the disk. Advice only: a failure changes nothing.
+    /// rest of the machine's cache. Advice only: the kernel skips dirty, locked and under-writeback pages, and a
+    /// failure changes nothing, so what a crash or a power cut leaves is as before. Whatever reads the part file
+    /// back (overlap checks at steal points, piece checksums, a resume's checksum prefix, and the final digest of
+    /// a segmented download with `--checksum`, which re-reads the whole file) reads dropped pages from the disk:
+    /// the same bytes, more slowly.
     ///
     /// The first GiB stays cached (``cacheKeptBelow``): a file that size is cheap to keep and often opened right
-    /// away, and freeing its pages cost 12–18 % more CPU at 1 GiB (bench/large.sh) for no gain in speed; at 5 GiB
-    /// dropping the rest made the download 1.8× faster at 0.64× the CPU.
+    /// away, and freeing its pages cost 12–18 % more CPU at 1 GiB (bench/large.sh) for no gain in speed. At 5 GiB
+    /// dropping the rest made the download 2.4× faster at half the CPU on this project's VM (bench/README.md,
+    /// with its caveats).
     ///
-    /// The kernel drops only whole folios, which on ext4 are up to 2 MiB: the folio holding the previous
-    /// checkpoint's end was partly outside that range, so each range starts 2 MiB-aligned below it (those bytes
-    /// are durable since the previous checkpoint), within the segment.
+    /// The kernel drops only whole folios, which on ext4 and XFS with 4 KiB pages are up to 2 MiB: the folio
+    /// holding the previous checkpoint's end was partly outside that range, so each range starts 2 MiB-aligned
+    /// below it (those bytes are durable since the previous checkpoint), within the segment. (With 16 or 64 KiB
+    /// pages folios can be larger, and some pages stay cached: slower, never wrong.)
     static func dropFromCache(_ fd: Int32, from before: [Segment], to after: [Segment], keepingBelow kept: Int64) {
         let folio: Int64 = 2 << 20
+        // `after` is `before` with durable ends moved (one lock holds both), so they pair by index.
         for (old, new) in zip(before, after) where old.start == new.start && new.durable > old.durable {
             let start = max(kept, old.start, old.durable / folio * folio)
             guard new.durable > start else { continue }
