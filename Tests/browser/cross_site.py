@@ -6,7 +6,6 @@ that each request did arrive and was refused (so the test cannot pass because th
 python cross_site.py STITCH_BINARY
 """
 import base64
-import http.server
 import json
 import os
 import re
@@ -15,9 +14,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+
+from attacker import serve_page
 
 stitch = sys.argv[1]
 work = tempfile.mkdtemp(prefix="stitch-browser-")
@@ -78,20 +78,7 @@ try:
 </script>
 </body></html>"""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            body = page.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    attacker = serve_page(page)
     # "localhost" and "127.0.0.1" are different sites: the page is cross-site to the daemon, as evil.example is.
     page_url = f"http://localhost:{attacker.server_address[1]}/attack.html"
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -18,6 +18,7 @@ import traceback
 import urllib.error
 import urllib.request
 
+from attacker import serve_page
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
@@ -872,8 +873,6 @@ def test_http_fallback(work):
 def test_cross_site_popup(work):
     """A page of another site opens the daemon's page in a window and keeps reloading it, and frames it: the
     user's own client, with the right secret, is not slowed down; the framed page does not load."""
-    import http.server
-    import threading
     secret = "popup-" + os.urandom(8).hex()
     daemon = Daemon(work, "--rpc-allow-host", "stitch.test", secret=secret).start()
     # Through a LAN name over plain HTTP: no Cross-Origin-Opener-Policy there, so the attacking window keeps its
@@ -900,20 +899,7 @@ def test_cross_site_popup(work):
   document.body.append(frame);
 </script></body></html>"""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            body = attack.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    attacker = serve_page(attack)
     driver = browser(work, resolve="MAP stitch.test 127.0.0.1")
     try:
         # localhost and stitch.test are different sites.

@@ -118,9 +118,6 @@ test("the secret goes first in every call, also inside a multicall", () => {
     { methodName: "aria2.tellActive", params: ["token:s3"] },
     { methodName: "aria2.pause", params: ["token:s3", "g"] },
   ]]);
-  assert.equal(L.isUnauthorized({ message: "Unauthorized" }), true);
-  assert.equal(L.isUnauthorized({ message: "GID not found" }), false);
-  assert.equal(L.isUnauthorized(null), false);
 });
 
 test("addCalls checks the form and makes one addUri per URL", () => {
@@ -243,7 +240,9 @@ test("failureKind tells the secret's troubles from the network's", () => {
   assert.equal(L.failureKind(new Error("too many wrong secrets from 127.0.0.1; try again later")), "throttled");
   assert.equal(L.failureKind(new Error("too many wrong secrets")), "throttled", "the WebSocket's refusal");
   assert.equal(L.failureKind(new Error("the connection closed")), "network");
+  assert.equal(L.failureKind(new Error("GID not found")), "network");
   assert.equal(L.failureKind(undefined), "network");
+  assert.equal(L.failureKind(null), "network");
 });
 
 const types = (effects) => effects.map((e) => e.type);

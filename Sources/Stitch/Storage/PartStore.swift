@@ -497,7 +497,7 @@ final class PartStore: @unchecked Sendable {
     static func dropFromCache(_ fd: Int32, from before: [Segment], to after: [Segment], keepingBelow kept: Int64) {
         let folio: Int64 = 2 << 20
         // `after` is `before` with durable ends moved (one lock holds both), so they pair by index.
-        for (old, new) in zip(before, after) where old.start == new.start && new.durable > old.durable {
+        for (old, new) in zip(before, after) where new.durable > old.durable {
             let start = max(kept, old.start, old.durable / folio * folio)
             guard new.durable > start else { continue }
             _ = posix_fadvise(fd, off_t(start), off_t(new.durable - start), POSIX_FADV_DONTNEED)

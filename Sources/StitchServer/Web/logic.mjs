@@ -153,11 +153,6 @@ export function multicall(calls, secret) {
   return [calls.map(([methodName, params]) => ({ methodName, params: withToken(params, secret) }))];
 }
 
-/** Whether an RPC error means the secret is missing or wrong. */
-export function isUnauthorized(error) {
-  return !!error && /unauthorized/i.test(String(error.message || ""));
-}
-
 /**
  * The add form, checked, as the calls to make: one `aria2.addUri` per URL line. Returns `{ calls }` or
  * `{ error }` in plain words. Blank lines and lines starting with # are skipped.
