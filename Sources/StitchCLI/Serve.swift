@@ -130,6 +130,13 @@ enum Serve {
         default:
             throw UsageError("--rpc-certificate and --rpc-private-key go together")
         }
+        // For tests of the binary, not a user-facing option: the wrong-token throttle's first delay (seconds), so a
+        // test can book an address's next turn far beyond the longest wait instead of racing the clock.
+        if let first = environment["STITCH_TEST_WRONG_SECRET_DELAY"].flatMap(Double.init), first > 0 {
+            let delay = Duration.milliseconds(Int64(first * 1_000))
+            options.server.wrongSecretDelays.first = delay
+            options.server.wrongSecretDelays.max = max(delay, options.server.wrongSecretDelays.max)
+        }
         if let maxRequestSize { options.server.maxRequestSize = maxRequestSize }
         if let maxWebSockets { options.server.maxWebSocketClients = maxWebSockets }
         options.maxConcurrentDownloads = maxConcurrent

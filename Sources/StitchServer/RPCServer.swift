@@ -27,6 +27,11 @@ public final class RPCServer: Sendable {
         /// Seconds a connection may stay idle.
         public var connectionTimeout = 60
         public var maxWebSocketClients = 64
+        /// The wrong-token throttle: the first delay, the longest, and the longest a request may wait for its turn
+        /// (later ones are refused at once). See ``AuthThrottle``.
+        public var wrongSecretDelays: (first: Duration, max: Duration, maxWait: Duration) = (
+            .milliseconds(100), .seconds(5), .seconds(10)
+        )
         /// PEM key and certificate: serve HTTPS and WSS instead.
         public var tls: (key: String, certificate: String)?
         public init() {}
@@ -35,7 +40,7 @@ public final class RPCServer: Sendable {
     let configuration: Configuration
     let rpc: Aria2RPC
     let hub: WebSocketHub
-    let throttle = AuthThrottle()
+    let throttle: AuthThrottle
     private let core: Core
     /// Where each listener is bound (with the port it got).
     public let boundAddresses: [String]
@@ -45,6 +50,9 @@ public final class RPCServer: Sendable {
     public init(rpc: Aria2RPC, configuration: Configuration, log: @escaping @Sendable (String) -> Void) throws {
         self.configuration = configuration
         self.rpc = rpc
+        let delays = configuration.wrongSecretDelays
+        let throttle = AuthThrottle(firstDelay: delays.first, maxDelay: delays.max, maxWait: delays.maxWait)
+        self.throttle = throttle
         self.hub = WebSocketHub(
             rpc: rpc, throttle: throttle, maxClients: configuration.maxWebSocketClients,
             maxMessage: configuration.maxRequestSize, log: log)
