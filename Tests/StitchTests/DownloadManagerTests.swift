@@ -369,7 +369,10 @@ import Testing
         let server = f.server
         // Its three lanes' requests, each held at its stall: three in flight at once.
         for lane in 0..<3 {
-            #expect(await blocking { server.waitForStall(timeout: .seconds(30)) }, "lane \(lane) never came")
+            let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
+            let seen = server.requests.map { "\($0.path) \($0.range ?? "whole")" }
+            let status = await manager.download(first).map { "\($0.status)" } ?? "gone"
+            #expect(stalled, "lane \(lane) never came; requests \(seen); the download is \(status)")
         }
         #expect(server.activeRequests >= 3, "the first download never used 3 connections")
         holding.store(false, ordering: .releasing)
