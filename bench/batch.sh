@@ -11,6 +11,11 @@
 # Each run gets a new, empty output folder; every file is checked against the
 # source (sha256sum -c) after the run. stitch syncs each file and its folder
 # before calling it done (its crash-safety promise); the others do not sync.
+# Two references run in the same rounds: curl-null (curl -Z writing every file
+# to /dev/null: the ceiling of fetching alone) and curl+sync (curl -Z, then
+# `sync`: the same files made durable afterwards, as stitch makes them durable
+# as it goes). The goal compares stitch with curl: wall <= curl's, CPU (user +
+# sys of the process) <= 1.25 x curl's.
 #
 # Environment (all optional):
 #   FILES=2000 SIZE_KIB=100 JOBS=16 REPEAT=3
@@ -18,6 +23,7 @@
 #   RUN_TIMEOUT=300    seconds before a run is killed
 #   STITCH=...         stitch binary (default .build/release/stitch, built if missing)
 #   BENCH_TMPDIR=...   where the work directory goes (default $TMPDIR or /tmp)
+#   STITCH_B=...       a second stitch binary, run as stitch-b in the same rounds (an A/B)
 #   KEEP=1             keep the work directory
 set -euo pipefail
 export LC_ALL=C
@@ -25,14 +31,17 @@ prog=batch.sh
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_args "$@"
-bench_invocation FILES SIZE_KIB JOBS REPEAT TOOLS RUN_TIMEOUT STITCH BENCH_TMPDIR
+bench_invocation FILES SIZE_KIB JOBS REPEAT TOOLS RUN_TIMEOUT STITCH STITCH_B BENCH_TMPDIR
 FILES=${FILES:-2000}
 SIZE_KIB=${SIZE_KIB:-100}
 JOBS=${JOBS:-16}
 REPEAT=${REPEAT:-3}
-TOOLS=${TOOLS:-stitch wget curl aria2c}
+TOOLS=${TOOLS:-stitch curl curl-null curl+sync wget aria2c}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 KEEP=${KEEP:-0}
+STITCH_B=${STITCH_B:-}
+[[ -z $STITCH_B || -x $STITCH_B ]] || die "STITCH_B=$STITCH_B is not an executable"
+[[ -n $STITCH_B ]] && TOOLS="$TOOLS stitch-b"
 need_posint FILES SIZE_KIB JOBS REPEAT RUN_TIMEOUT
 need_commands timeout sha256sum split
 stitch_init
@@ -48,12 +57,15 @@ head -c $((FILES * SIZE_KIB * 1024)) /dev/urandom | (cd "$src" && split -a 5 -d 
 (cd "$src" && for f in f*; do mv "$f" "$f.bin"; done && sha256sum -- f*.bin >"$WORK/SHA256SUMS")
 list=$WORK/list.txt
 curlcfg=$WORK/curl.cfg
+nullcfg=$WORK/curl-null.cfg
 : >"$list"
 : >"$curlcfg"
+: >"$nullcfg"
 for f in "$src"/f*.bin; do
     url="http://127.0.0.1:$NGINX_HTTP_PORT/batch/${f##*/}"
     printf '%s\n' "$url" >>"$list"
     printf 'url = "%s"\n' "$url" >>"$curlcfg"
+    printf 'url = "%s"\noutput = "/dev/null"\n' "$url" >>"$nullcfg"
 done
 
 runnable=()
@@ -64,11 +76,16 @@ for tool in $TOOLS; do
         resolve_stitch
         if [[ -n $stitch_skip ]]; then skip[$tool]=$stitch_skip; else runnable+=("$tool"); fi
         ;;
+    stitch-b) runnable+=("$tool") ;;
+    curl-null | curl+sync)
+        reason=$(missing_reason curl)
+        if [[ -n $reason ]]; then skip[$tool]=$reason; else runnable+=("$tool"); fi
+        ;;
     wget | curl | aria2c)
         reason=$(missing_reason "$tool")
         if [[ -n $reason ]]; then skip[$tool]=$reason; else runnable+=("$tool"); fi
         ;;
-    *) die "unknown tool in TOOLS: $tool (known: stitch wget curl aria2c)" ;;
+    *) die "unknown tool in TOOLS: $tool (known: stitch curl curl-null curl+sync wget aria2c; stitch-b with STITCH_B)" ;;
     esac
 done
 ((${#runnable[@]})) || die "nothing to run"
@@ -78,8 +95,14 @@ command_for() {
     local out=$2
     case $1 in
     stitch) printf '%s\n' "$STITCH" get -i "$list" -j "$JOBS" -d "$out" --quiet ;;
+    stitch-b) printf '%s\n' "$STITCH_B" get -i "$list" -j "$JOBS" -d "$out" --quiet ;;
     wget) printf '%s\n' wget --no-config -q -i "$list" -P "$out" ;;
     curl) printf '%s\n' curl -q -s -S -Z --parallel-max "$JOBS" --output-dir "$out" --remote-name-all -K "$curlcfg" ;;
+    curl-null) printf '%s\n' curl -q -s -S -Z --parallel-max "$JOBS" -K "$nullcfg" ;;
+    curl+sync)
+        printf '%s\n' sh -c 'curl -q -s -S -Z --parallel-max "$1" --output-dir "$2" --remote-name-all -K "$3" && sync' \
+            sh "$JOBS" "$out" "$curlcfg"
+        ;;
     aria2c)
         printf '%s\n' aria2c --no-conf -q -i "$list" -j "$JOBS" -d "$out" --file-allocation=none \
             --auto-file-renaming=false --allow-overwrite=true --summary-interval=0 --console-log-level=error
@@ -100,6 +123,8 @@ for ((run = 1; run <= REPEAT; run++)); do
             st=timeout
         elif ((run_rc != 0)); then
             st="exit=$run_rc"
+        elif [[ $tool == curl-null ]]; then
+            st=ok
         elif ! (cd "$out" && sha256sum --quiet -c "$WORK/SHA256SUMS" >/dev/null 2>&1); then
             st="content-mismatch ($(find "$out" -maxdepth 1 -name 'f*.bin' | wc -l) files)"
         else
@@ -124,23 +149,29 @@ printf -- '- Output: an empty folder on %s (%s)\n\n' "$(df -P "$WORK" | awk 'NR 
     "$(stat -f -c %T "$WORK")"
 for tool in "${runnable[@]}"; do
     mapfile -t cmd < <(command_for "$tool" OUT)
-    cmd_line "$tool" "$tool" "${cmd[@]}"
+    cmd_line "$tool" "${tool%%[-+]*}" "${cmd[@]}"
 done
 for tool in "${!skip[@]}"; do printf -- '- %s skipped: %s\n' "$tool" "${skip[$tool]}"; done
-printf '\n| client | wall s (median) | best s | vs wget (median) | CPU s | peak RSS MiB | runs |\n'
+spread_of() { tr ' ' '\n' <<<"$1" | awk 'NF' | sort -g | awk '{ a[NR] = $1 } END { printf "%.3f–%.3f", a[1], a[NR] }'; }
+printf '\n| client | wall s, median (min–max) | vs curl | CPU s, median (min–max) | CPU vs curl | peak RSS MiB | runs |\n'
 printf '|---|---:|---:|---:|---:|---:|---|\n'
-base=""
-[[ -n ${wall[wget]:-} ]] && base=$(median_of "${wall[wget]}")
+base_wall="" base_cpu=""
+[[ -n ${wall[curl]:-} ]] && base_wall=$(median_of "${wall[curl]}") && base_cpu=$(median_of "${cpu[curl]}")
 for tool in "${runnable[@]}"; do
     m=$(median_of "${wall[$tool]}")
-    printf '| %s | %s | %s | %s | %s | %.1f | %s|\n' "$tool" "$m" "$(best_of "${wall[$tool]}")" \
-        "$([[ -n $base ]] && ratio "$m" "$base" || echo n/a)" "$(median_of "${cpu[$tool]}")" \
+    c=$(median_of "${cpu[$tool]}")
+    printf '| %s | %s (%s) | %s | %s (%s) | %s | %.1f | %s|\n' "$tool" "$m" "$(spread_of "${wall[$tool]}")" \
+        "$([[ -n $base_wall ]] && ratio "$m" "$base_wall" || echo n/a)" "$c" "$(spread_of "${cpu[$tool]}")" \
+        "$([[ -n $base_cpu ]] && ratio "$c" "$base_cpu" || echo n/a)" \
         "$(awk -v k="${rss[$tool]}" 'BEGIN { print k / 1024 }')" "${status[$tool]}"
 done
-if [[ -n $base && -n ${wall[stitch]:-} ]]; then
+printf '\nRatios are medians over medians; lower is better for stitch. CPU is the process tree'"'"'s user + sys (curl+sync: sh, curl\nand sync; the kernel'"'"'s own writeback threads are not counted for any tool).\n'
+if [[ -n $base_wall && -n ${wall[stitch]:-} ]]; then
     m=$(median_of "${wall[stitch]}")
-    r=$(ratio "$m" "$base")
-    verdict=$(awk -v r="$r" 'BEGIN { print (r <= 0.9) ? "PASS" : "FAIL" }')
-    printf '\nTarget: stitch wall <= 0.9 x wget: %s s vs %s s = %s -> **%s**\n' "$m" "$base" "$r" "$verdict"
+    c=$(median_of "${cpu[stitch]}")
+    rw=$(ratio "$m" "$base_wall")
+    rc=$(ratio "$c" "$base_cpu")
+    verdict=$(awk -v w="$rw" -v c="$rc" 'BEGIN { print (w <= 1.0 && c <= 1.25) ? "PASS" : "FAIL" }')
+    printf '\nGoal: stitch wall <= curl, CPU <= 1.25 x curl: wall %s x, CPU %s x -> **%s**\n' "$rw" "$rc" "$verdict"
 fi
 bench_finish

@@ -32,17 +32,4 @@ static inline int stitch_spawn_add_closefrom(posix_spawn_file_actions_t *actions
     return posix_spawn_file_actions_addclosefrom_np(actions, from);
 }
 
-/* syncfs(2) (declared only under _GNU_SOURCE) and the type of the file system a descriptor is on. */
-#include <sys/vfs.h>
-extern int syncfs(int fd);
-static inline int stitch_syncfs(int fd) {
-    return syncfs(fd);
-}
-/* The file system's magic number (statfs f_type), or -1 with errno set. */
-static inline long stitch_file_system_type(int fd) {
-    struct statfs info;
-    if (fstatfs(fd, &info) != 0) return -1;
-    return (long)info.f_type;
-}
-
 #endif

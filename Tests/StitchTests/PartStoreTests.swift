@@ -1,4 +1,3 @@
-import CStitchSystem
 import Foundation
 import Glibc
 import StitchTestSupport
@@ -672,7 +671,7 @@ import Testing
         let dir = try TemporaryDirectory()
         let sync = DirectorySync()
         for _ in 0..<3 { try sync.sync(dir.path) }
-        #expect(sync.syncCount == 3)
+        #expect(sync.syncCount.load(ordering: .relaxed) == 3)
         let callers = 32
         let path = dir.path
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -681,80 +680,10 @@ import Testing
             }
             try await group.waitForAll()
         }
-        let shared = sync.syncCount - 3
+        let shared = sync.syncCount.load(ordering: .relaxed) - 3
         #expect(shared >= 1 && shared <= callers)
         print("PartStoreTests: \(callers) concurrent directory syncs took \(shared) fsyncs")
         #expect(throws: DownloadError.self) { try sync.sync(dir.path + "/missing") }
-    }
-
-    /// Files finishing together on a local file system share one `syncfs`; a file alone gets its own `fsync`; a
-    /// failed group sync sends every caller to its own `fsync`; a failed `fsync` of a file alone is final (a second
-    /// one would report success without the data). The first caller's sync is held until the others wait.
-    @Test func finishedFilesShareSyncsAndFailuresFallBackToTheirOwn() async throws {
-        let dir = try TemporaryDirectory()
-        let callers = 16
-        let fds = (0..<callers).map { open(dir.path + "/f\($0)", O_RDWR | O_CREAT | O_CLOEXEC, 0o644) }
-        defer { for fd in fds { close(fd) } }
-        try #require(fds.allSatisfy { $0 >= 0 })
-        guard FileSync.sharesSyncs(stitch_file_system_type(fds[0])) else {
-            print("PartStoreTests: \(dir.path) is on a file system whose syncs are not shared; skipped")
-            return
-        }
-        for fd in fds { _ = "data".withCString { Glibc.write(fd, $0, 4) } }
-
-        /// Runs the first caller, and once it is inside its (lone) fsync every other one; that fsync waits until all
-        /// callers wait for a sync.
-        func run(groupFails: Bool) async throws -> (file: Int, group: Int, failures: Int) {
-            let fileSyncs = Atomic<Int>(0)
-            let groupSyncs = Atomic<Int>(0)
-            let entered = Atomic<Bool>(false)
-            let box = Mutex<FileSync?>(nil)
-            let sync = FileSync(
-                fileSync: { fd in
-                    if fileSyncs.add(1, ordering: .relaxed).newValue == 1, let sync = box.withLock({ $0 }) {
-                        entered.store(true, ordering: .releasing)
-                        while sync.waiting(onFileSystemOf: fd) < callers { usleep(1_000) }
-                    }
-                    return fsync(fd)
-                },
-                fileSystemSync: { fd in
-                    groupSyncs.add(1, ordering: .relaxed)
-                    if groupFails {
-                        errno = EIO
-                        return -1
-                    }
-                    return stitch_syncfs(fd)
-                })
-            box.withLock { $0 = sync }
-            let failures = await withTaskGroup(of: Bool.self) { group -> Int in
-                for (index, fd) in fds.enumerated() {
-                    if index == 1 { while !entered.load(ordering: .acquiring) { await Task.yield() } }
-                    group.addTask {
-                        (try? await offloaded { () throws(DownloadError) in try sync.sync(fd, path: "f") }) == nil
-                    }
-                }
-                return await group.reduce(0) { $0 + ($1 ? 1 : 0) }
-            }
-            return (fileSyncs.load(ordering: .relaxed), groupSyncs.load(ordering: .relaxed), failures)
-        }
-        // The first caller leads alone (its fsync); the other 15 wait for it and share the next sync.
-        let shared = try await run(groupFails: false)
-        #expect(shared.file == 1 && shared.group == 1 && shared.failures == 0, "\(shared)")
-        // The group's syncfs fails: the 15 each fall back to their own fsync, which succeeds.
-        let fallen = try await run(groupFails: true)
-        #expect(fallen.file == callers && fallen.group == 1 && fallen.failures == 0, "\(fallen)")
-
-        // Alone and failing: one fsync, an error, no second try.
-        let tries = Atomic<Int>(0)
-        let failing = FileSync(
-            fileSync: { _ in
-                tries.add(1, ordering: .relaxed)
-                errno = EIO
-                return -1
-            },
-            fileSystemSync: { _ in 0 })
-        #expect(throws: DownloadError.self) { try failing.sync(fds[0], path: "f0") }
-        #expect(tries.load(ordering: .relaxed) == 1)
     }
 
     /// `restart` writes the new state (new nonce, nothing durable) before it touches the live record or the part

@@ -408,7 +408,8 @@ import Testing
         let request = f.request()
         let task = Task { try await f.download(request, options: Self.options(lanes: 4)) }
         let server = f.server
-        #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
+        #expect(stalled, "requests \(server.requests.map { $0.range ?? "whole" }); notices \(f.watch.notices)")
         // Every lane has asked (with the old file) before it changes: only lane 1's retry can see the new one.
         #expect(await blocking { server.waitForRequests(5, timeout: .seconds(30)) })
         server.replaceFile("/file.bin", with: new)

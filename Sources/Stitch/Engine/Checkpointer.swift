@@ -8,13 +8,15 @@ import Synchronization
 ///
 /// Each download has a serial Dispatch queue rather than a thread of its own: starting a thread per download
 /// was a measurable part of fetching thousands of small files; Dispatch reuses its threads, and the queues
-/// still let several downloads sync at once.
+/// still let several downloads sync at once. The interval is kept by the shared ``EngineClock`` (arming a
+/// Dispatch timer per download woke a thread twice for downloads that end before their first checkpoint).
 final class Checkpointer: Sendable {
     private let store: PartStore
     private let queue: DispatchQueue
-    /// Set once in `init`; only cancelled afterwards.
-    private nonisolated(unsafe) let timer: any DispatchSourceTimer
+    private let timer: EngineClock.Timer
     private let stopped = Atomic<Bool>(false)
+    /// Set while a checkpoint that has seen `stopped` false runs (see ``stopIfIdle()``).
+    private let running = Atomic<Bool>(false)
     private let pending = Atomic<Bool>(false)
     let hasFailed = Atomic<Bool>(false)
     private let failure = Mutex<DownloadError?>(nil)
@@ -26,12 +28,15 @@ final class Checkpointer: Sendable {
         // checkpoints behind each other.
         let queue = DispatchQueue(label: "stitch.checkpoint")
         self.queue = queue
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        self.timer = timer
-        let period = DispatchTimeInterval.milliseconds(max(1, Int(interval * 1000)))
-        timer.schedule(deadline: .now() + period, repeating: period, leeway: .milliseconds(20))
-        timer.setEventHandler { [weak self] in self?.checkpoint() }
-        timer.activate()
+        let box = WeakBox()
+        timer = EngineClock.shared.every(interval) { box.checkpointer?.poke() }
+        box.checkpointer = self
+    }
+
+    /// The clock's reference: a checkpointer nobody holds any more is not kept alive by its timer.
+    private final class WeakBox: @unchecked Sendable {
+        // Written once, before the timer can first fire (one interval later); read on the clock's thread.
+        weak var checkpointer: Checkpointer?
     }
 
     var error: DownloadError? { failure.withLock { $0 } }
@@ -42,16 +47,30 @@ final class Checkpointer: Sendable {
         queue.async { [weak self] in self?.checkpoint() }
     }
 
-    /// Stops the timer and waits for a checkpoint in progress; no checkpoint runs after this returns.
+    /// Stops the timer and waits for a checkpoint in progress; no checkpoint runs after this returns. May block
+    /// (a checkpoint syncs): not on a cooperative thread.
     func stop() {
-        guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        timer.cancel()
+        guard !stopIfIdle() else { return }
         queue.sync {}
+    }
+
+    /// Stops the timer; true when no checkpoint is running, so none will run (the caller need not wait), false
+    /// when one is (then ``stop()`` waits for it). Never blocks.
+    ///
+    /// `stopped` is set before `running` is read, and a checkpoint sets `running` before it reads `stopped`
+    /// (all sequentially consistent): either this sees the checkpoint running, or the checkpoint sees the stop
+    /// and does nothing.
+    @discardableResult
+    func stopIfIdle() -> Bool {
+        if !stopped.exchange(true, ordering: .sequentiallyConsistent) { timer.cancel() }
+        return !running.load(ordering: .sequentiallyConsistent)
     }
 
     private func checkpoint() {
         pending.store(false, ordering: .releasing)
-        guard !stopped.load(ordering: .acquiring) else { return }
+        running.store(true, ordering: .sequentiallyConsistent)
+        defer { running.store(false, ordering: .sequentiallyConsistent) }
+        guard !stopped.load(ordering: .sequentiallyConsistent) else { return }
         do {
             try store.checkpoint()
         } catch {
@@ -61,6 +80,6 @@ final class Checkpointer: Sendable {
     }
 
     deinit {
-        if !stopped.load(ordering: .acquiring) { timer.cancel() }
+        timer.cancel()
     }
 }

@@ -389,8 +389,11 @@ final class DownloadRun: @unchecked Sendable {
     }
 
     private func finish() async throws -> DownloadResult {
-        // Stopping waits for a checkpoint in progress (syncs): not on a cooperative thread.
-        if let checkpointer { try await offloaded { () throws(DownloadError) in checkpointer.stop() } }
+        // Stopping waits for a checkpoint in progress (syncs): not on a cooperative thread. Most small downloads
+        // end with none running, and need no other thread for it.
+        if let checkpointer, !checkpointer.stopIfIdle() {
+            try await offloaded { () throws(DownloadError) in checkpointer.stop() }
+        }
         // No event after this point: once the file is renamed into place the download is over, and a late
         // progress tick must not reach the caller after (or while) the result is returned.
         closeEvents()
@@ -462,18 +465,29 @@ final class DownloadRun: @unchecked Sendable {
         eventGate.withLock { $0 = false }
     }
 
-    private func startProgressTicker() -> Task<Void, Never> {
-        let interval = options.progressInterval
-        return Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: .milliseconds(Int64(interval * 1000)))
-                guard let self, !Task.isCancelled else { return }
-                // Not once the run is finishing: computing progress takes the store's lock, which the final
-                // syncs hold, and this is a cooperative thread.
-                if self.hasStore.load(ordering: .acquiring), self.eventsOpen { self.emit(.progress(self.progress)) }
+    /// Progress every `progressInterval`, timed by the shared clock (a download over before its first tick costs
+    /// no thread a wake-up). Each tick is emitted from a task: computing progress takes the store's lock, which a
+    /// checkpoint's sync may hold, and the clock's thread must not wait.
+    ///
+    /// At most one tick waits to run: on a machine too busy to run them, ticks are dropped, not queued up (each
+    /// takes the store's lock on a cooperative thread).
+    private func startProgressTicker() -> EngineClock.Timer {
+        EngineClock.shared.every(options.progressInterval) { [weak self] in
+            guard let self, self.hasStore.load(ordering: .acquiring),
+                !self.tickWaiting.exchange(true, ordering: .acquiringAndReleasing)
+            else { return }
+            Task { [weak self] in
+                guard let self else { return }
+                self.tickWaiting.store(false, ordering: .releasing)
+                // Not once the run is finishing: the final syncs hold the store's lock, and this is a cooperative
+                // thread.
+                guard self.eventsOpen else { return }
+                self.emit(.progress(self.progress))
             }
         }
     }
+    /// A progress tick is waiting for a cooperative thread.
+    private let tickWaiting = Atomic<Bool>(false)
 
     var progress: DownloadProgress {
         let total = totalLength.load(ordering: .relaxed)

@@ -53,8 +53,9 @@ final class BlockingPool: Sendable {
         // gets as many threads as it has jobs (up to the maximum).
         let startThread = jobs.count > idle && threads < maximumThreads
         if startThread { threads += 1 }
-        condition.signal()
         condition.unlock()
+        // After the unlock: a thread woken while the lock is still held would only block again on it.
+        condition.signal()
         if startThread {
             let thread = Thread { [self] in work() }
             thread.name = "stitch.blocking"

@@ -743,13 +743,10 @@ final class PartStore: @unchecked Sendable {
                 // Best effort: a file system without user xattrs only loses the "already complete" message.
                 _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0) }
             }
-            // An fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes. Shared with
-            // the other downloads finishing on this file system now (one syncfs for a group), else this file's own.
-            do throws(DownloadError) {
-                try FileSync.shared.sync(fd, path: paths.part)
-            } catch {
+            // fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes.
+            guard fsync(fd) == 0 else {
                 broken.store(true, ordering: .releasing)
-                throw error
+                throw .io("cannot sync", path: paths.part, .current)
             }
             var info = stat()
             if fstat(fd, &info) == 0, info.st_nlink == 0 {
