@@ -12,54 +12,66 @@ import Synchronization
 /// Dispatch timer per download woke a thread twice for downloads that end before their first checkpoint).
 final class Checkpointer: Sendable {
     private let store: PartStore
-    private let queue: DispatchQueue
     private let timer: EngineClock.Timer
     private let stopped = Atomic<Bool>(false)
     /// Set while a checkpoint that has seen `stopped` false runs (see ``stopIfIdle()``).
     private let running = Atomic<Bool>(false)
-    private let pending = Atomic<Bool>(false)
+    private let trigger: Trigger
     let hasFailed = Atomic<Bool>(false)
     private let failure = Mutex<DownloadError?>(nil)
+
+    /// What the clock's thread and the sink hold: the queue, the pending flag and a weak reference to the
+    /// checkpointer, resolved only on the queue — so the clock's thread never holds the last reference to a
+    /// checkpointer (whose deinit would then run there).
+    private final class Trigger: Sendable {
+        let queue: DispatchQueue
+        let pending = Atomic<Bool>(false)
+        private let target = Mutex<WeakReference>(WeakReference())
+
+        struct WeakReference {
+            weak var checkpointer: Checkpointer?
+        }
+
+        init(queue: DispatchQueue) { self.queue = queue }
+
+        func attach(_ checkpointer: Checkpointer) { target.withLock { $0.checkpointer = checkpointer } }
+
+        /// Asks for a checkpoint soon. Pokes while one is pending collapse into it.
+        func poke() {
+            guard !pending.exchange(true, ordering: .acquiringAndReleasing) else { return }
+            queue.async { [self] in target.withLock { $0.checkpointer }?.checkpoint() }
+        }
+    }
 
     init(store: PartStore, interval: Double) {
         self.store = store
         // A serial queue of its own (Dispatch's overcommitting root queue): a checkpoint blocks in fdatasync,
         // and the global queues run no more threads than cores on Linux, so many downloads would queue their
         // checkpoints behind each other.
-        let queue = DispatchQueue(label: "stitch.checkpoint")
-        self.queue = queue
-        let box = WeakBox()
-        timer = EngineClock.shared.every(interval) { box.checkpointer?.poke() }
-        box.checkpointer = self
-    }
-
-    /// The clock's reference: a checkpointer nobody holds any more is not kept alive by its timer.
-    private final class WeakBox: @unchecked Sendable {
-        // Written once, before the timer can first fire (one interval later); read on the clock's thread.
-        weak var checkpointer: Checkpointer?
+        let trigger = Trigger(queue: DispatchQueue(label: "stitch.checkpoint"))
+        self.trigger = trigger
+        timer = EngineClock.shared.every(interval) { trigger.poke() }
+        trigger.attach(self)
     }
 
     var error: DownloadError? { failure.withLock { $0 } }
 
     /// Asks for a checkpoint soon. Pokes while one is pending collapse into it.
-    func poke() {
-        guard !pending.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        queue.async { [weak self] in self?.checkpoint() }
-    }
+    func poke() { trigger.poke() }
 
     /// Stops the timer and waits for a checkpoint in progress; no checkpoint runs after this returns. May block
     /// (a checkpoint syncs): not on a cooperative thread.
     func stop() {
         guard !stopIfIdle() else { return }
-        queue.sync {}
+        trigger.queue.sync {}
     }
 
     /// Stops the timer; true when no checkpoint is running, so none will run (the caller need not wait), false
     /// when one is (then ``stop()`` waits for it). Never blocks.
     ///
-    /// `stopped` is set before `running` is read, and a checkpoint sets `running` before it reads `stopped`
+    /// `stopped` is set before `running` is read, and a checkpoint sets `running` before it reads `stopped` again
     /// (all sequentially consistent): either this sees the checkpoint running, or the checkpoint sees the stop
-    /// and does nothing.
+    /// and does nothing. A checkpoint that starts after the stop never sets `running`.
     @discardableResult
     func stopIfIdle() -> Bool {
         if !stopped.exchange(true, ordering: .sequentiallyConsistent) { timer.cancel() }
@@ -67,7 +79,8 @@ final class Checkpointer: Sendable {
     }
 
     private func checkpoint() {
-        pending.store(false, ordering: .releasing)
+        trigger.pending.store(false, ordering: .releasing)
+        guard !stopped.load(ordering: .sequentiallyConsistent) else { return }
         running.store(true, ordering: .sequentiallyConsistent)
         defer { running.store(false, ordering: .sequentiallyConsistent) }
         guard !stopped.load(ordering: .sequentiallyConsistent) else { return }

@@ -467,27 +467,38 @@ final class DownloadRun: @unchecked Sendable {
 
     /// Progress every `progressInterval`, timed by the shared clock (a download over before its first tick costs
     /// no thread a wake-up). Each tick is emitted from a task: computing progress takes the store's lock, which a
-    /// checkpoint's sync may hold, and the clock's thread must not wait.
+    /// checkpoint's sync may hold, and the clock's thread must not wait (nor resolve the weak reference to this
+    /// run: it could be the last one, and the run's deinit would run there).
     ///
-    /// At most one tick waits to run: on a machine too busy to run them, ticks are dropped, not queued up (each
-    /// takes the store's lock on a cooperative thread).
+    /// At most one tick task per download, waiting or running: on a machine too busy to run them, or while a
+    /// sync holds the store's lock, ticks are dropped, not queued up on cooperative threads.
     private func startProgressTicker() -> EngineClock.Timer {
-        EngineClock.shared.every(options.progressInterval) { [weak self] in
-            guard let self, self.hasStore.load(ordering: .acquiring),
-                !self.tickWaiting.exchange(true, ordering: .acquiringAndReleasing)
-            else { return }
-            Task { [weak self] in
-                guard let self else { return }
-                self.tickWaiting.store(false, ordering: .releasing)
+        let ticks = ProgressTicks(self)
+        return EngineClock.shared.every(options.progressInterval) { ticks.fire() }
+    }
+
+    private final class ProgressTicks: Sendable {
+        private let busy = Atomic<Bool>(false)
+        private let run: Mutex<WeakRun>
+
+        struct WeakRun {
+            weak var run: DownloadRun?
+        }
+
+        init(_ run: DownloadRun) { self.run = Mutex(WeakRun(run: run)) }
+
+        func fire() {
+            guard !busy.exchange(true, ordering: .acquiringAndReleasing) else { return }
+            Task { [self] in
+                defer { busy.store(false, ordering: .releasing) }
                 // Not once the run is finishing: the final syncs hold the store's lock, and this is a cooperative
                 // thread.
-                guard self.eventsOpen else { return }
-                self.emit(.progress(self.progress))
+                guard let run = run.withLock({ $0.run }), run.hasStore.load(ordering: .acquiring), run.eventsOpen
+                else { return }
+                run.emit(.progress(run.progress))
             }
         }
     }
-    /// A progress tick is waiting for a cooperative thread.
-    private let tickWaiting = Atomic<Bool>(false)
 
     var progress: DownloadProgress {
         let total = totalLength.load(ordering: .relaxed)

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# HTTPS: one file over TLS from the loopback nginx on one connection, HTTP/2 as both ends negotiate it, stitch
+# against curl, with curl writing to /dev/null as the ceiling (TLS and HTTP/2 alone, no file).
+#
+# Tools alternate within each round (the order reversed every other round); every run writes a fresh file that is
+# checked against the source in the first round and by size after. Reports per tool the median wall time and CPU
+# (user + system) with their spread (min–max), and ratios against curl (speed: above 1 is faster than curl; CPU:
+# below 1 is cheaper).
+#
+#   ROUNDS=5 SIZE_MIB=1024 bench/https.sh
+#   STITCH_B=/path/to/other/stitch bench/https.sh     # also an A/B: a second stitch binary in the same rounds
+#
+# Needs: curl, nginx-light (http_ssl, http_v2), GNU time, a release build (`swift build -c release`; STITCH=path
+# overrides) and 2 × SIZE_MIB free in BENCH_TMPDIR (default /tmp).
+set -euo pipefail
+export LC_ALL=C
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+ROUNDS=${ROUNDS:-5}
+SIZE_MIB=${SIZE_MIB:-1024}
+STITCH=${STITCH:-$root/.build/release/stitch}
+STITCH_B=${STITCH_B:-}
+BENCH_TMPDIR=${BENCH_TMPDIR:-/tmp}
+[[ -x $STITCH ]] || { echo "https.sh: no $STITCH (swift build -c release)" >&2; exit 1; }
+[[ -z $STITCH_B || -x $STITCH_B ]] || { echo "https.sh: STITCH_B=$STITCH_B is not an executable" >&2; exit 1; }
+work=$(mktemp -d "$BENCH_TMPDIR/stitch-bench-https.XXXXXX")
+nginx_dir=$work/nginx
+mkdir -p "$nginx_dir" "$work/out"
+cleanup() { bash scripts/nginx.sh stop "$nginx_dir" >/dev/null 2>&1 || true; rm -rf "$work"; }
+trap cleanup EXIT
+bash scripts/nginx.sh start "$nginx_dir" >/dev/null
+# shellcheck disable=SC1091
+source "$nginx_dir/ports.env"
+src=$NGINX_WWW/https.bin
+echo "https.sh: creating a ${SIZE_MIB} MiB random file" >&2
+head -c $((SIZE_MIB << 20)) /dev/urandom >"$src"
+src_sha=$(sha256sum "$src" | cut -d' ' -f1)
+url="https://127.0.0.1:$NGINX_HTTPS_PORT/https.bin"
+out=$work/out/https.bin
+ca=$NGINX_CA_CERT
+protocol=$(curl -s --cacert "$ca" -o /dev/null -w '%{http_version}' "$url")
+
+tools=(curl stitch)
+[[ -n $STITCH_B ]] && tools+=(stitch-b)
+tools+=(curl-null)
+declare -A walls cpus
+
+run() { # run TOOL ROUND
+    local tool=$1 round=$2 times
+    rm -rf "${work:?}/out/"*
+    case $tool in
+    curl) times=$(/usr/bin/time -f "%e %U %S" curl -s --cacert "$ca" -o "$out" "$url" 2>&1 >/dev/null) ;;
+    curl-null) times=$(/usr/bin/time -f "%e %U %S" curl -s --cacert "$ca" -o /dev/null "$url" 2>&1 >/dev/null) ;;
+    stitch) times=$(/usr/bin/time -f "%e %U %S" "$STITCH" get -q -c 1 --ca-cert "$ca" "$url" -o "$out" 2>&1 >/dev/null) ;;
+    stitch-b) times=$(/usr/bin/time -f "%e %U %S" "$STITCH_B" get -q -c 1 --ca-cert "$ca" "$url" -o "$out" 2>&1 >/dev/null) ;;
+    esac
+    times=$(tail -1 <<<"$times")
+    if [[ $tool != curl-null ]]; then
+        local size
+        size=$(stat -c %s "$out")
+        [[ $size -eq $((SIZE_MIB << 20)) ]] || { echo "https.sh: $tool wrote $size bytes" >&2; exit 1; }
+        if [[ $round -eq 1 ]]; then
+            [[ $(sha256sum "$out" | cut -d' ' -f1) == "$src_sha" ]] || { echo "https.sh: $tool: wrong bytes" >&2; exit 1; }
+        fi
+    fi
+    read -r wall user sys <<<"$times"
+    walls[$tool]+="$wall "
+    cpus[$tool]+="$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f", u + s }') "
+    echo "https.sh: round $round $tool: ${wall} s wall, $user s user, $sys s sys" >&2
+}
+
+for round in $(seq "$ROUNDS"); do
+    if ((round % 2)); then order=("${tools[@]}"); else order=(); for ((i = ${#tools[@]} - 1; i >= 0; i--)); do order+=("${tools[i]}"); done; fi
+    for tool in "${order[@]}"; do run "$tool" "$round"; done
+done
+
+stats() { # stats "v1 v2 ..." -> "median min max"
+    tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END {
+        m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f %.2f %.2f", m, v[1], v[NR] }'
+}
+read -r curl_wall _ _ <<<"$(stats "${walls[curl]}")"
+read -r curl_cpu _ _ <<<"$(stats "${cpus[curl]}")"
+echo "### HTTPS: ${SIZE_MIB} MiB, one connection, HTTP/$protocol (curl's negotiation), $ROUNDS alternating rounds ($(date -u +%F))"
+echo
+echo "| tool | wall s, median (min–max) | MB/s | CPU s, median (min–max) | speed vs curl | CPU vs curl |"
+echo "|---|---|---|---|---|---|"
+for tool in "${tools[@]}"; do
+    read -r w wmin wmax <<<"$(stats "${walls[$tool]}")"
+    read -r c cmin cmax <<<"$(stats "${cpus[$tool]}")"
+    awk -v t="$tool" -v w="$w" -v wmin="$wmin" -v wmax="$wmax" -v c="$c" -v cmin="$cmin" -v cmax="$cmax" \
+        -v cw="$curl_wall" -v cc="$curl_cpu" -v mib="$SIZE_MIB" 'BEGIN {
+        printf "| %s | %.2f (%.2f–%.2f) | %.0f | %.2f (%.2f–%.2f) | %.2f× | %.2f× |\n",
+            t, w, wmin, wmax, mib * 1048576 / w / 1e6, c, cmin, cmax, cw / w, (cc > 0 ? c / cc : 0) }'
+done
+echo
+echo "curl-null is the ceiling: the same transfer written to /dev/null. Goal: stitch ≥ 1.1× curl's speed at ≤ curl's CPU."
