@@ -372,7 +372,8 @@ import Testing
             let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
             let seen = server.requests.map { "\($0.path) \($0.range ?? "whole")" }
             let status = await manager.download(first).map { "\($0.status)" } ?? "gone"
-            #expect(stalled, "lane \(lane) never came; requests \(seen); the download is \(status)")
+            let pools = "decisions: \(BlockingPool.decisions.occupancy); blocking: \(BlockingPool.shared.occupancy)"
+            #expect(stalled, "lane \(lane) never came; requests \(seen); the download is \(status); \(pools)")
         }
         #expect(server.activeRequests >= 3, "the first download never used 3 connections")
         holding.store(false, ordering: .releasing)

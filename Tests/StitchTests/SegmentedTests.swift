@@ -409,7 +409,8 @@ import Testing
         let task = Task { try await f.download(request, options: Self.options(lanes: 4)) }
         let server = f.server
         let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
-        #expect(stalled, "requests \(server.requests.map { $0.range ?? "whole" }); notices \(f.watch.notices)")
+        let pools = "decisions: \(BlockingPool.decisions.occupancy); blocking: \(BlockingPool.shared.occupancy)"
+        #expect(stalled, "requests \(server.requests.map { $0.range ?? "whole" }); notices \(f.watch.notices); \(pools)")
         // Every lane has asked (with the old file) before it changes: only lane 1's retry can see the new one.
         #expect(await blocking { server.waitForRequests(5, timeout: .seconds(30)) })
         server.replaceFile("/file.bin", with: new)

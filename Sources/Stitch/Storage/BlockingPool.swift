@@ -63,6 +63,13 @@ final class BlockingPool: Sendable {
         }
     }
 
+    /// Threads, idle threads and jobs waiting, for a test's failure message.
+    var occupancy: String {
+        condition.lock()
+        defer { condition.unlock() }
+        return "\(threads) threads, \(idle) idle, \(jobs.count) jobs waiting"
+    }
+
     private func work() {
         condition.lock()
         while true {
