@@ -16,6 +16,8 @@ set -euo pipefail
 export LC_ALL=C
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 ROUNDS=${ROUNDS:-5}
 SIZE_MIB=${SIZE_MIB:-1024}
 STITCH=${STITCH:-$root/.build/release/stitch}
@@ -69,28 +71,10 @@ run() { # run TOOL ROUND
     echo "https.sh: round $round $tool: ${wall} s wall, $user s user, $sys s sys" >&2
 }
 
-for round in $(seq "$ROUNDS"); do
-    if ((round % 2)); then order=("${tools[@]}"); else order=(); for ((i = ${#tools[@]} - 1; i >= 0; i--)); do order+=("${tools[i]}"); done; fi
-    for tool in "${order[@]}"; do run "$tool" "$round"; done
-done
+rounds_run "$ROUNDS" "${tools[@]}"
 
-stats() { # stats "v1 v2 ..." -> "median min max"
-    tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END {
-        m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f %.2f %.2f", m, v[1], v[NR] }'
-}
-read -r curl_wall _ _ <<<"$(stats "${walls[curl]}")"
-read -r curl_cpu _ _ <<<"$(stats "${cpus[curl]}")"
 echo "### HTTPS: ${SIZE_MIB} MiB, one connection, HTTP/$protocol (curl's negotiation), $ROUNDS alternating rounds ($(date -u +%F))"
 echo
-echo "| tool | wall s, median (min–max) | MB/s | CPU s, median (min–max) | speed vs curl | CPU vs curl |"
-echo "|---|---|---|---|---|---|"
-for tool in "${tools[@]}"; do
-    read -r w wmin wmax <<<"$(stats "${walls[$tool]}")"
-    read -r c cmin cmax <<<"$(stats "${cpus[$tool]}")"
-    awk -v t="$tool" -v w="$w" -v wmin="$wmin" -v wmax="$wmax" -v c="$c" -v cmin="$cmin" -v cmax="$cmax" \
-        -v cw="$curl_wall" -v cc="$curl_cpu" -v mib="$SIZE_MIB" 'BEGIN {
-        printf "| %s | %.2f (%.2f–%.2f) | %.0f | %.2f (%.2f–%.2f) | %.2f× | %.2f× |\n",
-            t, w, wmin, wmax, mib * 1048576 / w / 1e6, c, cmin, cmax, cw / w, (cc > 0 ? c / cc : 0) }'
-done
+rounds_table "$SIZE_MIB" "${tools[@]}"
 echo
 echo "curl-null is the ceiling: the same transfer written to /dev/null. Goal: stitch ≥ 1.1× curl's speed at ≤ curl's CPU."

@@ -262,3 +262,43 @@ bench_finish() {
         exit 1
     fi
 }
+
+# Alternating rounds against curl (large.sh, https.sh). The caller defines `run TOOL ROUND`, which appends each
+# run's seconds to the associative arrays walls[TOOL] and cpus[TOOL] (space-separated).
+
+# rounds_run ROUNDS TOOL...: every tool once a round, the order reversed every other round, so that no tool always
+# runs first (after the source was read, say).
+rounds_run() {
+    local rounds=$1 round i tool
+    shift
+    local tools=("$@") order
+    for round in $(seq "$rounds"); do
+        if ((round % 2)); then order=("${tools[@]}"); else order=(); for ((i = ${#tools[@]} - 1; i >= 0; i--)); do order+=("${tools[i]}"); done; fi
+        for tool in "${order[@]}"; do run "$tool" "$round"; done
+    done
+}
+
+# rounds_stats "v1 v2 ...": "median min max".
+rounds_stats() {
+    tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END {
+        m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f %.2f %.2f", m, v[1], v[NR] }'
+}
+
+# rounds_table MIB TOOL...: the markdown table of medians with their spread, MB/s for MIB MiB, and ratios against
+# curl (speed: above 1 is faster than curl; CPU: below 1 is cheaper).
+rounds_table() {
+    local mib=$1 curl_wall curl_cpu tool w wmin wmax c cmin cmax
+    shift
+    read -r curl_wall _ _ <<<"$(rounds_stats "${walls[curl]}")"
+    read -r curl_cpu _ _ <<<"$(rounds_stats "${cpus[curl]}")"
+    echo "| tool | wall s, median (min–max) | MB/s | CPU s, median (min–max) | speed vs curl | CPU vs curl |"
+    echo "|---|---|---|---|---|---|"
+    for tool in "$@"; do
+        read -r w wmin wmax <<<"$(rounds_stats "${walls[$tool]}")"
+        read -r c cmin cmax <<<"$(rounds_stats "${cpus[$tool]}")"
+        awk -v t="$tool" -v w="$w" -v wmin="$wmin" -v wmax="$wmax" -v c="$c" -v cmin="$cmin" -v cmax="$cmax" \
+            -v cw="$curl_wall" -v cc="$curl_cpu" -v mib="$mib" 'BEGIN {
+            printf "| %s | %.2f (%.2f–%.2f) | %.0f | %.2f (%.2f–%.2f) | %.2f× | %.2f× |\n",
+                t, w, wmin, wmax, mib * 1048576 / w / 1e6, c, cmin, cmax, cw / w, (cc > 0 ? c / cc : 0) }'
+    done
+}
