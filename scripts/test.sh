@@ -17,6 +17,8 @@ cleanup() {
 trap cleanup EXIT
 bash scripts/nginx.sh start "$nginx_dir" >/dev/null
 export STITCH_NGINX_DIR="$nginx_dir"
+# The engine keeps a trace in memory, which a test that waited in vain prints (with every thread's stack).
+export STITCH_TRACE=1
 
 # Swift 6 strict concurrency must stay warning-free.
 build_log=$(mktemp)

@@ -374,6 +374,7 @@ import Testing
             let status = await manager.download(first).map { "\($0.status)" } ?? "gone"
             let pools = "decisions: \(BlockingPool.decisions.occupancy); blocking: \(BlockingPool.shared.occupancy)"
             #expect(stalled, "lane \(lane) never came; requests \(seen); the download is \(status); \(pools)")
+            if !stalled { await printDiagnostics(server) }
         }
         #expect(server.activeRequests >= 3, "the first download never used 3 connections")
         holding.store(false, ordering: .releasing)

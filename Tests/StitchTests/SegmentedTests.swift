@@ -411,6 +411,7 @@ import Testing
         let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
         let pools = "decisions: \(BlockingPool.decisions.occupancy); blocking: \(BlockingPool.shared.occupancy)"
         #expect(stalled, "requests \(server.requests.map { $0.range ?? "whole" }); notices \(f.watch.notices); \(pools)")
+        if !stalled { await printDiagnostics(server) }
         // Every lane has asked (with the old file) before it changes: only lane 1's retry can see the new one.
         #expect(await blocking { server.waitForRequests(5, timeout: .seconds(30)) })
         server.replaceFile("/file.bin", with: new)

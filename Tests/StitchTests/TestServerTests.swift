@@ -656,3 +656,21 @@ private final class RawClient {
         return response
     }
 }
+
+/// Every file comparison in the tests goes through StitchTestSupport's `memcmp` overloads of `==` for byte arrays:
+/// they must tell every difference.
+@Test func byteArrayComparisonTellsEveryDifference() {
+    let file = ServedFile.randomBytes(count: 1 << 20, seed: 7)
+    var copy = file
+    #expect(copy == file)
+    for index in [0, 1, file.count / 2, file.count - 1] {
+        copy[index] ^= 0x40
+        #expect(!(copy == file) && copy != file, "a changed byte at \(index)")
+        copy[index] ^= 0x40
+    }
+    #expect(!(Array(file.dropLast()) == file), "a shorter array")
+    #expect([] as [UInt8] == [] as [UInt8])
+    let none: [UInt8]? = nil
+    let some: [UInt8]? = file
+    #expect(none == nil && !(none == some) && none != some && some == file && !(some == Array(file.dropFirst())))
+}

@@ -22,10 +22,16 @@ func performAttempt(
     decide: @escaping @Sendable (ResponseHead) throws(DownloadError) -> HeadDecision
 ) async -> (result: Result<Void, TransportError>, decisionError: DownloadError?) {
     let response: any TransportResponse
+    Trace.note(
+        "\(request.url) attempt start lane \(request.lane.map(String.init) ?? "-") "
+            + (request.headers.first { $0.name == "Range" }?.value ?? "whole"))
     switch await transport.start(request) {
-    case .failure(let error): return (.failure(error), nil)
+    case .failure(let error):
+        Trace.note("\(request.url) attempt failed before head: \(error)")
+        return (.failure(error), nil)
     case .success(let head): response = head
     }
+    Trace.note("\(request.url) attempt head \(response.head.status)")
     started(response)
     let decision: HeadDecision
     var decisionError: DownloadError?
@@ -38,6 +44,7 @@ func performAttempt(
         decisionError = error
         decision = .abort
     }
+    Trace.note("\(request.url) attempt decision \(decision)")
     switch decision {
     case .receive(let sink): return (await response.receive(into: sink), decisionError)
     case .discard: return (await response.discard(), decisionError)

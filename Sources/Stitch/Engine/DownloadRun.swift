@@ -104,6 +104,7 @@ final class DownloadRun: @unchecked Sendable {
         // The executor of the download's state machine: it performs each action and reports what came of it.
         var action = machine { $0.next(store: storeFacts) }
         while true {
+            Trace.note("\(request.url) run action \(action) priority \(Task.currentPriority)")
             switch action {
             case .requestWhole, .considerSplit, .transfer:
                 // Before anything that asks the server; an action that ends the run, or a restart's discard of
@@ -621,6 +622,7 @@ final class DownloadRun: @unchecked Sendable {
             }
             // The split is durable before any lane writes, so a crash in the first second keeps every lane's bytes.
             try await offloaded { () throws(DownloadError) in try store.checkpoint(force: true) }
+            Trace.note("\(request.url) split checkpoint done")
         } else {
             lanes = 1
         }

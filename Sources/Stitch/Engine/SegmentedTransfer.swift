@@ -137,6 +137,8 @@ final class SegmentedTransfer: Sendable {
     /// stopping for a restart or a failure: ``DownloadStateMachine/transferEnded(allComplete:)`` says which).
     /// - Throws: `CancellationError` when the task is cancelled.
     func run() async throws {
+        Trace.note("\(request.url) transfer run lanes \(lanes) segments \(store.writtenSegments)")
+        defer { Trace.note("\(request.url) transfer run ended") }
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<lanes {
                 group.addTask {
@@ -230,7 +232,9 @@ final class SegmentedTransfer: Sendable {
 
     private func lane() async throws {
         while true {
-            switch claim() {
+            let claimed = claim()
+            Trace.note("\(request.url) lane claim \(claimed)")
+            switch claimed {
             case .done:
                 return
             case .wait:
@@ -313,6 +317,7 @@ final class SegmentedTransfer: Sendable {
             let action = withCore { core in
                 core.machine.laneRequestEnded(slot, report, running: core.running, now: now, jitter: jitter)
             }
+            Trace.note("\(request.url) lane \(slot) request ended \(result) -> \(action)")
             switch action {
             case .again:
                 if case .replaced = outcome { emit(.notice("replacing a slow connection")) }

@@ -307,6 +307,7 @@ final class CurlTransfer: @unchecked Sendable {
             }
             // The engine decides on its own executor; body bytes wait (see `receiveBody`).
             phase = .awaitingDecision
+            Trace.note("\(request.url) loop head \(status)")
             resumeHead(.success(ResponseHead(status: status, headers: headers)))
             return true
         }
@@ -562,6 +563,7 @@ final class CurlEventLoop: @unchecked Sendable {
     private func handle(_ command: Command) {
         switch command {
         case .add(let transfer):
+            Trace.note("\(transfer.request.url) loop add")
             if transfer.cancelRequested.load(ordering: .acquiring) {
                 transfer.complete(.failure(.cancelled))
                 return
@@ -578,6 +580,7 @@ final class CurlEventLoop: @unchecked Sendable {
                 transfer.complete(.failure(TransportError(.other, "curl_multi_add_handle failed")))
             }
         case .body(let transfer, let phase, let continuation):
+            Trace.note("\(transfer.request.url) loop body \(phase), in the multi handle: \(isActive(transfer))")
             transfer.bodyContinuation = continuation
             guard let easy = transfer.easy, active[easy] != nil else {
                 // It ended while the engine decided: an empty body, a failure or a cancel.
@@ -592,13 +595,19 @@ final class CurlEventLoop: @unchecked Sendable {
                 resume(easy, transfer)
             }
         case .cancel(let transfer):
+            Trace.note("\(transfer.request.url) loop cancel, in the multi handle: \(isActive(transfer))")
             guard let easy = transfer.easy, active[easy] != nil else { return }
             finish(easy, outcome: .failure(.cancelled), code: CURLE_OK)
         }
     }
 
+    private func isActive(_ transfer: CurlTransfer) -> Bool {
+        transfer.easy.map { active[$0] != nil } ?? false
+    }
+
     private func finish(_ easy: UnsafeMutableRawPointer, outcome: Result<Void, TransportError>?, code: CURLcode) {
         guard let transfer = active.removeValue(forKey: easy) else { return }
+        Trace.note("\(transfer.request.url) loop finish code \(code.rawValue) outcome \(String(describing: outcome))")
         curl_multi_remove_handle(multi, easy)
         transfer.complete(outcome ?? transfer.outcome(for: code))
     }
