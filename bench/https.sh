@@ -8,6 +8,8 @@
 # below 1 is cheaper).
 #
 #   ROUNDS=5 SIZE_MIB=1024 bench/https.sh
+#   PROTOCOL=1.1 bench/https.sh    # HTTP/1.1 over TLS: nginx's TLS port without HTTP/2 (the one whose certificate
+#                                  # names another host, so both tools skip verification: -k, a one-time cost)
 #   STITCH_B=/path/to/other/stitch bench/https.sh     # also an A/B: a second stitch binary in the same rounds
 #
 # Needs: curl, nginx-light (http_ssl, http_v2), GNU time, a release build (`swift build -c release`; STITCH=path
@@ -22,6 +24,8 @@ ROUNDS=${ROUNDS:-5}
 SIZE_MIB=${SIZE_MIB:-1024}
 STITCH=${STITCH:-$root/.build/release/stitch}
 STITCH_B=${STITCH_B:-}
+PROTOCOL=${PROTOCOL:-2}
+[[ $PROTOCOL == 2 || $PROTOCOL == 1.1 ]] || { echo "https.sh: PROTOCOL must be 2 or 1.1" >&2; exit 1; }
 BENCH_TMPDIR=${BENCH_TMPDIR:-/tmp}
 [[ -x $STITCH ]] || { echo "https.sh: no $STITCH (swift build -c release)" >&2; exit 1; }
 [[ -z $STITCH_B || -x $STITCH_B ]] || { echo "https.sh: STITCH_B=$STITCH_B is not an executable" >&2; exit 1; }
@@ -37,10 +41,17 @@ src=$NGINX_WWW/https.bin
 echo "https.sh: creating a ${SIZE_MIB} MiB random file" >&2
 head -c $((SIZE_MIB << 20)) /dev/urandom >"$src"
 src_sha=$(sha256sum "$src" | cut -d' ' -f1)
-url="https://127.0.0.1:$NGINX_HTTPS_PORT/https.bin"
 out=$work/out/https.bin
-ca=$NGINX_CA_CERT
-protocol=$(curl -s --cacert "$ca" -o /dev/null -w '%{http_version}' "$url")
+if [[ $PROTOCOL == 2 ]]; then
+    url="https://127.0.0.1:$NGINX_HTTPS_PORT/https.bin"
+    curl_tls=(--cacert "$NGINX_CA_CERT")
+    stitch_tls=(--ca-cert "$NGINX_CA_CERT")
+else
+    url="https://127.0.0.1:$NGINX_TLS_WRONG_HOST_PORT/https.bin"
+    curl_tls=(-k)
+    stitch_tls=(-k)
+fi
+protocol=$(curl -s "${curl_tls[@]}" -o /dev/null -w '%{http_version}' "$url")
 
 tools=(curl stitch)
 [[ -n $STITCH_B ]] && tools+=(stitch-b)
@@ -51,10 +62,10 @@ run() { # run TOOL ROUND
     local tool=$1 round=$2 times
     rm -rf "${work:?}/out/"*
     case $tool in
-    curl) times=$(/usr/bin/time -f "%e %U %S" curl -s --cacert "$ca" -o "$out" "$url" 2>&1 >/dev/null) ;;
-    curl-null) times=$(/usr/bin/time -f "%e %U %S" curl -s --cacert "$ca" -o /dev/null "$url" 2>&1 >/dev/null) ;;
-    stitch) times=$(/usr/bin/time -f "%e %U %S" "$STITCH" get -q -c 1 --ca-cert "$ca" "$url" -o "$out" 2>&1 >/dev/null) ;;
-    stitch-b) times=$(/usr/bin/time -f "%e %U %S" "$STITCH_B" get -q -c 1 --ca-cert "$ca" "$url" -o "$out" 2>&1 >/dev/null) ;;
+    curl) times=$(/usr/bin/time -f "%e %U %S" curl -s "${curl_tls[@]}" -o "$out" "$url" 2>&1 >/dev/null) ;;
+    curl-null) times=$(/usr/bin/time -f "%e %U %S" curl -s "${curl_tls[@]}" -o /dev/null "$url" 2>&1 >/dev/null) ;;
+    stitch) times=$(/usr/bin/time -f "%e %U %S" "$STITCH" get -q -c 1 "${stitch_tls[@]}" "$url" -o "$out" 2>&1 >/dev/null) ;;
+    stitch-b) times=$(/usr/bin/time -f "%e %U %S" "$STITCH_B" get -q -c 1 "${stitch_tls[@]}" "$url" -o "$out" 2>&1 >/dev/null) ;;
     esac
     times=$(tail -1 <<<"$times")
     if [[ $tool != curl-null ]]; then

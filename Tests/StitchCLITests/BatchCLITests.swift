@@ -405,7 +405,7 @@ struct BatchCLITests {
             files[name] = bytes
         }
         defer {
-            for name in files.keys { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+            for name in files.keys { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
         }
         let sandbox = try Sandbox("batch")
         defer { sandbox.cleanup() }

@@ -192,7 +192,7 @@ final class Sandbox: Sendable {
     /// Kills every process still running and removes the directory.
     func cleanup() {
         for process in processes.withLock({ $0 }) { process.kill() }
-        try? FileManager.default.removeItem(atPath: directory)
+        BackgroundRemoval.remove(directory)  // off the concurrency pool, which the tests share
     }
 
     /// The absolute path of `name` inside the sandbox.

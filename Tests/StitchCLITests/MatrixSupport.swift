@@ -428,7 +428,7 @@ final class MatrixOrigin: Sendable {
 
     func close() {
         server?.stop()
-        if let nginx { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        if let nginx { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
     }
 }
 

@@ -36,7 +36,7 @@ struct NginxIntegrationTests {
         let name = "segmented-\(UUID().uuidString).bin"
         let bytes = ServedFile.randomBytes(count: 12 << 20, seed: 31)
         try nginx.publish(name, bytes: bytes)
-        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
         let sandbox = try Sandbox("nginx")
         defer { sandbox.cleanup() }
         var arguments = ["get", scheme == "http" ? nginx.httpURL(name) : nginx.httpsURL(name), "-o", "out.bin", "-c", "4"]
@@ -71,7 +71,7 @@ struct NginxIntegrationTests {
         let name = "resume-\(UUID().uuidString).bin"
         let bytes = ServedFile.randomBytes(count: 4 << 20, seed: 21)
         try nginx.publish(name, bytes: bytes)
-        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
         let sandbox = try Sandbox("nginx")
         defer { sandbox.cleanup() }
         let arguments = ["get", nginx.slowURL(name), "-o", "out.bin"]
@@ -118,7 +118,7 @@ struct NginxIntegrationTests {
         let name = "h2-\(UUID().uuidString).bin"
         let bytes = ServedFile.randomBytes(count: 700_000, seed: 22)
         try nginx.publish(name, bytes: bytes)
-        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
         let sandbox = try Sandbox("nginx")
         defer { sandbox.cleanup() }
         let result = try await sandbox.run(
@@ -199,7 +199,7 @@ struct NginxIntegrationTests {
         let name = "named-\(UUID().uuidString).bin"
         let bytes = ServedFile.randomBytes(count: 123_456, seed: 23)
         try nginx.publish(name, bytes: bytes)
-        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
         let sandbox = try Sandbox("nginx")
         defer { sandbox.cleanup() }
         try FileManager.default.createDirectory(atPath: sandbox.path("downloads"), withIntermediateDirectories: false)
@@ -222,7 +222,7 @@ struct NginxIntegrationTests {
         let old = ServedFile.randomBytes(count: 4 << 20, seed: 24)
         let new = ServedFile.randomBytes(count: 4 << 20, seed: 25)
         let published = try nginx.publish(name, bytes: old)
-        defer { try? FileManager.default.removeItem(atPath: published) }
+        defer { BackgroundRemoval.remove(published) }
         let sandbox = try Sandbox("nginx")
         defer { sandbox.cleanup() }
         let arguments = ["get", nginx.slowURL(name), "-o", "out.bin"]
@@ -268,7 +268,7 @@ struct NginxIntegrationTests {
         let name = "limited-\(UUID().uuidString).bin"
         let bytes = ServedFile.randomBytes(count: 40_000_000, seed: 41)
         try nginx.publish(name, bytes: bytes)
-        defer { try? FileManager.default.removeItem(atPath: nginx.documentRoot + "/" + name) }
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
         let sandbox = try Sandbox("nginx")
         defer { sandbox.cleanup() }
         let result = try await sandbox.run(["get", nginx.httpURL(name), "-o", "f.bin", "--limit-rate", "10M", "-q"])

@@ -1077,7 +1077,7 @@ final class TemporaryDirectory: Sendable {
     }
 
     deinit {
-        try? FileManager.default.removeItem(atPath: path)
+        BackgroundRemoval.remove(path)  // off the concurrency pool: it may be a Fixture's last reference
     }
 }
 

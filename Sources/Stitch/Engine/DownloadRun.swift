@@ -85,15 +85,47 @@ final class DownloadRun: @unchecked Sendable {
     // MARK: The executor
 
     func run() async throws -> DownloadResult {
-        defer {
-            // The run is over, whatever the outcome: no more timed checkpoints, one last one for a partial that
-            // stays (an error that is not retried), and the next run may take the files.
+        let result: DownloadResult
+        do {
+            result = try await runSteps()
+        } catch {
+            await endRun()
+            throw error
+        }
+        await endRun()
+        return result
+    }
+
+    /// The run is over, whatever the outcome: no more timed checkpoints, one last one for a partial that stays (an
+    /// error that is not retried, a pause), and the next run may take the files. That checkpoint syncs: on the
+    /// blocking pool, never a cooperative thread (which every download and the caller's tasks share).
+    private func endRun() async {
+        guard !storeClosed, store != nil else {
             checkpointer?.stop()
-            if !storeClosed { try? store?.checkpoint() }
+            store?.unlock()
+            return
+        }
+        _ = try? await offloaded { [self] () throws(DownloadError) in
+            checkpointer?.stop()
+            try? store?.checkpoint()
             store?.unlock()
         }
+    }
+
+    private func runSteps() async throws -> DownloadResult {
         if case .file(let path) = request.destination {
-            if let done = try openExisting(DownloadPaths(destination: absolutePath(path))) { return done }
+            let paths = DownloadPaths(destination: absolutePath(path))
+            // What an earlier run left is looked at on the blocking pool: reopening may sync, read the state and
+            // hash a prefix; an already complete file may be hashed against a checksum. With nothing there (the
+            // usual first run) the two failing lookups are all it costs, here.
+            if PartialDownload.mayBeThere(paths) {
+                let open = { @Sendable [self] () throws(DownloadError) -> DownloadResult? in
+                    do { return try openExisting(paths) } catch let error as DownloadError { throw error } catch {
+                        throw DownloadError(.io, "\(error)")
+                    }
+                }
+                if let done = try await offloaded(open) { return done }
+            }
         }
         let ticker = startProgressTicker()
         defer {

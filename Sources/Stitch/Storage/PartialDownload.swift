@@ -46,6 +46,16 @@ struct PartialDownload: Sendable {
         }
     }
 
+    /// False only when neither a state file nor a destination file is at `paths` (both lookups say `ENOENT`): then
+    /// there is nothing of an earlier run to look at. Any other answer is for the full look to judge and report.
+    static func mayBeThere(_ paths: DownloadPaths) -> Bool {
+        func mayExist(_ path: String) -> Bool {
+            var info = stat()
+            return lstat(path, &info) == 0 || errno != ENOENT
+        }
+        return mayExist(paths.state) || mayExist(paths.destination)
+    }
+
     /// Whether anything is at the destination.
     var destinationExists: Bool { access(paths.destination, F_OK) == 0 }
 
