@@ -226,7 +226,17 @@ import Testing
             ("two.bin", ServedFile.random(size: 2 << 20, seed: 22, etag: "\"two\""), nil),
             ("big.bin", ServedFile.random(size: 6 << 20, seed: 23, etag: "\"big\""), 4),
         ]
-        for (name, file, _) in files { f.server.serve("/" + name, file: file) }
+        // The big one's four ranged requests are each held after 100 kB until all four are in flight: on a loaded
+        // machine its lanes may start seconds apart, and one could be done before the last one asks.
+        let holding = Atomic<Bool>(true)
+        for (name, file, _) in files {
+            f.server.serve(
+                "/" + name, file: file,
+                faults: FaultPolicy { request, _ in
+                    name == "big.bin" && request.range != nil && holding.load(ordering: .acquiring)
+                        ? .stallAfter(100_000) : .none
+                })
+        }
         f.server.throttle = 1_500_000  // per response: each download takes about a second
         let manager = try f.open()
         let log = EventLog(await manager.events())
@@ -236,6 +246,14 @@ import Testing
             options.connections = connections
             ids.append(try await manager.add(f.server.url("/" + name), options: options))
         }
+        let server = f.server
+        for lane in 0..<4 {
+            let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
+            #expect(stalled, "lane \(lane) of big.bin never came: \(server.requests(for: "/big.bin").map(\.range))")
+            if !stalled { await printDiagnostics(server) }
+        }
+        holding.store(false, ordering: .releasing)
+        server.releaseStalls()
         await manager.waitUntilIdle()
 
         for ((name, file, _), id) in zip(files, ids) {
