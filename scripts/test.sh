@@ -34,10 +34,7 @@ if (($# > 0)); then
 else
     # The combination matrix (MatrixTests: 433 cases, about two minutes, many stitch processes at once) runs on its
     # own after the rest, so neither loads the machine under the other's timing-sensitive tests.
-    # At most 16 tests at once (Swift Testing's own limit, still experimental): with all 483 in flight on two
-    # cores, the tests' own work held the concurrency pool's two threads for seconds at a time and the engine's
-    # tasks under test waited behind it (issue 10). The suite takes as long (34 s against 35–38 s here).
-    SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH=16 swift test --skip-build --skip MatrixTests
+    swift test --skip-build --skip MatrixTests
     swift test --skip-build --filter MatrixTests
     # A real aria2 client (aria2p from PyPI, in a virtual environment) drives `stitch serve`.
     bash scripts/aria2p.sh "$nginx_dir"
