@@ -29,18 +29,7 @@ PROTOCOL=${PROTOCOL:-2}
 BENCH_TMPDIR=${BENCH_TMPDIR:-/tmp}
 [[ -x $STITCH ]] || { echo "https.sh: no $STITCH (swift build -c release)" >&2; exit 1; }
 [[ -z $STITCH_B || -x $STITCH_B ]] || { echo "https.sh: STITCH_B=$STITCH_B is not an executable" >&2; exit 1; }
-work=$(mktemp -d "$BENCH_TMPDIR/stitch-bench-https.XXXXXX")
-nginx_dir=$work/nginx
-mkdir -p "$nginx_dir" "$work/out"
-cleanup() { bash scripts/nginx.sh stop "$nginx_dir" >/dev/null 2>&1 || true; rm -rf "$work"; }
-trap cleanup EXIT
-bash scripts/nginx.sh start "$nginx_dir" >/dev/null
-# shellcheck disable=SC1091
-source "$nginx_dir/ports.env"
-src=$NGINX_WWW/https.bin
-echo "https.sh: creating a ${SIZE_MIB} MiB random file" >&2
-head -c $((SIZE_MIB << 20)) /dev/urandom >"$src"
-src_sha=$(sha256sum "$src" | cut -d' ' -f1)
+bench_loopback_file https https.bin "$SIZE_MIB"
 out=$work/out/https.bin
 if [[ $PROTOCOL == 2 ]]; then
     url="https://127.0.0.1:$NGINX_HTTPS_PORT/https.bin"

@@ -30,18 +30,7 @@ BENCH_TMPDIR=${BENCH_TMPDIR:-/tmp}
 # On tmpfs there is no disk: syncs, the advice and drop_caches do nothing, and the figures would be RAM's.
 fstype=$(stat -f -c %T "$BENCH_TMPDIR")
 [[ $fstype != tmpfs && $fstype != ramfs ]] || { echo "large.sh: $BENCH_TMPDIR is $fstype; set BENCH_TMPDIR to a disk" >&2; exit 1; }
-work=$(mktemp -d "$BENCH_TMPDIR/stitch-bench-large.XXXXXX")
-nginx_dir=$work/nginx
-mkdir -p "$nginx_dir" "$work/out"
-cleanup() { bash scripts/nginx.sh stop "$nginx_dir" >/dev/null 2>&1 || true; rm -rf "$work"; }
-trap cleanup EXIT
-bash scripts/nginx.sh start "$nginx_dir" >/dev/null
-# shellcheck disable=SC1091
-source "$nginx_dir/ports.env"
-src=$NGINX_WWW/large.bin
-echo "large.sh: creating a ${SIZE_MIB} MiB random file" >&2
-head -c $((SIZE_MIB << 20)) /dev/urandom >"$src"
-src_sha=$(sha256sum "$src" | cut -d' ' -f1)
+bench_loopback_file large large.bin "$SIZE_MIB"
 url="http://127.0.0.1:$NGINX_HTTP_PORT/large.bin"
 out=$work/out/large.bin
 

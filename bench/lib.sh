@@ -302,3 +302,21 @@ rounds_table() {
                 t, w, wmin, wmax, mib * 1048576 / w / 1e6, c, cmin, cmax, cw / w, (cc > 0 ? c / cc : 0) }'
     done
 }
+
+# bench_loopback_file NAME FILE SIZE_MIB: a work folder under BENCH_TMPDIR (default /tmp) with an out/ folder, the
+# loopback nginx started in it (its ports.env sourced), and SIZE_MIB MiB of random bytes at $NGINX_WWW/FILE; nginx
+# is stopped and the folder removed on exit. Sets work, nginx_dir, src and src_sha. Run from the repository root.
+bench_loopback_file() {
+    local name=$1 file=$2 size=$3
+    work=$(mktemp -d "${BENCH_TMPDIR:-/tmp}/stitch-bench-$name.XXXXXX")
+    nginx_dir=$work/nginx
+    mkdir -p "$nginx_dir" "$work/out"
+    trap 'bash scripts/nginx.sh stop "$nginx_dir" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+    bash scripts/nginx.sh start "$nginx_dir" >/dev/null
+    # shellcheck disable=SC1091
+    source "$nginx_dir/ports.env"
+    src=$NGINX_WWW/$file
+    echo "$name.sh: creating a $size MiB random file" >&2
+    head -c $((size << 20)) /dev/urandom >"$src"
+    src_sha=$(sha256sum "$src" | cut -d' ' -f1)
+}

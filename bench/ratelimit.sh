@@ -17,6 +17,8 @@ set -euo pipefail
 export LC_ALL=C
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 ROUNDS=${ROUNDS:-5}
 LIMIT=${LIMIT:-10M}
 SIZE_MIB=${SIZE_MIB:-160}
@@ -24,18 +26,7 @@ CONNECTIONS=${CONNECTIONS:-1 2 4 8 auto}
 STITCH=${STITCH:-$root/.build/release/stitch}
 BENCH_TMPDIR=${BENCH_TMPDIR:-/tmp}
 [[ -x $STITCH ]] || { echo "ratelimit.sh: no $STITCH (swift build -c release)" >&2; exit 1; }
-work=$(mktemp -d "$BENCH_TMPDIR/stitch-bench-ratelimit.XXXXXX")
-nginx_dir=$work/nginx
-mkdir -p "$nginx_dir" "$work/out"
-cleanup() { bash scripts/nginx.sh stop "$nginx_dir" >/dev/null 2>&1 || true; rm -rf "$work"; }
-trap cleanup EXIT
-bash scripts/nginx.sh start "$nginx_dir" >/dev/null
-# shellcheck disable=SC1091
-source "$nginx_dir/ports.env"
-src=$NGINX_WWW/limited.bin
-echo "ratelimit.sh: creating a ${SIZE_MIB} MiB random file" >&2
-head -c $((SIZE_MIB << 20)) /dev/urandom >"$src"
-src_sha=$(sha256sum "$src" | cut -d' ' -f1)
+bench_loopback_file ratelimit limited.bin "$SIZE_MIB"
 url="http://127.0.0.1:$NGINX_HTTP_PORT/limited.bin"
 
 python3 - "$STITCH" "$url" "$work/out" "$LIMIT" "$ROUNDS" "$src_sha" $CONNECTIONS <<'EOF'
