@@ -54,11 +54,17 @@ import Testing
     }
 
     /// With speeds to weigh, the split lets the victim and the thief end together: at equal speeds, half of what
-    /// is left (on a piece boundary).
-    @Test func bothEndTogether() {
+    /// is left (on a piece boundary); against a thief three times as fast, a quarter. The thief's speed is what the
+    /// lane that finished got; with none known, halves.
+    @Test(arguments: [(nil, 28), (12, 28), (36, 18)] as [(Int64?, Int64)])
+    func bothEndTogether(thiefMiBPerSecond: Int64?, splitAtMiB: Int64) {
         var scheduler = Self.scheduler(lanes: 2)
-        var segments = [Self.segment(0, 48, 2), Self.segment(48, 64, 64)]
+        var segments = [Self.segment(0, 48, 2), Self.segment(48, 64, 48)]
         #expect(scheduler.claim(segments: segments, running: [:], now: 0) == .segment(0))
+        #expect(scheduler.claim(segments: segments, running: [:], now: 0) == .segment(1))
+        segments[1].durable = 64 * Self.mib
+        if let thiefMiBPerSecond { scheduler.requestEnded(1, wholeSpeed: Double(thiefMiBPerSecond * Self.mib)) }
+        scheduler.release(1)
         let running = Self.running([0])
         _ = scheduler.sample(segments: segments, running: running, now: 0)
         segments[0].durable = 8 * Self.mib
@@ -66,7 +72,29 @@ import Testing
         #expect(scheduler.speeds[0] == Double(12 * Self.mib))
         #expect(
             scheduler.claim(segments: segments, running: running, now: 0.5)
-                == .steal(victim: 0, at: 28 * Self.mib, replaceVictim: false))
+                == .steal(victim: 0, at: splitAtMiB * Self.mib, replaceVictim: false))
+    }
+
+    /// A connection that stalled right after a burst still has the burst's speed in its window, and it is the only
+    /// one sampled (the others finished between two samples). It is judged against what the finished lanes got,
+    /// never against itself: far slower than them, it keeps a granule and is replaced. (Compared with itself it
+    /// kept half, then half of that, down to a piece it sat on until its stall timeout: the end game's one job.)
+    @Test func stalledAfterABurstIsNotComparedWithItself() {
+        var scheduler = Self.scheduler(lanes: 2)
+        var segments = [Self.segment(0, 48, 0), Self.segment(48, 96, 48)]
+        #expect(scheduler.claim(segments: segments, running: [:], now: 0) == .segment(0))
+        #expect(scheduler.claim(segments: segments, running: [:], now: 0) == .segment(1))
+        let running = Self.running([0])
+        _ = scheduler.sample(segments: segments, running: running, now: 0)
+        segments[0].durable = Self.mib / 8
+        _ = scheduler.sample(segments: segments, running: running, now: 0.25)
+        #expect(scheduler.speeds[0] == Double(Self.mib / 2))
+        segments[1].durable = 96 * Self.mib
+        scheduler.requestEnded(1, wholeSpeed: Double(300 * Self.mib))
+        scheduler.release(1)
+        #expect(
+            scheduler.claim(segments: segments, running: running, now: 0.3)
+                == .steal(victim: 0, at: Self.mib, replaceVictim: true))
     }
 
     /// Not worth a request: a tail not well above what the victim has in flight, a request too young to have a

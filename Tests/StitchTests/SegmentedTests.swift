@@ -105,8 +105,11 @@ import Testing
         // The whole-file response stalls first (after its head), then lane 0.
         #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
         #expect(await blocking { server.waitForStall(timeout: .seconds(30)) })
+        let began = ContinuousClock.now
         let result = try await task.value
         server.releaseStalls()
+        // The end game takes over in well under a second on a quiet machine; the stall timeout is a minute.
+        if ContinuousClock.now - began > .seconds(20) { await printDiagnostics(server) }
 
         try f.expectComplete(result, file.data)
         #expect(await Self.settle(f.server))

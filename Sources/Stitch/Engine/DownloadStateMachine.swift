@@ -330,6 +330,9 @@ struct DownloadStateMachine: Sendable {
         }
     }
 
+    /// Each receiving request's speed as last sampled (for traces).
+    var laneSpeeds: [Int: Double] { transfer?.scheduler.speeds ?? [:] }
+
     /// The executor split a segment for a steal, and the calling lane fetches the new segment `slot`.
     mutating func stole(_ slot: Int) {
         transfer?.scheduler.own(slot)

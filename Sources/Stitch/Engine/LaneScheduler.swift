@@ -88,11 +88,18 @@ struct LaneScheduler: Sendable {
 
     private typealias Constants = SegmentedTransfer
 
-    private func steal(segments: [Segment], running: [Int: Running], now: Double) -> Work {
-        let known = speeds.values.sorted()
-        let median = known.isEmpty ? nil : known[known.count / 2]
+    /// What a new connection may expect, judged without `victim`: the median of the other receiving requests'
+    /// speeds, else of the requests that ended lately. Never the victim's own speed: a stalled connection sampled
+    /// while its last burst landed would otherwise be compared with itself, look as fast as a new connection, and
+    /// keep half of its segment (then half again, down to a piece it sits on until its stall timeout).
+    private func thiefSpeed(excluding victim: Int) -> Double? {
+        let peers = speeds.filter { $0.key != victim && $0.value > 0 }.map(\.value).sorted()
+        if !peers.isEmpty { return peers[peers.count / 2] }
         let recent = recentSpeeds.sorted()
-        let thief = median.flatMap { $0 > 0 ? $0 : nil } ?? (recent.isEmpty ? nil : recent[recent.count / 2])
+        return recent.isEmpty ? nil : recent[recent.count / 2]
+    }
+
+    private func steal(segments: [Segment], running: [Int: Running], now: Double) -> Work {
         // The victim: the segment that would take longest to finish. A request with a measured speed is judged by
         // it; one too young to measure is presumed fine; one that has brought nothing measurable for a window, or
         // a segment whose lane waits to retry, may never finish.
@@ -110,6 +117,7 @@ struct LaneScheduler: Sendable {
             // A connection faster than the client can write may have its socket buffers full (megabytes); cutting
             // it short wastes all of that: worth it only for a long tail. A slower one (a capped connection, a far
             // edge), or one slow next to its thief, holds little in flight: that is what the end game is for.
+            let thief = thiefSpeed(excluding: slot)
             let fast = speed.map { victimSpeed in
                 victimSpeed >= Constants.bufferFillingSpeed && !(thief.map { victimSpeed * 2 < $0 } ?? false)
             } ?? false
@@ -119,6 +127,7 @@ struct LaneScheduler: Sendable {
             }
         }
         guard let victim = best else { return .none }
+        let thief = thiefSpeed(excluding: victim.slot)
         let remaining = victim.end - victim.written
         var at: Int64
         var replaceVictim = false
@@ -129,9 +138,9 @@ struct LaneScheduler: Sendable {
             // victim's connection is replaced so that it does not sit on that granule until its stall timeout.
             at = victim.written + 1
             replaceVictim = true
-        } else if let victimSpeed = victim.speed, let thiefSpeed = thief, victimSpeed + thiefSpeed > 0 {
+        } else if let victimSpeed = victim.speed, let newSpeed = thief, victimSpeed + newSpeed > 0 {
             // Both end together: the victim keeps its share at the two speeds, and at least what it has in flight.
-            let keep = Double(remaining) * victimSpeed / (victimSpeed + thiefSpeed)
+            let keep = Double(remaining) * victimSpeed / (victimSpeed + newSpeed)
             let inFlight = min(Double(Constants.stealSlack), victimSpeed * 0.1) + Double(Constants.stealGranule)
             at = victim.written + Int64(max(keep, inFlight))
         } else {

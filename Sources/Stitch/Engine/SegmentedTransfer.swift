@@ -175,6 +175,8 @@ final class SegmentedTransfer: Sendable {
             case .fetch(let slot):
                 return .fetch(slot)
             case .steal(let victim, let at, let replaceVictim):
+                Trace.note(
+                    "\(request.url) steal from \(victim) at \(at) replace \(replaceVictim) speeds \(core.machine.laneSpeeds)")
                 guard let slot = store.split(victim, at: at) else { return .wait }
                 core.machine.stole(slot)
                 if replaceVictim {
@@ -207,6 +209,7 @@ final class SegmentedTransfer: Sendable {
         let segments = store.writtenSegments
         withCore { core in
             for slot in core.machine.sample(segments: segments, running: core.running, now: now) {
+                Trace.note("\(request.url) monitor replaces \(slot) speeds \(core.machine.laneSpeeds)")
                 core.requests[slot]?.replaceNow()
             }
         }
