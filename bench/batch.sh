@@ -14,7 +14,10 @@
 # Two references run in the same rounds: curl-null (curl -Z writing every file
 # to /dev/null: the ceiling of fetching alone) and curl+sync (curl -Z, then
 # `sync`: the same files made durable afterwards, as stitch makes them durable
-# as it goes). The goal compares stitch with curl: wall <= curl's, CPU (user +
+# as it goes). A third, floor (bench/tools/durable-floor.c, built with cc), has
+# no network at all: JOBS threads each create NAME.part, write SIZE_KIB, fsync
+# it, rename it into place and fsync the folder, FILES times: the least any
+# client that keeps stitch's promise pays the file system. The goal compares stitch with curl: wall <= curl's, CPU (user +
 # sys of the process) <= 1.25 x curl's.
 #
 # Environment (all optional):
@@ -36,7 +39,7 @@ FILES=${FILES:-2000}
 SIZE_KIB=${SIZE_KIB:-100}
 JOBS=${JOBS:-16}
 REPEAT=${REPEAT:-3}
-TOOLS=${TOOLS:-stitch curl curl-null curl+sync wget aria2c}
+TOOLS=${TOOLS:-stitch curl curl-null curl+sync floor wget aria2c}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 KEEP=${KEEP:-0}
 STITCH_B=${STITCH_B:-}
@@ -81,11 +84,19 @@ for tool in $TOOLS; do
         reason=$(missing_reason curl)
         if [[ -n $reason ]]; then skip[$tool]=$reason; else runnable+=("$tool"); fi
         ;;
+    floor)
+        reason=$(missing_reason cc)
+        if [[ -z $reason ]]; then
+            floor_bin=$WORK/durable-floor
+            cc -O2 -pthread -o "$floor_bin" "$repo/bench/tools/durable-floor.c" || reason="cc could not build bench/tools/durable-floor.c"
+        fi
+        if [[ -n $reason ]]; then skip[$tool]=$reason; else runnable+=("$tool"); fi
+        ;;
     wget | curl | aria2c)
         reason=$(missing_reason "$tool")
         if [[ -n $reason ]]; then skip[$tool]=$reason; else runnable+=("$tool"); fi
         ;;
-    *) die "unknown tool in TOOLS: $tool (known: stitch curl curl-null curl+sync wget aria2c; stitch-b with STITCH_B)" ;;
+    *) die "unknown tool in TOOLS: $tool (known: stitch curl curl-null curl+sync floor wget aria2c; stitch-b with STITCH_B)" ;;
     esac
 done
 ((${#runnable[@]})) || die "nothing to run"
@@ -99,6 +110,7 @@ command_for() {
     wget) printf '%s\n' wget --no-config -q -i "$list" -P "$out" ;;
     curl) printf '%s\n' curl -q -s -S -Z --parallel-max "$JOBS" --output-dir "$out" --remote-name-all -K "$curlcfg" ;;
     curl-null) printf '%s\n' curl -q -s -S -Z --parallel-max "$JOBS" -K "$nullcfg" ;;
+    floor) printf '%s\n' "$floor_bin" "$out" "$FILES" $((SIZE_KIB * 1024)) "$JOBS" ;;
     curl+sync)
         printf '%s\n' sh -c 'curl -q -s -S -Z --parallel-max "$1" --output-dir "$2" --remote-name-all -K "$3" && sync' \
             sh "$JOBS" "$out" "$curlcfg"
@@ -123,8 +135,8 @@ for ((run = 1; run <= REPEAT; run++)); do
             st=timeout
         elif ((run_rc != 0)); then
             st="exit=$run_rc"
-        elif [[ $tool == curl-null ]]; then
-            st=ok
+        elif [[ $tool == curl-null || $tool == floor ]]; then
+            st=ok  # nothing fetched to check: /dev/null, or the floor's own bytes
         elif ! (cd "$out" && sha256sum --quiet -c "$WORK/SHA256SUMS" >/dev/null 2>&1); then
             st="content-mismatch ($(find "$out" -maxdepth 1 -name 'f*.bin' | wc -l) files)"
         else

@@ -104,6 +104,7 @@ tool_version() {
     local out
     case $1 in
     stitch | stitch-*) out=$(timeout 5 "$STITCH" --version 2>&1 </dev/null) || out="version unknown" ;;
+    floor) out="bench/tools/durable-floor.c, cc $(cc -dumpversion 2>/dev/null)" ;;
     *) out=$("$1" --version 2>&1 </dev/null) || true ;;
     esac
     out=${out%%$'\n'*}
