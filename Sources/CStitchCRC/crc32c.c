@@ -14,6 +14,13 @@ static uint32_t crc_table[8][256];
 static int use_hardware;
 static pthread_once_t setup_once = PTHREAD_ONCE_INIT;
 
+/* Block sizes of the three-stream hardware path (see hardware_raw). */
+#define STITCH_CRC_LONG 8192
+#define STITCH_CRC_SHORT 256
+static void shift_tables(uint32_t table[4][256], size_t bytes);
+static uint32_t shift_long[4][256];
+static uint32_t shift_short[4][256];
+
 static void setup(void) {
     for (uint32_t b = 0; b < 256; b++) {
         uint32_t c = b;
@@ -27,6 +34,8 @@ static void setup(void) {
             crc_table[k][b] = c;
         }
     }
+    shift_tables(shift_long, STITCH_CRC_LONG);
+    shift_tables(shift_short, STITCH_CRC_SHORT);
 #if defined(__x86_64__)
     __builtin_cpu_init();
     use_hardware = __builtin_cpu_supports("sse4.2") ? 1 : 0;
@@ -61,14 +70,93 @@ static uint32_t portable_raw(uint32_t crc, const unsigned char *p, size_t n) {
     return crc;
 }
 
+/* Shifting a raw register over zero bytes, for joining the CRCs of adjacent blocks computed independently:
+ * reg(A || B) = shift_|B|(reg(A)) ^ reg_from_zero(B), the register being linear over GF(2). The operator for
+ * LEN zero bytes is a 32x32 bit matrix, applied a byte of the register at a time through four tables (after the
+ * method of Mark Adler's crc32c.c). */
+
+static uint32_t gf2_times(const uint32_t *matrix, uint32_t vector) {
+    uint32_t sum = 0;
+    for (; vector; vector >>= 1, matrix++)
+        if (vector & 1) sum ^= *matrix;
+    return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *matrix) {
+    for (int n = 0; n < 32; n++) square[n] = gf2_times(matrix, matrix[n]);
+}
+
+/* The operator for `bytes` zero bytes (a power of two), as the matrix's 32 columns. */
+static void zeros_operator(uint32_t *result, size_t bytes) {
+    uint32_t a[32], b[32];
+    a[0] = STITCH_CRC32C_POLY; /* one zero bit: the register shifts right, bit 0 feeding the polynomial back */
+    for (int n = 1; n < 32; n++) a[n] = 1u << (n - 1);
+    gf2_square(b, a); /* two bits */
+    gf2_square(a, b); /* four bits */
+    gf2_square(b, a); /* one byte */
+    uint32_t *have = b, *other = a;
+    for (size_t done = 1; done < bytes; done <<= 1) {
+        gf2_square(other, have);
+        uint32_t *swap = have;
+        have = other;
+        other = swap;
+    }
+    memcpy(result, have, sizeof a);
+}
+
+static void shift_tables(uint32_t table[4][256], size_t bytes) {
+    uint32_t op[32];
+    zeros_operator(op, bytes);
+    for (uint32_t n = 0; n < 256; n++)
+        for (int k = 0; k < 4; k++) table[k][n] = gf2_times(op, n << (8 * k));
+}
+
+static inline uint32_t shift(uint32_t table[4][256], uint32_t crc) {
+    return table[0][crc & 0xff] ^ table[1][(crc >> 8) & 0xff] ^ table[2][(crc >> 16) & 0xff] ^ table[3][crc >> 24];
+}
+
 #if defined(__x86_64__)
-/* Raw register update (no inversion) with the SSE4.2 `crc32` instruction; only called when the CPU has it. */
+/* Raw register update (no inversion) with the SSE4.2 `crc32` instruction; only called when the CPU has it. The
+ * instruction's latency is three times its throughput: blocks of three streams computed side by side, then joined,
+ * run about three times as fast as one stream (6.5 % of a TLS download's CPU samples with one). */
 __attribute__((target("sse4.2"))) static uint32_t hardware_raw(uint32_t crc, const unsigned char *p, size_t n) {
     while (n > 0 && ((uintptr_t)p & 7) != 0) {
         crc = _mm_crc32_u8(crc, *p++);
         n--;
     }
     uint64_t c = crc;
+    while (n >= 3 * STITCH_CRC_LONG) {
+        uint64_t c1 = 0, c2 = 0;
+        for (const unsigned char *end = p + STITCH_CRC_LONG; p < end; p += 8) {
+            uint64_t w0, w1, w2;
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + STITCH_CRC_LONG, 8);
+            memcpy(&w2, p + 2 * STITCH_CRC_LONG, 8);
+            c = _mm_crc32_u64(c, w0);
+            c1 = _mm_crc32_u64(c1, w1);
+            c2 = _mm_crc32_u64(c2, w2);
+        }
+        c = shift(shift_long, (uint32_t)c) ^ (uint32_t)c1;
+        c = shift(shift_long, (uint32_t)c) ^ (uint32_t)c2;
+        p += 2 * STITCH_CRC_LONG;
+        n -= 3 * STITCH_CRC_LONG;
+    }
+    while (n >= 3 * STITCH_CRC_SHORT) {
+        uint64_t c1 = 0, c2 = 0;
+        for (const unsigned char *end = p + STITCH_CRC_SHORT; p < end; p += 8) {
+            uint64_t w0, w1, w2;
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + STITCH_CRC_SHORT, 8);
+            memcpy(&w2, p + 2 * STITCH_CRC_SHORT, 8);
+            c = _mm_crc32_u64(c, w0);
+            c1 = _mm_crc32_u64(c1, w1);
+            c2 = _mm_crc32_u64(c2, w2);
+        }
+        c = shift(shift_short, (uint32_t)c) ^ (uint32_t)c1;
+        c = shift(shift_short, (uint32_t)c) ^ (uint32_t)c2;
+        p += 2 * STITCH_CRC_SHORT;
+        n -= 3 * STITCH_CRC_SHORT;
+    }
     while (n >= 8) {
         uint64_t word;
         memcpy(&word, p, 8);

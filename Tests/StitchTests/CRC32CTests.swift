@@ -96,6 +96,17 @@ import Testing
                     }
                 }
             }
+            // Lengths about the three-stream path's block sizes (3 × 256 and 3 × 8192 bytes), at odd offsets.
+            for base in [768, 3 * 8192, 3 * 8192 + 768, 2 * 3 * 8192] {
+                for length in base - 9...base + 9 {
+                    for offset in [0, 1, 7] {
+                        let piece = UnsafeRawBufferPointer(rebasing: all[offset..<offset + length])
+                        let hardware = CRC32C.checksum(piece)
+                        let portable = CRC32C.portableUpdate(0, piece)
+                        #expect(hardware == portable, "offset \(offset) length \(length)")
+                    }
+                }
+            }
             // And a large buffer at an odd offset.
             let big = UnsafeRawBufferPointer(rebasing: all[3...])
             #expect(CRC32C.checksum(big) == CRC32C.portableUpdate(0, big))
