@@ -30,6 +30,8 @@ struct GetOptions {
     var connections: Int?
     var limitRate: Int64?
     var streams = false
+    /// What the parser assumed or ignored, for the user (printed before anything starts).
+    var notes: [String] = []
 
     static let reservedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]
 
@@ -97,6 +99,15 @@ struct GetOptions {
                 options.caCert = path
             case "-c", "--connections":
                 let text = try take(argument)
+                if argument == "-c", inlineValue == nil, Int(text) == nil, CommandLineURL.looksLikeURL(text) {
+                    // `wget -c URL`, `aria2c -c URL`: continue. stitch always does; its -c is aria2c's -x.
+                    options.notes.append(
+                        "-c sets the number of connections here (aria2c's -x); a partial download is always "
+                            + "continued, no flag needed")
+                    positional.append(text)
+                    index += 1
+                    continue
+                }
                 guard let n = Int(text), (1...16).contains(n) else {
                     throw UsageError("--connections takes a whole number from 1 to 16, not '\(text)'")
                 }
@@ -127,7 +138,11 @@ struct GetOptions {
             }
             index += 1
         }
-        options.urls = positional
+        options.urls = positional.map { text in
+            let (url, note) = CommandLineURL.assumingScheme(text)
+            if let note { options.notes.append(note) }
+            return url
+        }
         try options.validate()
         return options
     }
@@ -156,5 +171,47 @@ struct GetOptions {
         }
         if let caCert, caCert.isEmpty { throw UsageError("--ca-cert needs a file path") }
         if quiet && json { throw UsageError("--quiet and --json cannot be used together") }
+    }
+}
+
+/// URLs as people type them to curl, wget and aria2c.
+enum CommandLineURL {
+    /// `text` with `http://` in front when it names no scheme (`127.0.0.1:8080/f`, `example.com/f`), as curl and
+    /// wget assume, and the note that says so; unchanged otherwise (a scheme without `//`, such as `mailto:`, is
+    /// left for the engine to refuse).
+    static func assumingScheme(_ text: String) -> (url: String, note: String?) {
+        guard !text.isEmpty, !text.contains("://"), !hasSchemeWithoutSlashes(text) else { return (text, nil) }
+        let url = "http://" + text
+        return (url, "no scheme in '\(text)': using \(url)")
+    }
+
+    /// A `scheme:` prefix (RFC 3986: a letter, then letters, digits, `+`, `-`, `.`) not followed by a port number:
+    /// `mailto:x` has one, `localhost:8080/f` does not.
+    private static func hasSchemeWithoutSlashes(_ text: String) -> Bool {
+        guard let colon = text.firstIndex(of: ":") else { return false }
+        let scheme = text[..<colon]
+        guard let first = scheme.first, first.isASCII, first.isLetter,
+            scheme.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "+-.".contains($0)) })
+        else { return false }
+        let rest = text[text.index(after: colon)...]
+        return !(rest.first?.isNumber ?? false)
+    }
+
+    /// Whether a bare word on the command line is meant as a URL (`stitch URL` without `get`, `-c URL`): it names a
+    /// scheme with `://`, or starts with a host that has a port, or a dotted host (or `localhost`) followed by a path
+    /// or ending in a name (`example.com`). A mistyped command (`stitch gte`) and a number (`-c 1.5`) are none of
+    /// these.
+    static func looksLikeURL(_ text: String) -> Bool {
+        if text.contains("://") { return true }
+        guard !text.hasPrefix("-"), !text.contains(where: { $0 == " " || $0.isNewline }) else { return false }
+        let host = text.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        guard !host.isEmpty, !hasSchemeWithoutSlashes(text) else { return false }
+        let name = host.split(separator: ":", maxSplits: 1).first.map(String.init) ?? ""
+        let hasPort = host.contains(":")
+        if hasPort { return !name.isEmpty }
+        let dotted = name.contains(".") && !name.hasPrefix(".") && !name.hasSuffix(".")
+        let hasPath = host.count < text.count
+        let endsInAName = name.split(separator: ".").last?.first?.isLetter ?? false
+        return (name == "localhost" || dotted) && (hasPath || endsInAName || name == "localhost")
     }
 }

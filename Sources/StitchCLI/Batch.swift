@@ -156,7 +156,9 @@ enum Batch {
         }
         for warning in list.warnings { output.message("stitch: \(inputFile): \(warning)") }
         for entry in list.entries {
-            guard let url = entry.uris.first else { continue }
+            guard let listed = entry.uris.first else { continue }
+            let (url, note) = CommandLineURL.assumingScheme(listed)
+            if let note { output.message("stitch: \(inputFile): line \(entry.line): note: \(note)") }
             if entry.uris.count > 1 {
                 output.message("stitch: \(inputFile): line \(entry.line): mirrors are not supported yet; using \(url)")
             }

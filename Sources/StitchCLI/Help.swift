@@ -13,6 +13,7 @@ enum Help {
           stitch --version
           stitch help [get | serve]
 
+        'stitch URL…' is 'stitch get URL…'; a URL without a scheme is taken as http://.
         Run 'stitch get --help' or 'stitch serve --help' for the options.
         """
 
@@ -23,11 +24,12 @@ enum Help {
 
         Downloads URL. Data goes to DEST.part with its state in DEST.stitch; DEST appears only when the
         file is complete and verified. After any interruption (network, Ctrl-C, kill -9, power cut) the
-        same command continues where it stopped.
+        same command continues where it stopped. A URL without a scheme is taken as http:// (with a note).
 
         OPTIONS:
           -o, --output PATH         save to PATH
-          -d, --dir DIR             save in DIR, named from Content-Disposition or the URL (default: .)
+          -d, --dir DIR             save in DIR (created with its parents), named from Content-Disposition or
+                                    the URL (default: .)
               --resume DEST         continue the download saved at DEST (URL, headers and checksum come from
                                     DEST.stitch; give TLS options again; a header given replaces the saved one)
               --checksum ALGO=HEX   verify the file (sha-256, sha-512, sha-1, md5)

@@ -79,6 +79,12 @@ struct StitchCommand {
             }
             return verify(rest)
         default:
+            // `stitch URL…` (as `wget URL`, `aria2c URL`), also after options (`stitch -c URL`): `stitch get URL…`.
+            if command.hasPrefix("-") || CommandLineURL.looksLikeURL(command),
+                arguments.contains(where: CommandLineURL.looksLikeURL)
+            {
+                return await run(["get"] + arguments)
+            }
             let what = command.hasPrefix("-") ? "option" : "command"
             writeAll(
                 STDERR_FILENO,
@@ -99,6 +105,22 @@ struct StitchCommand {
             return .usage
         }
         let output = Output(mode: options.json ? .json : options.quiet ? .quiet : .human)
+        for note in options.notes {
+            output.message("stitch: note: \(note)")
+            output.json("notice", ["message": note])
+        }
+        if let directory = options.directory {
+            // `-d` names where to save, created (with its parents) as for a list of URLs.
+            do {
+                try FileManager.default.createDirectory(
+                    atPath: normalizedPath(directory), withIntermediateDirectories: true)
+            } catch {
+                let reason = (error as NSError).localizedFailureReason ?? "\(error)"
+                output.error("-d \(directory): cannot create the directory: \(reason)")
+                output.json("error", ["code": "io", "message": "cannot create the directory \(directory)", "resumable": false])
+                return .io
+            }
+        }
         if options.isBatch { return await Batch.run(options, output: output) }
 
         var request: DownloadRequest
