@@ -81,6 +81,46 @@ struct ResumeEdgeCaseTests {
         #expect(readBytes(sandbox.path("out.bin")) == new.data, "the overlap check must catch the change")
     }
 
+    /// How a rerun comes to restart from zero: the file changed under a validator-less partial (the overlap check
+    /// catches it), or the server answers the ranged request with the whole file (200).
+    enum RestartCause: String, CaseIterable, Sendable { case changedWithoutValidators, wholeFileToARange }
+
+    /// A rerun that restarts from zero says so, and its result never claims a resume: no "resumed at" in the
+    /// saved line, `resumed_from` 0 in `--json`'s `done` event (issue 14: it reported the offset it had started
+    /// from before restarting).
+    @Test(arguments: RestartCause.allCases)
+    func restartedDownloadNeverReportsAResume(_ cause: RestartCause) async throws {
+        let old = ServedFile.random(size: 2 << 20, seed: 36, etag: cause == .wholeFileToARange ? "\"w\"" : nil)
+        let new = ServedFile.random(size: 2 << 20, seed: 37)
+        for json in [false, true] {
+            let server = try TestHTTPServer()
+            defer { server.stop() }
+            server.serve("/f", file: old) { _, index in
+                index == 0 ? Self.stalled(after: 1 << 20) : cause == .wholeFileToARange ? .ignoreRange : .none
+            }
+            let sandbox = try Sandbox()
+            defer { sandbox.cleanup() }
+            let arguments = ["get", server.url("/f"), "-o", "out.bin"] + (json ? ["--json"] : [])
+            _ = try await killAfter(1 << 20, of: "/f", on: server, in: sandbox, arguments)
+            if cause == .changedWithoutValidators { server.replaceFile("/f", with: new) }
+            let expected = cause == .changedWithoutValidators ? new.data : old.data
+
+            let rerun = try await sandbox.run(arguments)
+            #expect(rerun.status == 0, "\(rerun)")
+            #expect(readBytes(sandbox.path("out.bin")) == expected)
+            if json {
+                let events = try #require(jsonLines(rerun.stdout), "\(rerun)")
+                #expect(events.contains { $0["event"] as? String == "restart" }, "\(rerun)")
+                let done = try #require(events.last { $0["event"] as? String == "done" }, "\(rerun)")
+                #expect((done["resumed_from"] as? NSNumber)?.int64Value == 0, "\(done)")
+            } else {
+                #expect(rerun.stderr.contains("restarting from zero"), "\(rerun)")
+                let saved = try #require(rerun.stderrLines.last { $0.contains("saved ") }, "\(rerun)")
+                #expect(!saved.contains("resumed"), "\(saved)")
+            }
+        }
+    }
+
     @Test func serverWithoutRangesStartsOver() async throws {
         let server = try TestHTTPServer()
         defer { server.stop() }

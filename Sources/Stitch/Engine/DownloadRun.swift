@@ -394,6 +394,7 @@ final class DownloadRun: @unchecked Sendable {
     /// Discards what is kept for a restart from zero (the state machine counted it) and says why.
     private func discardForRestart(_ reason: RestartReason) throws {
         emit(.restarting(reason))
+        resumedFrom = 0  // nothing kept: the result must not report a resume
         try store?.restart(validators: .none)
         hasher?.reset()
         probe = nil
@@ -690,6 +691,7 @@ final class DownloadRun: @unchecked Sendable {
     func restartInPlace(_ reason: RestartReason, validators: Validators) throws(DownloadError) -> Bool {
         guard machine({ $0.restartInPlace() }) else { return false }
         emit(.restarting(reason))
+        resumedFrom = 0  // nothing kept: the result must not report a resume
         guard let store else { return false }
         try store.restart(validators: validators)
         hasher?.reset()
