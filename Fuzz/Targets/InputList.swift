@@ -20,7 +20,11 @@ public func fuzzInputList(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
         check(entry.line > previousLine, "entries out of order")
         previousLine = entry.line
         check(!entry.uris.isEmpty, "entry without URIs on line \(entry.line)")
-        for uri in entry.uris {
+        if let problem = entry.problem {
+            // A download that fails alone: its problem is on its own lines; what was accepted of it still holds.
+            check(problem.line >= entry.line, "problem on line \(problem.line) before its entry's \(entry.line)")
+        }
+        for uri in entry.uris where entry.problem == nil {
             check(!uri.isEmpty, "empty URI")
             check(!uri.unicodeScalars.contains { FileNaming.isDropped($0) || $0.properties.isWhitespace },
                 "URI with a blank or control character: \(uri.debugDescription)")

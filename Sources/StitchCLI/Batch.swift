@@ -13,6 +13,8 @@ enum Batch {
     struct Item {
         var url: String
         var options: DownloadManager.AddOptions
+        /// Why the list's entry cannot be downloaded (a bad value on its lines): it fails alone.
+        var problem: String?
     }
 
     static func run(_ options: GetOptions, output: Output) async -> ExitStatus {
@@ -37,6 +39,12 @@ enum Batch {
         var destinations: Set<String> = []
         let defaultFolder = normalizedPath(options.directory ?? ".")
         for item in items {
+            if let problem = item.problem {
+                invalid.append((item.url, problem))
+                output.error("\(item.url.debugDescription): \(problem)")
+                output.json("error", ["url": item.url, "code": "invalidOption", "message": problem])
+                continue
+            }
             do {
                 try Downloader.validate(url: item.url)
                 if let out = item.options.out {
@@ -157,6 +165,10 @@ enum Batch {
         for warning in list.warnings { output.message("stitch: \(inputFile): \(warning)") }
         for entry in list.entries {
             guard let listed = entry.uris.first else { continue }
+            if let problem = entry.problem {
+                items.append(Item(url: listed, options: base(), problem: "\(inputFile): \(problem); not downloaded"))
+                continue
+            }
             let (url, note) = CommandLineURL.assumingScheme(listed)
             if let note { output.message("stitch: \(inputFile): line \(entry.line): note: \(note)") }
             if entry.uris.count > 1 {

@@ -542,6 +542,50 @@ struct BatchCLITests {
         #expect(mappings[0] == mappings[1])
     }
 
+    /// A line with a bad value fails its download alone, the rest of the list runs; `split` above 16 is capped
+    /// with a warning (issue 14: `split=32` on one line stopped the whole list before anything started).
+    @Test func aBadLineFailsAlone() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let files = (0..<3).map { ServedFile.random(size: 200_000 + $0, seed: 90 + UInt64($0), etag: "\"b\($0)\"") }
+        for (index, file) in files.enumerated() { server.serve("/f\(index)", file: file) }
+        let sandbox = try Sandbox("batch")
+        defer { sandbox.cleanup() }
+        let list = """
+            \(server.url("/f0"))
+              out=a.bin
+            \(server.url("/f1"))
+              out=b.bin
+              checksum=sha-256=nothex
+            \(server.url("/f2"))
+              out=c.bin
+              split=32
+
+            """
+        try Data(list.utf8).write(to: URL(fileURLWithPath: sandbox.path("list.txt")))
+        for json in [false, true] {
+            let result = try await sandbox.run(
+                ["get", "-i", "list.txt", "-d", "out\(json)"] + (json ? ["--json"] : []))
+            #expect(result.status == 1, "\(result)")
+            #expect(readBytes(sandbox.path("out\(json)/a.bin")) == files[0].data)
+            #expect(readBytes(sandbox.path("out\(json)/c.bin")) == files[2].data)
+            #expect(sandbox.entries("out\(json)") == ["a.bin", "c.bin"])
+            if json {
+                let events = try #require(jsonLines(result.stdout), "\(result)")
+                let errors = events.filter { $0["event"] as? String == "error" }
+                #expect(errors.count == 1, "\(events)")
+                #expect((errors.first?["message"] as? String)?.contains("line 5: 'checksum'") == true, "\(errors)")
+                let summary = try #require(events.last { $0["event"] as? String == "summary" })
+                #expect(summary["completed"] as? Int == 2 && summary["failed"] as? Int == 1, "\(summary)")
+            } else {
+                #expect(result.stderr.contains("list.txt: line 5: 'checksum'"), "\(result)")
+                #expect(result.stderr.contains("line 8: 'split' \"32\" is above 16; using 16"), "\(result)")
+                #expect(result.stderr.contains("2 completed, 1 failed"), "\(result)")
+            }
+        }
+        #expect(server.requests(for: "/f1").isEmpty, "the bad line's download is never started")
+    }
+
     // MARK: 8. Usage errors
 
     @Test(arguments: [
@@ -551,7 +595,7 @@ struct BatchCLITests {
         (["URL", "URL2", "-j", "257"], "jobs"),
         (["URL", "-j", "2"], "-j"),
         (["-i", "missing.txt"], "missing.txt"),
-        (["-i", "bad.txt"], "bad.txt: line 3"),
+        (["-i", "bad.txt"], "bad.txt: line 1"),
         (["-i", "list.txt", "-o", "x.bin"], "-o"),
     ])
     func usageErrors(_ arguments: [String], mentioning: String) async throws {
@@ -562,7 +606,8 @@ struct BatchCLITests {
         let sandbox = try Sandbox("batch")
         defer { sandbox.cleanup() }
         try Data("\(server.url("/f"))\n\(server.url("/g"))\n".utf8).write(to: URL(fileURLWithPath: sandbox.path("list.txt")))
-        let bad = "\(server.url("/f"))\n  out=f.bin\n  checksum=sha-256=nothex\n\(server.url("/g"))\n"
+        // An option line before any URI: no download can be blamed, the whole list is refused.
+        let bad = "  out=f.bin\n\(server.url("/f"))\n  checksum=sha-256=nothex\n\(server.url("/g"))\n"
         try Data(bad.utf8).write(to: URL(fileURLWithPath: sandbox.path("bad.txt")))
         let substituted = arguments.map { $0 == "URL" ? server.url("/f") : $0 == "URL2" ? server.url("/g") : $0 }
         let result = try await sandbox.run(["get"] + substituted)

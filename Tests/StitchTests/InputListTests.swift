@@ -83,10 +83,11 @@ import Testing
         #expect(try InputList.parse(bytes: Array(text.utf8)).entries == expected)
     }
 
-    @Test func bomOnlyCountsAtTheStart() {
-        #expect(throws: InputListError(line: 2, message: "URI \"\\u{FEFF}http://b\" contains the character U+FEFF")) {
-            try InputList.parse("http://a\n\u{FEFF}http://b\n")
-        }
+    @Test func bomOnlyCountsAtTheStart() throws {
+        let list = try InputList.parse("http://a\n\u{FEFF}http://b\n")
+        #expect(list.entries.map(\.problem) == [
+            nil, InputListError(line: 2, message: "URI \"\\u{FEFF}http://b\" contains the character U+FEFF"),
+        ])
     }
 
     @Test func veryLongLines() throws {
@@ -222,9 +223,27 @@ import Testing
         }
     }
 
-    static let errorCases: [ErrorCase] = [
+    /// What no download can be blamed for: the whole list is refused.
+    static let fileErrorCases: [ErrorCase] = [
         ErrorCase("  out=a\nhttp://x\n", 1, "before any URI line"),
         ErrorCase("# list\n\n\tdir=/tmp\nhttp://x\n", 3, "before any URI line"),
+    ]
+
+    @Test(arguments: fileErrorCases)
+    func fileErrorsNameTheLine(_ errorCase: ErrorCase) throws {
+        let error = try #require(throws: InputListError.self) { try InputList.parse(errorCase.text) }
+        #expect(error.line == errorCase.line)
+        #expect(error.message.contains(errorCase.fragment), "\(error.message)")
+        #expect(error.description == "line \(error.line): \(error.message)")
+        let fromBytes = try #require(throws: InputListError.self) {
+            try InputList.parse(bytes: Array(errorCase.text.utf8))
+        }
+        #expect(fromBytes == error)
+    }
+
+    /// A bad URI or option value: that download fails alone (its ``InputList/Entry/problem`` names the line),
+    /// every other entry of the list is untouched.
+    static let errorCases: [ErrorCase] = [
         ErrorCase("http://x\n  continue\n", 2, "expected key=value"),
         ErrorCase("http://x\n  =value\n", 2, "option without a key"),
         ErrorCase("http://x\n  out=\n", 2, "'out' has no value"),
@@ -239,12 +258,12 @@ import Testing
         ErrorCase("http://x\n  header=Range: bytes=0-\n", 2, "'header' Range is set by stitch itself"),
         ErrorCase("http://x\n  header=accept-encoding: gzip\n", 2, "is set by stitch itself"),
         ErrorCase("http://x\n  split=0\n", 2, "'split' must be a whole number from 1 to 16, got \"0\""),
-        ErrorCase("http://x\n  split=17\n", 2, "'split' must be a whole number from 1 to 16"),
         ErrorCase("http://x\n  split=-1\n", 2, "'split' must be a whole number"),
         ErrorCase("http://x\n  split=+3\n", 2, "'split' must be a whole number"),
         ErrorCase("http://x\n  split=4x\n", 2, "'split' must be a whole number"),
-        ErrorCase("http://x\n  split=99999999999999999999999\n", 2, "'split' must be a whole number"),
-        ErrorCase("http://x\n  max-connection-per-server=32\n", 2, "'max-connection-per-server' must be"),
+        ErrorCase("http://x\n  split=\n", 2, "'split' has no value"),
+        ErrorCase("http://x\n  split=00\n", 2, "'split' must be a whole number from 1 to 16"),
+        ErrorCase("http://x\n  max-connection-per-server=0\n", 2, "'max-connection-per-server' must be"),
         ErrorCase("http://x\n  max-download-limit=fast\n", 2, "'max-download-limit' must be a rate"),
         ErrorCase("http://x\n  max-download-limit=-5K\n", 2, "'max-download-limit' must be a rate"),
         ErrorCase("http://x\n  max-download-limit=0x\n", 2, "'max-download-limit' must be a rate"),
@@ -269,28 +288,47 @@ import Testing
     ]
 
     @Test(arguments: errorCases)
-    func errorsNameTheLine(_ errorCase: ErrorCase) throws {
-        let error = try #require(throws: InputListError.self) { try InputList.parse(errorCase.text) }
+    func errorsFailTheirEntryAlone(_ errorCase: ErrorCase) throws {
+        // The case, then a good entry after it that must come through unharmed.
+        let text = errorCase.text + "http://good/after\n  out=after.bin\n"
+        let list = try InputList.parse(text)
+        let problems = list.entries.compactMap(\.problem)
+        try #require(problems.count == 1, "\(list.entries)")
+        let error = problems[0]
         #expect(error.line == errorCase.line)
         #expect(error.message.contains(errorCase.fragment), "\(error.message)")
         #expect(error.description == "line \(error.line): \(error.message)")
-        let fromBytes = try #require(throws: InputListError.self) {
-            try InputList.parse(bytes: Array(errorCase.text.utf8))
-        }
-        #expect(fromBytes == error)
+        let good = try #require(list.entries.last)
+        #expect(good.uris == ["http://good/after"] && good.out == "after.bin" && good.problem == nil)
+        #expect(try InputList.parse(bytes: Array(text.utf8)) == list)
+    }
+
+    /// `split` and `max-connection-per-server` above 16 are capped to 16 with a warning (as aria2c caps them),
+    /// however many digits; the download goes on.
+    @Test(arguments: [
+        ("split", "17"), ("split", "32"), ("max-connection-per-server", "32"),
+        ("split", String(repeating: "9", count: 10_000)), ("split", "0017"),
+    ])
+    func connectionsAboveTheMaximumAreCapped(key: String, value: String) throws {
+        let list = try InputList.parse("http://x\n  \(key)=\(value)\n")
+        let entry = try #require(list.entries.first)
+        #expect(entry.problem == nil)
+        #expect(entry.connections == 16)
+        let warning = try #require(list.warnings.first)
+        #expect(warning.line == 2 && warning.message.contains("is above 16; using 16"), "\(warning)")
+        #expect(warning.message.count < 200, "cut in the message")
     }
 
     @Test func messagesEscapeInvisibleCharacters() throws {
         let list = try InputList.parse("http://x\n  re\u{202E}fer\u{1B}[2J\t=1\n")
         #expect(list.warnings.map(\.message) == [#"unsupported option "re\u{202E}fer\u{1B}[2J" ignored"#])
-        let error = try #require(throws: InputListError.self) { try InputList.parse("http://x\n  a\"b\\\u{85}\n") }
+        let error = try #require(try InputList.parse("http://x\n  a\"b\\\u{85}\n").entries.first?.problem)
         #expect(error.message == #"expected key=value, got "a\"b\\\u{85}""#)
     }
 
     @Test func longValuesAreCutInMessages() throws {
-        let error = try #require(throws: InputListError.self) {
-            try InputList.parse("http://x\n  split=\(String(repeating: "9", count: 10_000))\n")
-        }
+        let list = try InputList.parse("http://x\n  split=\(String(repeating: "x", count: 10_000))\n")
+        let error = try #require(list.entries.first?.problem)
         #expect(error.message.count < 200)
     }
 

@@ -16,16 +16,19 @@
 ///
 /// - A line that does not start with a space, a TAB or `#` is one download: one or more URIs separated by TAB
 ///   (mirrors of the same file). Spaces and TABs around each URI are dropped; a URI containing a space or a
-///   control character is an error.
+///   control character makes that download fail (``Entry/problem``).
 /// - A line that starts with a space or a TAB holds one `key=value` option for the download above it, even across
 ///   blank and comment lines. Supported keys: `out`, `dir`, `checksum`, `header` (repeatable), `split`,
 ///   `max-connection-per-server` and `max-download-limit`. Other keys are recorded in ``warnings`` and ignored;
-///   a non-repeatable key given twice keeps its last value, with a warning.
+///   a non-repeatable key given twice keeps its last value, with a warning. A bad value makes that download fail
+///   alone (``Entry/problem``: the first one found), the rest of the list goes on; `split` and
+///   `max-connection-per-server` above 16 are capped to 16 with a warning, as aria2c caps them.
 /// - A line whose first non-blank character is `#` is a comment; blank lines are skipped.
 /// - Lines end with LF or CRLF; a UTF-8 byte-order mark at the start and a missing final newline are accepted.
 ///   NUL bytes and invalid UTF-8 are errors.
 ///
-/// Parsing does no I/O and is safe on untrusted input: it either returns or throws ``InputListError``.
+/// Parsing does no I/O and is safe on untrusted input. It throws ``InputListError`` only for what no download can
+/// be blamed for: NUL bytes, invalid UTF-8, an option line before any URI line.
 public struct InputList: Sendable, Hashable {
 
     /// One download of an ``InputList``.
@@ -47,11 +50,15 @@ public struct InputList: Sendable, Hashable {
         public var rateLimit: Int64?
         /// The 1-based line number of the URI line.
         public var line: Int
+        /// Why this download cannot be made (a bad URI or option value), naming the line; `nil` for a good entry.
+        /// The other fields hold what was read before and after it, and must not be used to download.
+        public var problem: InputListError?
 
         /// Creates an entry.
         public init(
             uris: [String], out: String? = nil, dir: String? = nil, checksum: ExpectedChecksum? = nil,
-            headers: [String] = [], connections: Int? = nil, rateLimit: Int64? = nil, line: Int
+            headers: [String] = [], connections: Int? = nil, rateLimit: Int64? = nil, line: Int,
+            problem: InputListError? = nil
         ) {
             self.uris = uris
             self.out = out
@@ -61,6 +68,7 @@ public struct InputList: Sendable, Hashable {
             self.connections = connections
             self.rateLimit = rateLimit
             self.line = line
+            self.problem = problem
         }
     }
 
@@ -106,7 +114,7 @@ public struct InputList: Sendable, Hashable {
     /// Parses an input file held in a string.
     /// - Parameter text: The file's contents.
     /// - Returns: The entries and warnings; an empty or comment-only text gives no entries.
-    /// - Throws: ``InputListError`` naming the first offending line.
+    /// - Throws: ``InputListError`` naming the line, for an option line before any URI line.
     public static func parse(_ text: String) throws(InputListError) -> InputList {
         try parse(bytes: text.utf8)
     }
@@ -114,7 +122,8 @@ public struct InputList: Sendable, Hashable {
     /// Parses an input file's raw bytes, as read from disk.
     /// - Parameter bytes: The file's contents, expected to be UTF-8.
     /// - Returns: The entries and warnings; an empty or comment-only file gives no entries.
-    /// - Throws: ``InputListError`` naming the first offending line, also for invalid UTF-8 and NUL bytes.
+    /// - Throws: ``InputListError`` naming the line, for invalid UTF-8, NUL bytes and an option line before any
+    ///   URI line.
     public static func parse(bytes: some Collection<UInt8>) throws(InputListError) -> InputList {
         let data = Array(bytes)
         var parser = Parser()
@@ -190,15 +199,26 @@ extension InputList {
             let body = InputList.trimmingBlanks(line)
             if body.isEmpty || body.unicodeScalars.first == "#" { return }
             if first == " " || first == "\t" {
-                try option(body, line: number)
+                guard current != nil else {
+                    throw InputListError(
+                        line: number,
+                        message: "option line \(InputList.quoted(body)) before any URI line (options are indented "
+                            + "under the URI they apply to)")
+                }
+                do throws(InputListError) { try option(body, line: number) } catch { fail(error) }
             } else {
-                try startEntry(line, line: number)
+                startEntry(line, line: number)
             }
         }
 
         mutating func finish() -> InputList {
             closeEntry()
             return InputList(entries: entries, warnings: warnings)
+        }
+
+        /// The current download fails alone; its first problem is the one reported.
+        private mutating func fail(_ error: InputListError) {
+            if current?.problem == nil { current?.problem = error }
         }
 
         private mutating func closeEntry() {
@@ -215,36 +235,32 @@ extension InputList {
             seenKeys = []
         }
 
-        private mutating func startEntry(_ line: String, line number: Int) throws(InputListError) {
+        private mutating func startEntry(_ line: String, line number: Int) {
             closeEntry()
             var uris: [String] = []
+            var problem: InputListError?
             for field in line.unicodeScalars.split(separator: "\t", omittingEmptySubsequences: true) {
                 let uri = InputList.trimmingBlanks(field)
                 guard !uri.isEmpty else { continue }
-                if uri.unicodeScalars.contains(" ") {
-                    throw InputListError(
+                if problem == nil, uri.unicodeScalars.contains(" ") {
+                    problem = InputListError(
                         line: number,
                         message: "URI \(InputList.quoted(uri)) contains a space (separate mirrors with a TAB)")
                 }
-                if let bad = uri.unicodeScalars.first(where: { FileNaming.isDropped($0) || $0.properties.isWhitespace })
+                if problem == nil,
+                    let bad = uri.unicodeScalars.first(where: { FileNaming.isDropped($0) || $0.properties.isWhitespace })
                 {
-                    throw InputListError(
+                    problem = InputListError(
                         line: number,
                         message: "URI \(InputList.quoted(uri)) contains the character \(InputList.codePoint(bad))")
                 }
                 uris.append(uri)
             }
             // A line of blanks was skipped before, so at least one field is non-empty.
-            current = Entry(uris: uris, line: number)
+            current = Entry(uris: uris, line: number, problem: problem)
         }
 
         private mutating func option(_ text: String, line number: Int) throws(InputListError) {
-            guard current != nil else {
-                throw InputListError(
-                    line: number,
-                    message: "option line \(InputList.quoted(text)) before any URI line (options are indented "
-                        + "under the URI they apply to)")
-            }
             guard let equals = text.unicodeScalars.firstIndex(of: "=") else {
                 throw InputListError(line: number, message: "expected key=value, got \(InputList.quoted(text))")
             }
@@ -302,12 +318,22 @@ extension InputList {
                 }
                 current?.headers.append(headerValue.isEmpty ? "\(name):" : "\(name): \(headerValue)")
             case "split", "max-connection-per-server":
-                guard value.utf8.count <= 4, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value),
-                    InputList.connectionRange.contains(n)
-                else {
+                let range = InputList.connectionRange
+                let significant = value.drop { $0 == "0" }
+                guard value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), !significant.isEmpty else {
                     throw fail(
-                        "'\(key)' must be a whole number from \(InputList.connectionRange.lowerBound) to "
-                            + "\(InputList.connectionRange.upperBound), got \(InputList.quoted(value))")
+                        "'\(key)' must be a whole number from \(range.lowerBound) to \(range.upperBound), got "
+                            + InputList.quoted(value))
+                }
+                // Above the maximum is capped, as aria2c caps it: what was meant ("many") is clear.
+                var n = range.upperBound
+                if significant.count <= 2, let small = Int(significant), small <= range.upperBound {
+                    n = small
+                } else {
+                    warnings.append(
+                        Warning(
+                            line: number,
+                            message: "'\(key)' \(InputList.quoted(value)) is above \(range.upperBound); using \(n)"))
                 }
                 if key == "split" { split = n } else { maxPerServer = n }
             case "max-download-limit":
