@@ -270,7 +270,7 @@ final class BatchView: Sendable {
         var completed = 0
         var failed = 0
         var totalBytes: Int64 = 0
-        var meter = (bytes: Int64(0), time: 0.0, speed: 0.0)
+        var meter = SpeedMeter()
         var lastPlainLine = 0.0
     }
 
@@ -360,19 +360,14 @@ final class BatchView: Sendable {
         guard output.mode == .human else { return }
         let now = monotonicSeconds()
         let line: String? = state.withLock { state in
-            if state.meter.time > 0, now > state.meter.time {
-                let instant = Double(state.totalBytes - state.meter.bytes) / (now - state.meter.time)
-                state.meter.speed = state.meter.speed == 0 ? instant : state.meter.speed * 0.7 + instant * 0.3
-            }
-            state.meter.bytes = state.totalBytes
-            state.meter.time = now
+            state.meter.add(bytes: state.totalBytes, at: now)
             if !output.isTTY {
                 guard now - state.lastPlainLine >= 5 else { return nil }
                 state.lastPlainLine = now
             }
             return "[\(state.completed + state.failed)/\(count) done, \(state.running.count) running"
                 + (state.failed > 0 ? ", \(state.failed) failed" : "") + "]  "
-                + "\(Output.bytes(state.totalBytes))  \(Output.bytes(Int64(max(0, state.meter.speed))))/s"
+                + "\(Output.bytes(state.totalBytes))  \(Output.bytes(Int64(max(0, state.meter.bytesPerSecond))))/s"
         }
         guard let line else { return }
         output.bar(line)

@@ -11,7 +11,7 @@ final class Output: Sendable {
     private let state = Mutex(State())
 
     struct State {
-        var lastBytes: Int64 = 0
+        var meter = SpeedMeter()
         var lastTime: Double = 0
         var speed: Double = 0
         var lastPlainLine: Double = 0
@@ -81,11 +81,8 @@ final class Output: Sendable {
         state.withLock { state in
             // The first sample has no speed yet; a plain line would always say "0 B/s, ETA --:--".
             let firstSample = state.lastTime == 0
-            if state.lastTime > 0, now > state.lastTime {
-                let instant = Double(progress.bytes - state.lastBytes) / (now - state.lastTime)
-                state.speed = state.speed == 0 ? instant : state.speed * 0.7 + instant * 0.3
-            }
-            state.lastBytes = progress.bytes
+            state.meter.add(bytes: progress.bytes, at: now)
+            state.speed = state.meter.bytesPerSecond
             state.lastTime = now
             switch mode {
             case .quiet: return

@@ -241,33 +241,48 @@ public enum DownloadManagerEvent: Sendable, Hashable {
     }
 }
 
-/// An exponentially weighted speed over progress samples, for steady speed and ETA figures.
-struct SpeedMeter: Sendable {
-    /// Weight of the newest one-second rate; about a five-second memory.
-    var smoothing = 0.2
-    private(set) var bytesPerSecond: Double = 0
-    private var last: (bytes: Int64, time: Double)?
+/// A download's speed for people: the bytes over the last few seconds divided by the time they took.
+///
+/// A moving window rather than an average of instant rates: servers and rate limits deliver in bursts (nginx's
+/// `limit_rate` sends a second's worth at once), so two samples half a second apart may see no new bytes at all
+/// and an average of instant rates drops to `0 B/s` and back. Over a window of a few seconds the figure is what
+/// the bytes on disk say. Used by ``DownloadManager``'s snapshots and by the `stitch` progress lines.
+public struct SpeedMeter: Sendable {
+    /// How far back the speed looks, in seconds.
+    public var window: Double
+    /// Bytes per second over the window; 0 until samples span a fifth of a second.
+    public private(set) var bytesPerSecond: Double = 0
+    /// (bytes, monotonic seconds), oldest first; the oldest is at or just beyond the window's start.
+    private var samples: [(bytes: Int64, time: Double)] = []
 
-    mutating func add(bytes: Int64, at time: Double) {
-        guard let last else {
-            self.last = (bytes, time)
-            return
+    /// A meter looking `window` seconds back.
+    public init(window: Double = 3) {
+        self.window = window
+    }
+
+    /// Records that `bytes` were done at `time` (monotonic seconds). Fewer bytes than before (a restart from
+    /// zero) start the window afresh.
+    public mutating func add(bytes: Int64, at time: Double) {
+        if let last = samples.last, bytes < last.bytes || time < last.time { samples.removeAll() }
+        if let last = samples.last, time - last.time < 0.05, samples.count > 1 {
+            samples[samples.count - 1] = (bytes, time)
+        } else {
+            samples.append((bytes, time))
         }
-        let elapsed = time - last.time
-        guard elapsed >= 0.05 else { return }
-        let rate = Double(max(0, bytes - last.bytes)) / elapsed
-        // Weight by elapsed time so that irregular samples average the same as regular ones.
-        let weight = min(1, smoothing * elapsed)
-        bytesPerSecond = bytesPerSecond == 0 ? rate : bytesPerSecond + (rate - bytesPerSecond) * weight
-        self.last = (bytes, time)
+        // Keep one sample at or beyond the window's start, so the span always covers the window once it can.
+        while samples.count > 2, time - samples[1].time >= window { samples.removeFirst() }
+        guard let first = samples.first, time - first.time >= 0.2 else { return }
+        bytesPerSecond = Double(bytes - first.bytes) / (time - first.time)
     }
 
-    mutating func reset() {
+    /// Forgets every sample (the download stopped).
+    public mutating func reset() {
         bytesPerSecond = 0
-        last = nil
+        samples.removeAll()
     }
 
-    func secondsLeft(bytes: Int64, total: Int64?) -> Double? {
+    /// Seconds until `total` at the current speed; nil without a total or a speed.
+    public func secondsLeft(bytes: Int64, total: Int64?) -> Double? {
         guard let total, bytesPerSecond > 0 else { return nil }
         return Double(max(0, total - bytes)) / bytesPerSecond
     }
