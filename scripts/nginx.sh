@@ -14,6 +14,8 @@
 #   NGINX_TLS_EXPIRED_PORT     HTTPS with a certificate from that CA that expired in 2020
 #   NGINX_TLS_WRONG_HOST_PORT  HTTPS with a valid certificate from that CA for DNS:wrong.example only
 #   NGINX_WWW         DIR/www (document root)
+#   NGINX_AUTH_USER, NGINX_AUTH_PASSWORD   HTTP Basic credentials that /auth/ on NGINX_HTTP_PORT requires (the
+#                     document root again); the password has a colon, which -u must split after the user name only
 #   NGINX_DIR, NGINX_PID_FILE, NGINX_ACCESS_LOG, NGINX_ERROR_LOG
 # and, only when NGINX_THROTTLE_RATE is set (after the lines above):
 #   NGINX_THROTTLE_PORT   plain HTTP with limit_rate NGINX_THROTTLE_RATE per request
@@ -301,6 +303,11 @@ http {
         listen 127.0.0.1:$http;
         server_name localhost 127.0.0.1;
         root $dir/www;
+        location /auth/ {
+            auth_basic "stitch tests";
+            auth_basic_user_file $dir/htpasswd;
+            alias $dir/www/;
+        }
     }
 
     server {
@@ -431,6 +438,10 @@ all_answer() {
     done
 }
 
+# The credentials /auth/ requires (fixed: tests read them from ports.env).
+auth_user=stitch
+auth_password='pa:ss-w0rd'
+
 do_start() {
     local dir=$1 nginx rate timeout pid attempt http https slow i ok
     local trate tchunk throttle="" expired wronghost nports=5
@@ -486,7 +497,8 @@ do_start() {
     if [[ -n $pid && -f $dir/ports.env ]]; then
         http=$(sed -n 's/^NGINX_HTTP_PORT=//p' "$dir/ports.env")
         # An older ports.env (no TLS failure ports) means an nginx started by an older script.
-        if [[ -n $http ]] && http_ok "$http" && grep -q '^NGINX_TLS_WRONG_HOST_PORT=' "$dir/ports.env"; then
+        if [[ -n $http ]] && http_ok "$http" && grep -q '^NGINX_TLS_WRONG_HOST_PORT=' "$dir/ports.env" &&
+            grep -q '^NGINX_AUTH_USER=' "$dir/ports.env"; then
             # An optional port asked for with other settings (or missing) needs a restart.
             if [[ (-z $trate || $(grep -E '^NGINX_THROTTLE_(RATE|CHUNK)=' "$dir/ports.env") == "$(throttle_env "$trate" "$tchunk")") &&
                 (-z $uneven_on || $(grep -E '^NGINX_UNEVEN_(SLOW_RATE|FAST_RATE|SLOW_DIGITS|CHUNK)=' "$dir/ports.env") == "$(uneven_env "$uslow" "$ufast" "$udigits" "$uchunk")") &&
@@ -505,6 +517,7 @@ do_start() {
 
     make_cert "$dir"
     make_leaf_certs "$dir"
+    printf '%s:%s\n' "$auth_user" "$(openssl passwd -apr1 "$auth_password")" >"$dir/htpasswd"
     make_file "$dir/www/small.bin" $((1 << 20))
     make_file "$dir/www/medium.bin" $((16 << 20))
     : >"$dir/www/empty.bin.tmp" && mv -f "$dir/www/empty.bin.tmp" "$dir/www/empty.bin"
@@ -568,6 +581,8 @@ NGINX_CA_CERT=$dir/cert.pem
 NGINX_TLS_EXPIRED_PORT=$expired
 NGINX_TLS_WRONG_HOST_PORT=$wronghost
 NGINX_WWW=$dir/www
+NGINX_AUTH_USER=$auth_user
+NGINX_AUTH_PASSWORD=$auth_password
 NGINX_DIR=$dir
 NGINX_PID_FILE=$dir/nginx.pid
 NGINX_ACCESS_LOG=$dir/logs/access.log

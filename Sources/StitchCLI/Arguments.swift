@@ -32,6 +32,10 @@ struct GetOptions {
     var streams = false
     /// What the parser assumed or ignored, for the user (printed before anything starts).
     var notes: [String] = []
+    /// `-u USER[:PASSWORD]`: the user and, if given, the password (else asked for on the terminal).
+    var user: (name: String, password: String?)?
+    /// `--netrc` / `--netrc-file FILE`: credentials from a netrc file (`file` nil: ~/.netrc).
+    var netrc: TransportOptions.Netrc?
 
     static let reservedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]
 
@@ -118,6 +122,21 @@ struct GetOptions {
                     throw UsageError("--limit-rate takes a rate like 500K, 2M or 1.5M (bytes per second), not '\(text)'")
                 }
                 options.limitRate = rate
+            case "-u", "--user":
+                let text = try take(argument)
+                let parts = text.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
+                guard let name = parts.first, !name.isEmpty,
+                    !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
+                else {
+                    // Not the value itself: it may hold a password.
+                    throw UsageError("-u takes USER or USER:PASSWORD (a user name, no control characters)")
+                }
+                options.user = (String(name), parts.count > 1 ? String(parts[1]) : nil)
+            case "--netrc": options.netrc = TransportOptions.Netrc()
+            case "--netrc-file":
+                let path = try take(argument)
+                guard !path.isEmpty else { throw UsageError("--netrc-file needs a file path") }
+                options.netrc = TransportOptions.Netrc(file: path)
             case "-i", "--input-file": options.inputFile = try take(argument)
             case "-j", "--jobs", "--max-concurrent-downloads":
                 let text = try take(argument)
@@ -133,7 +152,9 @@ struct GetOptions {
             default:
                 throw UsageError("unknown option '\(argument)'")
             }
-            if inlineValue != nil, ["--insecure", "--overwrite", "--quiet", "--json", "--streams"].contains(argument) {
+            if inlineValue != nil,
+                ["--insecure", "--overwrite", "--quiet", "--json", "--streams", "--netrc"].contains(argument)
+            {
                 throw UsageError("\(argument) takes no value")
             }
             index += 1

@@ -83,6 +83,13 @@ enum Batch {
         configuration.transport.connectTimeout = options.connectTimeout
         configuration.transport.caCertificatePath = options.caCert
         configuration.transport.tlsVerification = options.insecure ? .insecure : .verify
+        configuration.transport.netrc = options.netrc
+        switch credentials(options, for: valid.map(\.url)) {
+        case .success(let credentials): configuration.transport.credentials = credentials
+        case .failure(let error):
+            output.error(error.message)
+            return .usage
+        }
 
         // Like aria2, a list may name folders that do not exist yet (`dir=`, `out=sub/name`): create them, or
         // the download would fail to open its part file. One that cannot be created fails that download alone.

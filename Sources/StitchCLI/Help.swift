@@ -44,6 +44,11 @@ enum Help {
           -H, --header 'K: V'       add a request header (repeatable)
               --ca-cert FILE        trust the certificates in FILE (PEM) instead of the system store
           -k, --insecure            do not verify TLS certificates
+          -u, --user USER[:PASSWORD]
+                                    HTTP Basic credentials for the URL's host only (not sent on a redirect
+                                    elsewhere, never saved); without :PASSWORD it is asked for on the terminal
+              --netrc, --netrc-file FILE
+                                    credentials per host from ~/.netrc or FILE (-u wins for its host)
               --overwrite           replace an existing DEST, or a partial download that cannot be resumed
           -i, --input-file FILE     download the URLs listed in FILE (aria2c's format: indented out=, dir=,
                                     checksum=, header=, split= lines; '-' reads stdin)

@@ -173,6 +173,13 @@ struct StitchCommand {
         downloadOptions.transport.connectTimeout = options.connectTimeout
         downloadOptions.transport.caCertificatePath = options.caCert
         downloadOptions.transport.tlsVerification = options.insecure ? .insecure : .verify
+        downloadOptions.transport.netrc = options.netrc
+        switch credentials(options, for: [request.url]) {
+        case .success(let credentials): downloadOptions.transport.credentials = credentials
+        case .failure(let error):
+            output.error(error.message)
+            return .usage
+        }
         if let base = ProcessInfo.processInfo.environment["STITCH_RETRY_BASE_DELAY"], let value = Double(base) {
             downloadOptions.retry.baseDelay = value  // for tests of the binary; not a user-facing option
         }
@@ -298,6 +305,20 @@ struct StitchCommand {
             output.json("retry", ["attempt": attempt, "max": maxRetries, "delay": delay, "reason": reason])
         }
     }
+}
+
+/// `-u`'s credentials for `urls`' origins: the password from the option, or asked for on the terminal (never
+/// echoed), as curl asks. Nil without `-u`.
+func credentials(_ options: GetOptions, for urls: [String]) -> Result<TransportOptions.Credentials?, UsageError> {
+    guard let user = options.user else { return .success(nil) }
+    var password = user.password
+    if password == nil {
+        guard isatty(STDIN_FILENO) == 1, let typed = getpass("Enter host password for user '\(user.name)': ") else {
+            return .failure(UsageError("-u \(user.name) needs a password: -u \(user.name):PASSWORD, or run it on a terminal"))
+        }
+        password = String(cString: typed)
+    }
+    return .success(TransportOptions.Credentials(user: user.name, password: password ?? "", for: urls))
 }
 
 /// `path` made absolute (against the working directory) without `.` components or repeated slashes, so

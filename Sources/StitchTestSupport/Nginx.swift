@@ -99,7 +99,15 @@ public final class Nginx: Sendable {
         self.wrongHostCertificatePort = wrongHost
         self.documentRoot = www
         self.accessLog = values["NGINX_ACCESS_LOG"] ?? directory + "/access.log"
+        self.authUser = values["NGINX_AUTH_USER"] ?? ""
+        self.authPassword = values["NGINX_AUTH_PASSWORD"] ?? ""
     }
+
+    /// The HTTP Basic credentials ``authURL(_:)`` requires.
+    public let authUser: String
+    public let authPassword: String
+    /// `name` in the document root behind HTTP Basic authentication (plain HTTP port).
+    public func authURL(_ name: String) -> String { "http://127.0.0.1:\(httpPort)/auth/\(name)" }
 
     public func httpURL(_ name: String) -> String { "http://127.0.0.1:\(httpPort)/\(name)" }
     public func httpsURL(_ name: String, host: String = "localhost") -> String { "https://\(host):\(httpsPort)/\(name)" }

@@ -88,6 +88,55 @@ struct CLIHabitsTests {
         #expect(sandbox.entries().isEmpty)
     }
 
+    /// `-u USER:PASSWORD` sends HTTP Basic credentials to the URL's origin only: not to another origin a redirect
+    /// leads to (as curl), and nowhere on disk or in `--json` (the state files of an interrupted download, the
+    /// events); `--resume` with `-u` again finishes it.
+    @Test func credentialsStayWithTheirOrigin() async throws {
+        let origin = try TestHTTPServer()
+        defer { origin.stop() }
+        let other = try TestHTTPServer()
+        defer { other.stop() }
+        let file = ServedFile.random(size: 2 << 20, seed: 35, etag: "\"u\"")
+        origin.serve("/f.bin", file: file) { _, index in index == 0 ? .stallAfter(1 << 20, then: .close) : .none }
+        origin.redirect(from: "/away", to: other.url("/f.bin"))
+        other.serve("/f.bin", file: file)
+        let password = "pa:ss-\(UInt32.random(in: 100_000...999_999))"
+        let basic = "Basic " + Data("me:\(password)".utf8).base64EncodedString()
+        let sandbox = try Sandbox()
+        defer { sandbox.cleanup() }
+
+        let first = try sandbox.start(["get", origin.url("/f.bin"), "-u", "me:\(password)", "-o", "out.bin", "--json"])
+        let reached = await waitForBytes(512 << 10, while: first, onReach: { _ in first.kill() }) {
+            fileSize(sandbox.path("out.bin.part"))
+        }
+        first.kill()
+        let killed = await first.wait()
+        try #require(reached != nil && killed.signal == SIGKILL, "\(killed)")
+        #expect(origin.requests(for: "/f.bin").first?.header("Authorization") == basic)
+        #expect(!killed.stdout.contains(password) && !killed.stdout.contains(basic), "\(killed.stdout)")
+        for name in sandbox.entries() {
+            let text = String(decoding: readBytes(sandbox.path(name)) ?? [], as: UTF8.self)
+            #expect(!text.contains(password) && !text.contains(String(basic.dropFirst(6))), "\(name) holds the secret")
+        }
+        #expect(sandbox.entries().contains("out.bin.stitch"), "\(sandbox.entries())")
+
+        let resumed = try await sandbox.run(["get", "--resume", "out.bin", "-u", "me:\(password)"])
+        #expect(resumed.status == 0, "\(resumed)")
+        #expect(readBytes(sandbox.path("out.bin")) == file.data)
+        #expect(origin.requests(for: "/f.bin").last?.header("Authorization") == basic)
+
+        let redirected = try await sandbox.run(["get", origin.url("/away"), "-u", "me:\(password)", "-o", "r.bin"])
+        #expect(redirected.status == 0, "\(redirected)")
+        #expect(readBytes(sandbox.path("r.bin")) == file.data)
+        #expect(origin.requests(for: "/away").first?.header("Authorization") == basic)
+        let followed = try #require(other.requests(for: "/f.bin").first)
+        #expect(followed.header("Authorization") == nil, "credentials must not follow a redirect to another origin")
+
+        let noPassword = try await sandbox.run(["get", origin.url("/f.bin"), "-u", "me", "-o", "p.bin"])
+        #expect(noPassword.status == 64, "no terminal to ask on: \(noPassword)")
+        #expect(errorLines(noPassword).count == 1)
+    }
+
     /// `-d` creates the folder with its parents for one URL as for several; a path that cannot be a folder is one
     /// error line and exit status 74, with nothing fetched.
     @Test func directoryIsCreatedForOneURL() async throws {

@@ -9,6 +9,34 @@ import Testing
 @Suite("stitch against nginx")
 struct NginxIntegrationTests {
 
+    /// HTTP Basic authentication against nginx's `auth_basic`: `-u USER:PASSWORD` (the password has a colon),
+    /// a netrc file, and neither (401: one error line, nothing saved).
+    @Test func basicAuthentication() async throws {
+        let nginx = try await sharedNginx()
+        let url = nginx.authURL("small.bin")
+        let expected = readBytes(nginx.documentRoot + "/small.bin")
+        let sandbox = try Sandbox("nginx")
+        defer { sandbox.cleanup() }
+        let withUser = try await sandbox.run(["get", url, "-u", "\(nginx.authUser):\(nginx.authPassword)", "-o", "a.bin"])
+        #expect(withUser.status == 0, "\(withUser)")
+        #expect(readBytes(sandbox.path("a.bin")) == expected)
+        #expect(!withUser.stderr.contains(nginx.authPassword), "the password is never echoed")
+
+        let netrc = "machine 127.0.0.1\n  login \(nginx.authUser)\n  password \(nginx.authPassword)\n"
+        try Data(netrc.utf8).write(to: URL(fileURLWithPath: sandbox.path("netrc")))
+        let withNetrc = try await sandbox.run(["get", url, "--netrc-file", sandbox.path("netrc"), "-o", "b.bin"])
+        #expect(withNetrc.status == 0, "\(withNetrc)")
+        #expect(readBytes(sandbox.path("b.bin")) == expected)
+
+        let wrong = try await sandbox.run(["get", url, "-u", "\(nginx.authUser):wrong", "-o", "c.bin"])
+        let without = try await sandbox.run(["get", url, "-o", "c.bin"])
+        for result in [wrong, without] {
+            #expect(result.status == 1, "\(result)")
+            #expect(errorLines(result).count == 1 && result.stderr.contains("401"), "\(result)")
+        }
+        #expect(sandbox.entries() == ["a.bin", "b.bin", "netrc"])
+    }
+
     @Test func cleanDownloadWithChecksum() async throws {
         let nginx = try await sharedNginx()
         let sums = try String(contentsOfFile: nginx.documentRoot + "/SHA256SUMS", encoding: .utf8)

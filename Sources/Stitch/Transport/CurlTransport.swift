@@ -224,6 +224,16 @@ final class CurlTransfer: @unchecked Sendable {
             set(stitch_easy_setopt_string(easy, CURLOPT_CAINFO, ca))
             set(stitch_easy_setopt_string(easy, CURLOPT_CAPATH, nil))
         }
+        if let credentials = options.credentials,
+            let origin = TransportOptions.Credentials.origin(of: request.url), credentials.origins.contains(origin)
+        {
+            set(stitch_easy_setopt_string(easy, CURLOPT_USERNAME, credentials.user))
+            set(stitch_easy_setopt_string(easy, CURLOPT_PASSWORD, credentials.password))
+            set(stitch_easy_setopt_long(easy, CURLOPT_HTTPAUTH, 1))  // CURLAUTH_BASIC, as curl -u
+        } else if let netrc = options.netrc {
+            set(stitch_easy_setopt_long(easy, CURLOPT_NETRC, Int(CURL_NETRC_OPTIONAL.rawValue)))
+            if let file = netrc.file { set(stitch_easy_setopt_string(easy, CURLOPT_NETRC_FILE, file)) }
+        }
         for field in request.headers {
             headerList = curl_slist_append(headerList, "\(field.name): \(field.value)")
         }

@@ -1,3 +1,4 @@
+import Foundation
 /// A case-insensitive, order-preserving list of HTTP header fields.
 public struct HTTPHeaders: Sendable, Hashable, Sequence {
     public struct Field: Sendable, Hashable {
@@ -75,6 +76,47 @@ public struct TransportOptions: Sendable, Hashable {
     /// A PEM bundle used instead of the system trust store.
     public var caCertificatePath: String?
     public var userAgent: String = "stitch/\(StitchVersion.string)"
+    /// HTTP Basic credentials (`stitch get -u`), sent only to the origin they were given for.
+    public var credentials: Credentials?
+    /// Credentials from a netrc file for each request's own host (`--netrc`, `--netrc-file`), as libcurl reads
+    /// it; ``credentials`` win for their origin. Nil: no netrc.
+    public var netrc: Netrc?
+
+    /// A user name and password for the origins (scheme, host and port) of the URLs they were given with: a
+    /// redirect to another origin does not get them, as curl does not send `-u` credentials to another host
+    /// unless told to.
+    public struct Credentials: Sendable, Hashable, CustomStringConvertible {
+        public var user: String
+        public var password: String
+        /// The origins they are sent to, e.g. `https://example.com:443`.
+        public var origins: Set<String>
+
+        /// Credentials for the origins of `urls` (those without a host are left out).
+        public init(user: String, password: String, for urls: [String]) {
+            self.user = user
+            self.password = password
+            self.origins = Set(urls.compactMap(Self.origin(of:)))
+        }
+
+        /// `scheme://host:port`, lowercased, the port filled in for http and https; nil without a host.
+        public static func origin(of url: String) -> String? {
+            guard let components = URLComponents(string: url), let scheme = components.scheme?.lowercased(),
+                let host = components.host?.lowercased(), !host.isEmpty
+            else { return nil }
+            let port = components.port ?? (scheme == "https" ? 443 : scheme == "http" ? 80 : -1)
+            return "\(scheme)://\(host):\(port)"
+        }
+
+        /// Never the password (descriptions end up in logs and failure messages).
+        public var description: String { "Credentials(user: \(user), password: <hidden>, origins: \(origins.sorted()))" }
+    }
+
+    /// Where credentials for a host may come from besides `-u`.
+    public struct Netrc: Sendable, Hashable {
+        /// The file; nil: `~/.netrc`.
+        public var file: String?
+        public init(file: String? = nil) { self.file = file }
+    }
 
     public init() {}
 }
