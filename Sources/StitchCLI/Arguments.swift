@@ -187,6 +187,16 @@ struct GetOptions {
         if resumePath != nil && (output != nil || directory != nil) {
             throw UsageError("--resume DEST names the file already; drop -o/-d")
         }
+        if output == "-" {
+            // Standard output: in order, over one connection, nothing on disk to check or resume.
+            if let connections, connections > 1 { throw UsageError("-o - streams over one connection; drop -c") }
+            if streams { throw UsageError("-o - streams over one connection; drop --streams") }
+            if checksum != nil {
+                throw UsageError("--checksum cannot hold back bytes already sent to -o -; use -o FILE")
+            }
+            if json { throw UsageError("--json writes to standard output, which -o - holds; use -o FILE") }
+            if overwrite { throw UsageError("--overwrite has no file to replace with -o -") }
+        }
         if let output, output.isEmpty || output.hasSuffix("/") {
             throw UsageError("-o needs a file path, not '\(output)'")
         }

@@ -27,7 +27,9 @@ enum Help {
         same command continues where it stopped. A URL without a scheme is taken as http:// (with a note).
 
         OPTIONS:
-          -o, --output PATH         save to PATH
+          -o, --output PATH         save to PATH; '-o -' writes to standard output, in order, over one
+                                    connection: a dropped connection continues (with a strong validator), but
+                                    it never restarts from zero and cannot be resumed later (nothing on disk)
           -d, --dir DIR             save in DIR (created with its parents), named from Content-Disposition or
                                     the URL (default: .)
               --resume DEST         continue the download saved at DEST (URL, headers and checksum come from

@@ -122,6 +122,7 @@ struct StitchCommand {
             }
         }
         if options.isBatch { return await Batch.run(options, output: output) }
+        if options.output == "-" { return await stream(options, output: output) }
 
         var request: DownloadRequest
         if let output = options.output, isDirectory(output) {
@@ -304,6 +305,55 @@ struct StitchCommand {
             output.message(String(format: "stitch: %@; retry %d of %d in %.1fs", reason, attempt, maxRetries, delay))
             output.json("retry", ["attempt": attempt, "max": maxRetries, "delay": delay, "reason": reason])
         }
+    }
+}
+
+/// `stitch get URL -o -`: the body to standard output, in order, over one connection (see
+/// ``Downloader/stream(_:headers:options:to:onEvent:)``): nothing on disk, nothing to resume later.
+func stream(_ options: GetOptions, output: Output) async -> ExitStatus {
+    guard let url = options.url else { return .usage }
+    var downloadOptions = DownloadOptions()
+    downloadOptions.retry.maxRetries = options.retries
+    downloadOptions.rateLimiter = options.limitRate.map { RateLimiter(bytesPerSecond: $0) }
+    downloadOptions.transport.stallTimeout = options.timeout
+    downloadOptions.transport.connectTimeout = options.connectTimeout
+    downloadOptions.transport.caCertificatePath = options.caCert
+    downloadOptions.transport.tlsVerification = options.insecure ? .insecure : .verify
+    downloadOptions.transport.netrc = options.netrc
+    switch credentials(options, for: [url]) {
+    case .success(let credentials): downloadOptions.transport.credentials = credentials
+    case .failure(let error):
+        output.error(error.message)
+        return .usage
+    }
+    if let base = ProcessInfo.processInfo.environment["STITCH_RETRY_BASE_DELAY"], let value = Double(base) {
+        downloadOptions.retry.baseDelay = value  // for tests of the binary; not a user-facing option
+    }
+    let signals = SignalCatcher()
+    let headers = options.headers
+    let task = Task { () -> Result<Int64, DownloadError> in
+        do throws(DownloadError) {
+            return .success(
+                try await Downloader().stream(url, headers: headers, options: downloadOptions, to: .fileDescriptor(STDOUT_FILENO)) {
+                    event in StitchCommand.report(event, to: output)
+                })
+        } catch {
+            return .failure(error)
+        }
+    }
+    signals.onSignal { task.cancel() }
+    let outcome = await task.value
+    switch outcome {
+    case .success(let bytes):
+        output.message("streamed \(Output.bytes(bytes)) (\(bytes) bytes) to standard output")
+        return .success
+    case .failure(let error):
+        if error.code == DownloadError.Code.cancelled {
+            output.error("interrupted; the stream cannot be resumed")
+            return signals.received == SIGTERM ? .terminated : .interrupted
+        }
+        output.error(error.commandLineMessage)
+        return ExitStatus(for: error)
     }
 }
 

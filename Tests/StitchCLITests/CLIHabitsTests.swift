@@ -137,6 +137,64 @@ struct CLIHabitsTests {
         #expect(errorLines(noPassword).count == 1)
     }
 
+    /// `-o -` writes the body to standard output in order, with nothing on disk; a dropped connection continues
+    /// with `Range` and `If-Range` from the last byte written.
+    @Test func streamToStandardOutput() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 3 << 20, seed: 36, etag: "\"s\"")
+        server.serve("/f.bin", file: file) { _, index in index == 0 ? .dropAfter(1 << 20) : .none }
+        let sandbox = try Sandbox()
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(
+            ["get", server.url("/f.bin"), "-o", "-"], environment: ["STITCH_RETRY_BASE_DELAY": "0.01"])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdoutBytes == file.data, "\(result.stdoutBytes.count) bytes")
+        #expect(result.stderr.contains("streamed 3.0 MiB"), "\(result.stderr)")
+        #expect(sandbox.entries().isEmpty, "nothing on disk")
+        let requests = server.requests(for: "/f.bin")
+        #expect(requests.count == 2)
+        let resumedAt = try #require(rangeStart(requests.last?.range))
+        #expect(resumedAt > 0 && resumedAt <= 1 << 20, "continued from what was written: \(resumedAt)")
+        #expect(requests.last?.header("If-Range") == "\"s\"")
+        #expect(requests.allSatisfy { $0.header("Accept-Encoding") == "identity" })
+    }
+
+    /// Once bytes went out, the stream never restarts: a whole file to the range (200), or no validator to ask
+    /// with, fails with one line saying so, after exactly the bytes the first response gave.
+    @Test(arguments: [false, true])
+    func streamNeverRestarts(withValidator: Bool) async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 2 << 20, seed: 37, etag: withValidator ? "\"r\"" : nil)
+        server.serve("/f.bin", file: file) { _, index in index == 0 ? .dropAfter(1 << 20) : .ignoreRange }
+        let sandbox = try Sandbox()
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(
+            ["get", server.url("/f.bin"), "-o", "-"], environment: ["STITCH_RETRY_BASE_DELAY": "0.01"])
+        #expect(result.status != 0, "\(result.stderr)")
+        // With a validator it retried once (a line saying so) before the whole file came back.
+        #expect(errorLines(result).count == (withValidator ? 2 : 1), "\(result.stderr)")
+        let last = errorLines(result).last ?? ""
+        #expect(last.contains(withValidator ? "cannot restart from zero" : "cannot be resumed"), "\(result.stderr)")
+        #expect(result.stdoutBytes.count <= 1 << 20 && result.stdoutBytes.count > 0)
+        #expect(result.stdoutBytes == Array(file.data.prefix(result.stdoutBytes.count)), "a prefix of the file, never spliced")
+        #expect(server.requests(for: "/f.bin").count == (withValidator ? 2 : 1))
+    }
+
+    /// What `-o -` cannot do is a usage error before any request.
+    @Test(arguments: [["-c", "4"], ["--checksum", "sha-256=" + String(repeating: "0", count: 64)], ["--json"], ["--streams", "-c", "2"]])
+    func streamRefusesWhatItCannotDo(_ extra: [String]) async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        server.serve("/f.bin", file: .random(size: 1000, seed: 1))
+        let sandbox = try Sandbox()
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(["get", server.url("/f.bin"), "-o", "-"] + extra)
+        #expect(result.status == 64, "\(result)")
+        #expect(server.requests.isEmpty)
+    }
+
     /// `-d` creates the folder with its parents for one URL as for several; a path that cannot be a folder is one
     /// error line and exit status 74, with nothing fetched.
     @Test func directoryIsCreatedForOneURL() async throws {

@@ -31,6 +31,8 @@ struct CommandResult: Sendable, CustomStringConvertible {
     var stderr: String
     /// True if the run outlasted its timeout and was killed.
     var timedOut: Bool
+    /// Standard output as the bytes written (`stitch get -o -`).
+    var stdoutBytes: [UInt8] = []
 
     var stdoutLines: [String] { stdout.split(separator: "\n", omittingEmptySubsequences: true).map(String.init) }
     var stderrLines: [String] { stderr.split(separator: "\n", omittingEmptySubsequences: true).map(String.init) }
@@ -169,7 +171,7 @@ final class StitchProcess: Sendable {
                 signal: state.signalled ? state.status : nil,
                 stdout: String(decoding: state.stdout, as: UTF8.self),
                 stderr: String(decoding: state.stderr, as: UTF8.self),
-                timedOut: state.timedOut)
+                timedOut: state.timedOut, stdoutBytes: Array(state.stdout))
         }
     }
 }

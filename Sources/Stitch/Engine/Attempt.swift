@@ -1,7 +1,7 @@
 /// What the engine does with a response once it has judged its head.
 enum HeadDecision: Sendable {
     /// Stream the body into this sink.
-    case receive(SegmentSink)
+    case receive(any BodySink)
     /// Read and drop it (a redirect's, an error page), keeping the connection.
     case discard
     /// Close the transfer.
