@@ -12,6 +12,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 stitch=${STITCH:-$root/.build/release/stitch}
 [[ -x $stitch ]] || { echo "demo.sh: no stitch at $stitch (run scripts/stitch.sh demo, or set STITCH)" >&2; exit 1; }
+stitch=$(cd "$(dirname "$stitch")" && pwd)/$(basename "$stitch")  # the demo runs in a folder of its own
 work=$(mktemp -d /tmp/stitch-demo.XXXXXX)
 pid=""
 cleanup() {
@@ -45,6 +46,7 @@ printf '\n' >&2
 echo "  killed. Left behind (no demo.bin yet: it appears only complete and verified):" >&2
 ls -l "$work/downloads" | sed 's/^/    /' >&2
 [[ ! -e demo.bin ]] || { echo "demo.sh: demo.bin exists after the kill" >&2; exit 1; }
+[[ -s demo.bin.part ]] || { echo "demo.sh: the first run left no partial download to resume" >&2; exit 1; }
 
 say "the same command again: it resumes where the killed one stopped"
 "$stitch" get "$url" -o demo.bin

@@ -33,6 +33,8 @@ struct ResponsePlan {
     var claimedLength: Int?
     var cut: (after: Int, action: CutAction)?
     var throttle: Int?
+    /// Body bytes sent at full speed before ``throttle`` applies.
+    var throttleAfter = 0
     var servedAs: ServedFile?
 
     init(_ fault: Fault) {
@@ -56,6 +58,9 @@ struct ResponsePlan {
             if replacement == nil { replacement = .redirect(code, location: location) }
         case .chunked: chunked = true
         case .throttle(let rate): throttle = rate
+        case .throttleAfter(let bytes, let rate):
+            throttle = rate
+            throttleAfter = max(0, bytes)
         case .closeWithoutResponse:
             if replacement == nil { replacement = .close }
         case .raw(let bytes, let then):
@@ -236,8 +241,8 @@ final class ConnectionHandler {
         }
         guard sendAll(fd, Array(bytes[0..<bodyStart])) else { return .abrupt }
         let outcome = sendBody(
-            bytes, slice: bodyStart..<bytes.count, chunked: false, cut: plan.cut, throttle: plan.throttle, path: path,
-            serial: serial)
+            bytes, slice: bodyStart..<bytes.count, chunked: false, cut: plan.cut, throttle: plan.throttle, throttleAfter: plan.throttleAfter,
+            path: path, serial: serial)
         switch outcome {
         case .complete: return then == .resume && keepAlive ? nil : .graceful
         case .cut(let mode): return mode
@@ -343,8 +348,8 @@ final class ConnectionHandler {
 
         let outcome = sendBody(
             file.data, slice: bodySlice,
-            chunked: plan.chunked && !isHead, cut: plan.cut, throttle: plan.throttle, path: request.path,
-            serial: request.serial)
+            chunked: plan.chunked && !isHead, cut: plan.cut, throttle: plan.throttle,
+            throttleAfter: plan.throttleAfter, path: request.path, serial: request.serial)
         switch outcome {
         case .complete: return closeAfter ? .graceful : nil
         case .cut(let mode): return mode
@@ -362,7 +367,7 @@ final class ConnectionHandler {
     private func sendBody(
         _ data: [UInt8], slice: Range<Int>, chunked: Bool,
         cut initialCut: (after: Int, action: ResponsePlan.CutAction)?,
-        throttle: Int?, path: String, serial: Int? = nil
+        throttle: Int?, throttleAfter: Int = 0, path: String, serial: Int? = nil
     ) -> BodyOutcome {
         let length = slice.count
         let rate = throttle.flatMap { $0 > 0 ? $0 : nil }
@@ -387,7 +392,8 @@ final class ConnectionHandler {
                     }
                 }
                 if sent >= length { break }
-                var count = min(pieceLimit, length - sent)
+                var count = min(sent < throttleAfter ? 256 * 1024 : pieceLimit, length - sent)
+                if sent < throttleAfter { count = min(count, throttleAfter - sent) }
                 if let point = cut, point.after > sent { count = min(count, point.after - sent) }
                 let start = slice.lowerBound + sent
                 let piece = UnsafeRawBufferPointer(rebasing: raw[start..<(start + count)])
@@ -401,8 +407,13 @@ final class ConnectionHandler {
                 if chunked {
                     guard sendAll(fd, [13, 10]) else { return .failed }
                 }
+                let before = sent
                 sent += count
-                if let rate {
+                if rate != nil, before < throttleAfter, sent >= throttleAfter {
+                    paceStart = clock.now  // the burst is over: pacing starts here
+                    paceBase = sent
+                }
+                if let rate, sent > throttleAfter {
                     let due = paceStart + .seconds(Double(sent - paceBase) / Double(rate))
                     let now = clock.now
                     if due > now, !pause(due - now) { return .failed }

@@ -54,6 +54,9 @@ public enum Fault: Sendable {
     case chunked
     /// Pace the body at about `bytesPerSecond` (small writes with sleeps in between).
     case throttle(bytesPerSecond: Int)
+    /// Send the first `bytes` of the body at full speed, then pace the rest at about `bytesPerSecond` (as nginx's
+    /// `limit_rate` does after its first chunk): a burst that a short speed probe sees, then a capped connection.
+    case throttleAfter(Int, bytesPerSecond: Int)
     /// Close the connection right after reading the request, without sending any byte.
     case closeWithoutResponse
     /// Send exactly these bytes as the whole response (status line, headers and body as given, nothing added),

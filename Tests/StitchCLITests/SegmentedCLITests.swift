@@ -305,6 +305,35 @@ struct SegmentedCLITests {
         #expect(sandbox.entries().isEmpty)
     }
 
+    /// A server that bursts, then caps each connection (nginx's `limit_rate` after its first chunk): the 10 ms
+    /// probe sees the burst and keeps one connection, and the re-probe at 2 s sees the cap and splits the rest
+    /// (issue 14: it ran at the capped speed to the end). Either way the download ends split and byte-exact; when
+    /// the probe kept one connection, the re-probe said why it split.
+    @Test func reprobeSplitsAConnectionThatSlowedDown() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let rate = 2 << 20
+        server.throttle = rate  // every connection capped…
+        let file = ServedFile.random(size: 14 << 20, seed: 0x5E6_0005, etag: "\"rp\"")
+        server.serve("/f", file: file) { _, index in
+            index == 0 ? .throttleAfter(4 << 20, bytesPerSecond: rate) : .none  // …after a burst on the first
+        }
+        let sandbox = try Sandbox("reprobe")
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(
+            ["get", server.url("/f"), "-o", "out"], environment: MatrixKnobs.environment)
+        #expect(result.status == 0, "\(result)")
+        #expect(readBytes(sandbox.path("out")) == file.data)
+        let ranged = server.requests.filter { $0.range != nil }
+        #expect(!ranged.isEmpty, "never split: \(result.stderr)")
+        if result.stderr.contains("one connection already brings") {
+            #expect(result.stderr.contains("the connection slowed to"), "\(result.stderr)")
+            let first = try #require(ranged.first.flatMap { rangeStart($0.range) })
+            #expect(first >= 4 << 20, "the split took over after the burst and 2 s of the cap: \(first)")
+        }
+        print("SegmentedCLITests.reprobe: \(ranged.count) ranged requests; \(result.stderrLines.filter { $0.hasPrefix("stitch:") })")
+    }
+
     /// The limits are accepted: `-c 16` with a rate limit (large enough not to slow the test) downloads a 4 MiB file
     /// byte-exact over 4 ranged requests (no segment under the 1 MiB minimum: 16 lanes share 4 segments).
     @Test func largestConnectionCountWithARateLimitWorks() async throws {

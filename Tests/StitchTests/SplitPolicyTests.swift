@@ -38,6 +38,24 @@ import Testing
         #expect(check(Self.validators(), failure: .versionsDiffer).0 == false)
     }
 
+    /// The re-probe splits a download the probe kept on one connection when the speed since the previous look
+    /// has fallen below half of the probe's, and enough is left; a connection that holds its speed, or a tail
+    /// too short for two minimum splits, stays as it is. Looks happen at 2 s and 10 s.
+    @Test func reprobeVerdicts() {
+        let probeRate = Double(200 << 20)  // nginx's unthrottled first chunk
+        func look(_ bytes: Int64, in seconds: Double, remaining: Int64 = 32 << 20) -> Bool {
+            SplitPolicy.reprobe(
+                bytes: bytes, seconds: seconds, probeRate: probeRate, remaining: remaining, minimumSplitSize: Self.mib)
+        }
+        #expect(look(4 << 20, in: 2))  // throttled to 2 MiB/s after the burst: split
+        #expect(!look(300 << 20, in: 2))  // still fast
+        #expect(!look(101 << 20, in: 1))  // just above half: keep
+        #expect(look(99 << 20, in: 1))  // just below half: split
+        #expect(!look(4 << 20, in: 2, remaining: 2 * Self.mib - 1))  // too little left
+        #expect(!look(0, in: 0))
+        #expect(SplitPolicy.reprobeSeconds == [2, 10])
+    }
+
     @Test func probeVerdicts() {
         var asked = 0
         func probe(offset: Int64, elapsed: Double, total: Int64 = 64 << 20, rate: Int64? = 128 << 20) -> SplitPolicy
@@ -57,7 +75,7 @@ import Testing
             Issue.record("expected keepOne")
             return
         }
-        #expect(notice.contains("MB/s"))
+        #expect(notice.contains("GiB/s"), "one unit system, as the progress line: \(notice)")
         // 1 MiB in 20 ms (50 MiB/s): split.
         #expect(probe(offset: Self.mib, elapsed: 0.02) == .split)
         // No rate given: split whatever the speed.

@@ -197,6 +197,7 @@ final class DownloadRun: @unchecked Sendable {
         plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
         verdict = nil
         probe = nil
+        reprobe = nil
         setupError = nil
         sink = nil
         attemptFailure = nil
@@ -398,6 +399,7 @@ final class DownloadRun: @unchecked Sendable {
         try store?.restart(validators: .none)
         hasher?.reset()
         probe = nil
+        reprobe = nil
         known = nil
         position.store(0, ordering: .relaxed)
         counters.resetCheckpointCount()
@@ -557,10 +559,23 @@ final class DownloadRun: @unchecked Sendable {
     }
     private var probe: Probe?
 
+    /// A download the probe kept on one connection, looked at again at ``SplitPolicy/reprobeSeconds``.
+    private struct Reprobe {
+        var started: Double
+        var total: Int64
+        var probeRate: Double
+        /// The previous look: when, and where the response had got to.
+        var lastTime: Double
+        var lastOffset: Int64
+        var next = 0
+    }
+    private var reprobe: Reprobe?
+
     /// Ends the probe once it has run long enough (the first response has reached `offset`). Returns true when
     /// the download splits now (the transfer stops; the lanes continue from its offset), false to go on with this
     /// connection. Runs on the transport's thread, from the sink.
     private func endProbe(at offset: Int64) -> Bool {
+        if probe == nil, reprobe != nil { return lookAgain(at: offset) }
         guard let probe, let store else { return false }
         let elapsed = monotonicNow() - probe.started
         guard elapsed >= SplitPolicy.probeSeconds || offset >= SplitPolicy.probeBytes else { return false }
@@ -577,6 +592,10 @@ final class DownloadRun: @unchecked Sendable {
             return false
         case .keepOne(let notice):
             emit(.notice(notice))
+            let now = monotonicNow()
+            reprobe = Reprobe(
+                started: probe.started, total: probe.total, probeRate: Double(offset) / max(elapsed, 1e-6),
+                lastTime: now, lastOffset: offset)
             return false
         case .split:
             break
@@ -587,6 +606,42 @@ final class DownloadRun: @unchecked Sendable {
         segmentNow = true
         return true
     }
+    /// The re-probe (see ``Reprobe``): at each of ``SplitPolicy/reprobeSeconds``, the speed since the previous
+    /// look against the probe's; far below it, the download splits from `offset` as the probe would have. Runs on
+    /// the transport's thread, from the sink.
+    private func lookAgain(at offset: Int64) -> Bool {
+        // Under a rate limit a connection slows on purpose: nothing to learn from its speed.
+        guard var look = reprobe, let store, look.next < SplitPolicy.reprobeSeconds.count,
+            !(options.rateLimiter?.isLimiting ?? false)
+        else { return false }
+        let now = monotonicNow()
+        guard now - look.started >= SplitPolicy.reprobeSeconds[look.next] else { return false }
+        let bytes = offset - look.lastOffset
+        let seconds = now - look.lastTime
+        look.next += 1
+        look.lastTime = now
+        look.lastOffset = offset
+        reprobe = look
+        guard let known, known.totalLength == look.total, known.acceptRanges, known.ifRange != nil,
+            machine({ $0.splittingFailed }) == nil,
+            SplitPolicy.reprobe(
+                bytes: bytes, seconds: seconds, probeRate: look.probeRate, remaining: look.total - offset,
+                minimumSplitSize: options.minimumSplitSize),
+            lanes(for: known) > 1
+        else { return false }
+        reprobe = nil
+        split(store, total: look.total, lanes: lanes(for: known))
+        guard store.snapshot.segments.count > 1 else { return false }
+        emit(
+            .notice(
+                "the connection slowed to \(SplitPolicy.rateText(Double(bytes) / seconds)) (the first moments brought "
+                    + "\(SplitPolicy.rateText(look.probeRate))); splitting the rest over \(store.snapshot.segments.count) "
+                    + "connections"))
+        totalLength.store(look.total, ordering: .relaxed)
+        segmentNow = true
+        return true
+    }
+
     /// The running digest did not see the bytes in order (several connections): hash the file at the end.
     private var hashFromDisk = false
 

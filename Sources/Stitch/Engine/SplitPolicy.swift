@@ -1,3 +1,5 @@
+import Foundation
+
 /// The download-level decisions about connections, as pure functions: whether a download may be split once the
 /// first response has named the file, what the probe of the first response concludes, and where the boundaries of
 /// a split fall. No I/O: ``DownloadRun`` passes what the server said and what the options ask, says the notices,
@@ -75,12 +77,38 @@ enum SplitPolicy {
         let rate = Double(offset) / max(elapsed, 1e-6)
         if let enough = singleConnectionRate, rate >= Double(enough), offset < total {
             return .keepOne(
-                notice: "one connection already brings \(Int(rate / 1e6)) MB/s; not splitting (more connections help "
+                notice: "one connection already brings \(rateText(rate)); not splitting (more connections help "
                     + "only where a server caps each one)")
         }
         // Not worth it for what is left (and no connections taken from the host's cap for nothing).
         guard total - offset >= 2 * minimumSplitSize, lanes() > 1 else { return .notWorthIt }
         return .split
+    }
+
+    /// A speed as the progress line shows it: IEC units, one decimal (`2.0 MiB/s`).
+    static func rateText(_ bytesPerSecond: Double) -> String {
+        let units = ["B/s", "KiB/s", "MiB/s", "GiB/s"]
+        var value = max(0, bytesPerSecond)
+        var unit = 0
+        while value >= 1024, unit < units.count - 1 {
+            value /= 1024
+            unit += 1
+        }
+        return unit == 0 ? "\(Int(value)) B/s" : String(format: "%.1f %@", value, units[unit])
+    }
+
+    /// Seconds after the probe's start at which a download the probe kept on one connection is looked at again
+    /// (issue 14: a server that bursts, then throttles — nginx's `limit_rate` sends its first chunk at once —
+    /// fooled the 10 ms probe into keeping one connection for a whole file at the throttled speed).
+    static let reprobeSeconds: [Double] = [2, 10]
+
+    /// The re-probe's verdict: split when the speed since the previous look (`bytes` in `seconds`) has fallen
+    /// below half of what the probe saw, and what is left is worth more connections.
+    static func reprobe(
+        bytes: Int64, seconds: Double, probeRate: Double, remaining: Int64, minimumSplitSize: Int64
+    ) -> Bool {
+        guard seconds > 0, remaining >= 2 * minimumSplitSize else { return false }
+        return Double(bytes) / seconds < probeRate / 2
     }
 
     /// Where to cut `from..<total` into `lanes` parts: none smaller than `minimumSplitSize` (more lanes than that
