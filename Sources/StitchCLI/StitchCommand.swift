@@ -329,6 +329,8 @@ func stream(_ options: GetOptions, output: Output) async -> ExitStatus {
     if let base = ProcessInfo.processInfo.environment["STITCH_RETRY_BASE_DELAY"], let value = Double(base) {
         downloadOptions.retry.baseDelay = value  // for tests of the binary; not a user-facing option
     }
+    // A reader that goes away between the sink's poll and its write must give EPIPE (exit 74), not kill us.
+    signal(SIGPIPE, SIG_IGN)
     let signals = SignalCatcher()
     let headers = options.headers
     let task = Task { () -> Result<Int64, DownloadError> in

@@ -53,6 +53,14 @@ import Testing
         #expect(look(99 << 20, in: 1))  // just below half: split
         #expect(!look(4 << 20, in: 2, remaining: 2 * Self.mib - 1))  // too little left
         #expect(!look(0, in: 0))
+        #expect(!look(1 << 20, in: 0.01), "a look over a moment (a stall before it) says nothing")
+        // Fallen from an overstated probe figure but still above what made the probe keep one connection: kept.
+        #expect(!SplitPolicy.reprobe(
+            bytes: 300 << 20, seconds: 2, probeRate: Double(320 << 20), remaining: 64 << 20,
+            minimumSplitSize: Self.mib, singleConnectionRate: 128 << 20))
+        #expect(SplitPolicy.reprobe(
+            bytes: 4 << 20, seconds: 2, probeRate: Double(320 << 20), remaining: 64 << 20,
+            minimumSplitSize: Self.mib, singleConnectionRate: 128 << 20))
         #expect(SplitPolicy.reprobeSeconds == [2, 10])
     }
 

@@ -626,7 +626,7 @@ final class DownloadRun: @unchecked Sendable {
             machine({ $0.splittingFailed }) == nil,
             SplitPolicy.reprobe(
                 bytes: bytes, seconds: seconds, probeRate: look.probeRate, remaining: look.total - offset,
-                minimumSplitSize: options.minimumSplitSize),
+                minimumSplitSize: options.minimumSplitSize, singleConnectionRate: options.singleConnectionRate),
             lanes(for: known) > 1
         else { return false }
         reprobe = nil

@@ -104,11 +104,16 @@ enum SplitPolicy {
 
     /// The re-probe's verdict: split when the speed since the previous look (`bytes` in `seconds`) has fallen
     /// below half of what the probe saw, and what is left is worth more connections.
+    /// A connection still at or above `singleConnectionRate` (what made the probe keep it) stays alone however far
+    /// it fell from the probe's figure, which a 10 ms window can overstate.
     static func reprobe(
-        bytes: Int64, seconds: Double, probeRate: Double, remaining: Int64, minimumSplitSize: Int64
+        bytes: Int64, seconds: Double, probeRate: Double, remaining: Int64, minimumSplitSize: Int64,
+        singleConnectionRate: Int64? = nil
     ) -> Bool {
-        guard seconds > 0, remaining >= 2 * minimumSplitSize else { return false }
-        return Double(bytes) / seconds < probeRate / 2
+        guard seconds >= 0.5, remaining >= 2 * minimumSplitSize else { return false }
+        let rate = Double(bytes) / seconds
+        if let enough = singleConnectionRate, rate >= Double(enough) { return false }
+        return rate < probeRate / 2
     }
 
     /// Where to cut `from..<total` into `lanes` parts: none smaller than `minimumSplitSize` (more lanes than that

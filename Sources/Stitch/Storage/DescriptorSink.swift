@@ -35,7 +35,7 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
             if polled < 0 && errno == EINTR { continue }
             if ready.revents & Int16(POLLERR | POLLHUP | POLLNVAL) != 0 || polled < 0 {
                 failureBox.withLock {
-                    $0 = DownloadError(.io, "the output was closed after \(written + Int64(partial)) bytes")
+                    $0 = DownloadError(.io, "the output was closed after \(written) bytes")
                 }
                 return .abort
             }
