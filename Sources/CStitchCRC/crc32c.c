@@ -116,6 +116,25 @@ static inline uint32_t shift(uint32_t table[4][256], uint32_t crc) {
 }
 
 #if defined(__x86_64__)
+/* The raw register after three adjacent blocks of `block` bytes at p (8-byte aligned), starting from c: three
+ * independent streams of the instruction, the later two joined by shifting over `block` zero bytes. Inlined with a
+ * constant block, so both sizes get their own unrolled loop. */
+__attribute__((target("sse4.2"), always_inline)) static inline uint64_t three_blocks(
+    uint64_t c, const unsigned char *p, size_t block, uint32_t table[4][256]) {
+    uint64_t c1 = 0, c2 = 0;
+    for (const unsigned char *end = p + block; p < end; p += 8) {
+        uint64_t w0, w1, w2;
+        memcpy(&w0, p, 8);
+        memcpy(&w1, p + block, 8);
+        memcpy(&w2, p + 2 * block, 8);
+        c = _mm_crc32_u64(c, w0);
+        c1 = _mm_crc32_u64(c1, w1);
+        c2 = _mm_crc32_u64(c2, w2);
+    }
+    c = shift(table, (uint32_t)c) ^ (uint32_t)c1;
+    return shift(table, (uint32_t)c) ^ (uint32_t)c2;
+}
+
 /* Raw register update (no inversion) with the SSE4.2 `crc32` instruction; only called when the CPU has it. The
  * instruction's latency is three times its throughput: blocks of three streams computed side by side, then joined,
  * run about three times as fast as one stream (6.5 % of a TLS download's CPU samples with one). */
@@ -126,35 +145,13 @@ __attribute__((target("sse4.2"))) static uint32_t hardware_raw(uint32_t crc, con
     }
     uint64_t c = crc;
     while (n >= 3 * STITCH_CRC_LONG) {
-        uint64_t c1 = 0, c2 = 0;
-        for (const unsigned char *end = p + STITCH_CRC_LONG; p < end; p += 8) {
-            uint64_t w0, w1, w2;
-            memcpy(&w0, p, 8);
-            memcpy(&w1, p + STITCH_CRC_LONG, 8);
-            memcpy(&w2, p + 2 * STITCH_CRC_LONG, 8);
-            c = _mm_crc32_u64(c, w0);
-            c1 = _mm_crc32_u64(c1, w1);
-            c2 = _mm_crc32_u64(c2, w2);
-        }
-        c = shift(shift_long, (uint32_t)c) ^ (uint32_t)c1;
-        c = shift(shift_long, (uint32_t)c) ^ (uint32_t)c2;
-        p += 2 * STITCH_CRC_LONG;
+        c = three_blocks(c, p, STITCH_CRC_LONG, shift_long);
+        p += 3 * STITCH_CRC_LONG;
         n -= 3 * STITCH_CRC_LONG;
     }
     while (n >= 3 * STITCH_CRC_SHORT) {
-        uint64_t c1 = 0, c2 = 0;
-        for (const unsigned char *end = p + STITCH_CRC_SHORT; p < end; p += 8) {
-            uint64_t w0, w1, w2;
-            memcpy(&w0, p, 8);
-            memcpy(&w1, p + STITCH_CRC_SHORT, 8);
-            memcpy(&w2, p + 2 * STITCH_CRC_SHORT, 8);
-            c = _mm_crc32_u64(c, w0);
-            c1 = _mm_crc32_u64(c1, w1);
-            c2 = _mm_crc32_u64(c2, w2);
-        }
-        c = shift(shift_short, (uint32_t)c) ^ (uint32_t)c1;
-        c = shift(shift_short, (uint32_t)c) ^ (uint32_t)c2;
-        p += 2 * STITCH_CRC_SHORT;
+        c = three_blocks(c, p, STITCH_CRC_SHORT, shift_short);
+        p += 3 * STITCH_CRC_SHORT;
         n -= 3 * STITCH_CRC_SHORT;
     }
     while (n >= 8) {

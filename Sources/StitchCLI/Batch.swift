@@ -79,14 +79,7 @@ enum Batch {
         tuning.singleConnectionRate.map { configuration.singleConnectionRate = $0 == 0 ? nil : $0 }
         tuning.automaticConnectionStep.map { configuration.automaticConnectionStep = $0 }
         configuration.connections = options.connections
-        configuration.transport.stallTimeout = options.timeout
-        configuration.transport.connectTimeout = options.connectTimeout
-        configuration.transport.caCertificatePath = options.caCert
-        configuration.transport.tlsVerification = options.insecure ? .insecure : .verify
-        configuration.transport.netrc = options.netrc
-        switch credentials(options, for: valid.map(\.url)) {
-        case .success(let credentials): configuration.transport.credentials = credentials
-        case .failure(let error):
+        if let error = options.configure(&configuration.transport, for: valid.map(\.url)) {
             output.error(error.message)
             return .usage
         }

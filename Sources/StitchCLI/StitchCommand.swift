@@ -170,14 +170,7 @@ struct StitchCommand {
         downloadOptions.connections = options.connections
         downloadOptions.http2Streams = options.streams
         downloadOptions.rateLimiter = options.limitRate.map { RateLimiter(bytesPerSecond: $0) }
-        downloadOptions.transport.stallTimeout = options.timeout
-        downloadOptions.transport.connectTimeout = options.connectTimeout
-        downloadOptions.transport.caCertificatePath = options.caCert
-        downloadOptions.transport.tlsVerification = options.insecure ? .insecure : .verify
-        downloadOptions.transport.netrc = options.netrc
-        switch credentials(options, for: [request.url]) {
-        case .success(let credentials): downloadOptions.transport.credentials = credentials
-        case .failure(let error):
+        if let error = options.configure(&downloadOptions.transport, for: [request.url]) {
             output.error(error.message)
             return .usage
         }
@@ -315,14 +308,7 @@ func stream(_ options: GetOptions, output: Output) async -> ExitStatus {
     var downloadOptions = DownloadOptions()
     downloadOptions.retry.maxRetries = options.retries
     downloadOptions.rateLimiter = options.limitRate.map { RateLimiter(bytesPerSecond: $0) }
-    downloadOptions.transport.stallTimeout = options.timeout
-    downloadOptions.transport.connectTimeout = options.connectTimeout
-    downloadOptions.transport.caCertificatePath = options.caCert
-    downloadOptions.transport.tlsVerification = options.insecure ? .insecure : .verify
-    downloadOptions.transport.netrc = options.netrc
-    switch credentials(options, for: [url]) {
-    case .success(let credentials): downloadOptions.transport.credentials = credentials
-    case .failure(let error):
+    if let error = options.configure(&downloadOptions.transport, for: [url]) {
         output.error(error.message)
         return .usage
     }
@@ -359,18 +345,28 @@ func stream(_ options: GetOptions, output: Output) async -> ExitStatus {
     }
 }
 
-/// `-u`'s credentials for `urls`' origins: the password from the option, or asked for on the terminal (never
-/// echoed), as curl asks. Nil without `-u`.
-func credentials(_ options: GetOptions, for urls: [String]) -> Result<TransportOptions.Credentials?, UsageError> {
-    guard let user = options.user else { return .success(nil) }
-    var password = user.password
-    if password == nil {
-        guard isatty(STDIN_FILENO) == 1, let typed = getpass("Enter host password for user '\(user.name)': ") else {
-            return .failure(UsageError("-u \(user.name) needs a password: -u \(user.name):PASSWORD, or run it on a terminal"))
+extension GetOptions {
+    /// Sets what the command line says of connections on `transport` (one download, a list, a stream): timeouts,
+    /// TLS, netrc, and `-u`'s credentials for `urls`' origins, the password from the option or asked for on the
+    /// terminal (never echoed), as curl asks. Returns the usage error when there is no password and no terminal.
+    func configure(_ transport: inout TransportOptions, for urls: [String]) -> UsageError? {
+        transport.stallTimeout = timeout
+        transport.connectTimeout = connectTimeout
+        transport.caCertificatePath = caCert
+        transport.tlsVerification = insecure ? .insecure : .verify
+        transport.netrc = netrc
+        guard let user else { return nil }
+        var password = user.password
+        if password == nil {
+            guard isatty(STDIN_FILENO) == 1, let typed = getpass("Enter host password for user '\(user.name)': ")
+            else {
+                return UsageError("-u \(user.name) needs a password: -u \(user.name):PASSWORD, or run it on a terminal")
+            }
+            password = String(cString: typed)
         }
-        password = String(cString: typed)
+        transport.credentials = TransportOptions.Credentials(user: user.name, password: password ?? "", for: urls)
+        return nil
     }
-    return .success(TransportOptions.Credentials(user: user.name, password: password ?? "", for: urls))
 }
 
 /// `path` made absolute (against the working directory) without `.` components or repeated slashes, so
