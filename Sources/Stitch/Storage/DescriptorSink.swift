@@ -11,24 +11,39 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
     private let total = Atomic<Int64>(0)
     /// What of the chunk being offered was written before a pause.
     private var partial = 0
+    /// The rate limiter was charged for the chunk being offered (a pause for the pipe must not charge it again).
+    private var charged = false
+    /// A pipe or socket, whose reader can be slow: written only as far as it has room. A file or a terminal is
+    /// written in one go.
+    private let pipeLike: Bool
     private let failureBox = Mutex<DownloadError?>(nil)
     var failure: DownloadError? { failureBox.withLock { $0 } }
 
     init(fd: Int32, rateLimiter: RateLimiter?) {
         self.fd = fd
         self.rateLimiter = rateLimiter
+        var info = stat()
+        let kind = fstat(fd, &info) == 0 ? info.st_mode & S_IFMT : S_IFIFO
+        pipeLike = kind == S_IFIFO || kind == S_IFSOCK
     }
-
 
     /// Before each request: a chunk left half-written by a transfer that then ended is not offered again (the
     /// next request starts after what was written).
-    func startRequest() { partial = 0 }
+    func startRequest() {
+        partial = 0
+        charged = false
+    }
 
     func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        if partial == 0, let limiter = rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
-            return .wait(.seconds(wait))
+        if !charged, let limiter = rateLimiter {
+            if let wait = limiter.take(bytes.count, now: monotonicNow()) { return .wait(.seconds(wait)) }
+            charged = true
         }
         while partial < bytes.count {
+            if !pipeLike {
+                guard write(bytes, count: bytes.count - partial) else { return .abort }
+                continue
+            }
             var ready = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
             let polled = poll(&ready, 1, 0)
             if polled == 0 { return .wait(.milliseconds(2)) }
@@ -40,18 +55,24 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
                 return .abort
             }
             // At most what a pipe with room (POLLOUT: at least PIPE_BUF free) takes without blocking.
-            let count = min(bytes.count - partial, Int(PIPE_BUF))
-            let n = Glibc.write(fd, bytes.baseAddress! + partial, count)
-            if n < 0 {
-                if errno == EINTR || errno == EAGAIN { continue }
-                let error = Errno.current
-                failureBox.withLock { $0 = DownloadError(.io, "cannot write the output: \(error)", cause: error) }
-                return .abort
-            }
-            partial += n
-            total.add(Int64(n), ordering: .releasing)
+            guard write(bytes, count: min(bytes.count - partial, Int(PIPE_BUF))) else { return .abort }
         }
         partial = 0
+        charged = false
         return .accepted
+    }
+
+    /// One `write` of up to `count` bytes of `bytes` after what was written of them; false on an error (recorded).
+    private func write(_ bytes: UnsafeRawBufferPointer, count: Int) -> Bool {
+        let n = Glibc.write(fd, bytes.baseAddress! + partial, count)
+        if n < 0 {
+            if errno == EINTR || errno == EAGAIN { return true }
+            let error = Errno.current
+            failureBox.withLock { $0 = DownloadError(.io, "cannot write the output: \(error)", cause: error) }
+            return false
+        }
+        partial += n
+        total.add(Int64(n), ordering: .releasing)
+        return true
     }
 }
