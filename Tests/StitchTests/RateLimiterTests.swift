@@ -67,6 +67,19 @@ import Testing
         #expect(outcome.largestWait <= RateLimiter.maximumWait)
     }
 
+    /// The rate that applies: the lower of a limiter's and the one it is nested within, only while enabled.
+    @Test func limitingRateIsTheLowestEnabled() {
+        let overall = RateLimiter(bytesPerSecond: 5_000_000)
+        let own = RateLimiter(bytesPerSecond: 8_000_000, within: overall)
+        #expect(own.limitingRate == 5_000_000)
+        overall.isEnabled = false
+        #expect(own.limitingRate == 8_000_000)
+        own.isEnabled = false
+        #expect(own.limitingRate == nil)
+        overall.isEnabled = true
+        #expect(own.limitingRate == 5_000_000)
+    }
+
     @Test func oddChunkSizesKeepTheRate() {
         // Chunks of 1 byte to 64 KiB (beyond the default 64 KiB burst at this rate), offered as fast as allowed.
         let limiter = RateLimiter(bytesPerSecond: 300_000)

@@ -610,10 +610,7 @@ final class DownloadRun: @unchecked Sendable {
     /// look against the probe's; far below it, the download splits from `offset` as the probe would have. Runs on
     /// the transport's thread, from the sink.
     private func lookAgain(at offset: Int64) -> Bool {
-        // Under a rate limit a connection slows on purpose: nothing to learn from its speed.
-        guard var look = reprobe, let store, look.next < SplitPolicy.reprobeSeconds.count,
-            !(options.rateLimiter?.isLimiting ?? false)
-        else { return false }
+        guard var look = reprobe, let store, look.next < SplitPolicy.reprobeSeconds.count else { return false }
         let now = monotonicNow()
         guard now - look.started >= SplitPolicy.reprobeSeconds[look.next] else { return false }
         let bytes = offset - look.lastOffset
@@ -622,6 +619,12 @@ final class DownloadRun: @unchecked Sendable {
         look.lastTime = now
         look.lastOffset = offset
         reprobe = look
+        // A rate limit that explains the speed (it is within a factor of two of the limit) is no reason to split:
+        // more connections would share the same limit. One far above the speed (`--limit-rate 100M` against a
+        // line capped at 2 MiB/s) explains nothing.
+        if let limit = options.rateLimiter?.limitingRate, seconds > 0, Double(bytes) / seconds >= Double(limit) / 2 {
+            return false
+        }
         guard let known, known.totalLength == look.total, known.acceptRanges, known.ifRange != nil,
             machine({ $0.splittingFailed }) == nil,
             SplitPolicy.reprobe(

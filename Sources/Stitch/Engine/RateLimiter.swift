@@ -94,6 +94,16 @@ public final class RateLimiter: Sendable {
     /// Whether this limiter or one it is nested within limits now.
     public var isLimiting: Bool { isEnabled || parent?.isLimiting == true }
 
+    /// The lowest rate that applies now, this limiter's or one it is nested within; nil when none limits.
+    public var limitingRate: Int64? {
+        let own = isEnabled ? bytesPerSecond : nil
+        switch (own, parent?.limitingRate) {
+        case (let a?, let b?): return min(a, b)
+        case (let a?, nil), (nil, let a?): return a
+        case (nil, nil): return nil
+        }
+    }
+
     /// Asks to write `bytes` (≥ 0) at time `now` (seconds, monotonic). Returns nil when they may be written now
     /// (their tokens are spent), else the seconds (> 0, ≤ ``maximumWait``) to wait before asking again with the
     /// same chunk. A `now` earlier than one already seen adds no tokens.
