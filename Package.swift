@@ -63,7 +63,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "StitchCLI",
-            dependencies: ["Stitch", "StitchServer"],
+            dependencies: ["Stitch", "StitchServer", "StitchRPC", "CStitchSystem"],
             swiftSettings: swiftSettings
         ),
         .executableTarget(

@@ -32,4 +32,14 @@ static inline int stitch_spawn_add_closefrom(posix_spawn_file_actions_t *actions
     return posix_spawn_file_actions_addclosefrom_np(actions, from);
 }
 
+/* The size of the terminal on `fd` (TIOCGWINSZ; ioctl is variadic, so Swift cannot call it). 0 on success. */
+#include <sys/ioctl.h>
+static inline int stitch_terminal_size(int fd, int *columns, int *rows) {
+    struct winsize size;
+    if (ioctl(fd, TIOCGWINSZ, &size) != 0) return -1;
+    *columns = size.ws_col;
+    *rows = size.ws_row;
+    return 0;
+}
+
 #endif

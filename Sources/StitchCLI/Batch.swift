@@ -133,7 +133,32 @@ enum Batch {
             output.message("stitch: interrupted; \(unfinished) unfinished download(s) saved — rerun to resume", always: true)
             return signals.received == SIGTERM ? .terminated : .interrupted
         }
-        return summarize(finals, invalid: invalid, output: output)
+        return summarize(finals, invalid: invalid, output: output, view: view)
+    }
+
+    /// The results as aria2c prints them at the end: one row per download, its status, size, average speed and
+    /// path (or URL, if it never got a path).
+    static func resultsTable(
+        _ finals: [DownloadSnapshot], invalid: [(url: String, message: String)], view: BatchView
+    ) -> String {
+        var rows: [[String]] = [["status", "size", "speed", "path"]]
+        for snapshot in finals {
+            let status: String
+            switch snapshot.status {
+            case .completed: status = "OK"
+            case .failed: status = "failed"
+            default: status = "unfinished"
+            }
+            let speed = view.averageSpeed(of: snapshot.id).map { "\(Output.bytes(Int64($0)))/s" } ?? "-"
+            let size = snapshot.progress.total ?? (snapshot.status == .completed ? snapshot.progress.bytes : nil)
+            rows.append([status, size.map(Output.bytes) ?? "-", speed, snapshot.path ?? snapshot.url])
+        }
+        for entry in invalid { rows.append(["failed", "-", "-", entry.url]) }
+        var widths = [Int](repeating: 0, count: 3)
+        for row in rows { for column in 0..<3 { widths[column] = max(widths[column], DisplayWidth.of(row[column])) } }
+        return rows.map { row in
+            (0..<3).map { DisplayWidth.padded(row[$0], to: widths[$0]) }.joined(separator: "  ") + "  " + row[3]
+        }.joined(separator: "\n")
     }
 
     /// The downloads the command line and the list ask for, in order.
@@ -201,8 +226,11 @@ enum Batch {
 
     /// Prints the summary and chooses the exit status: 0 when every download completed.
     static func summarize(
-        _ finals: [DownloadSnapshot], invalid: [(url: String, message: String)], output: Output
+        _ finals: [DownloadSnapshot], invalid: [(url: String, message: String)], output: Output, view: BatchView
     ) -> ExitStatus {
+        if output.mode == .human, finals.count + invalid.count > 1 {
+            output.message(resultsTable(finals, invalid: invalid, view: view))
+        }
         var completed = 0
         var failures: [(url: String, failure: DownloadFailure)] = []
         var unfinished = 0
@@ -255,8 +283,9 @@ enum Batch {
     }
 }
 
-/// The progress of a whole list: one line (a bar on a terminal, a plain line every 5 s otherwise), a line per
-/// finished download, and the finished paths on stdout.
+/// The progress of a whole list. On a terminal: a summary line and, when the terminal is tall enough, a line per
+/// running download (as aria2c shows them), redrawn in place; otherwise the summary every 5 s. A line per event
+/// worth telling, the finished paths on stdout, and a table of results at the end.
 final class BatchView: Sendable {
     private let output: Output
     private let count: Int
@@ -266,7 +295,14 @@ final class BatchView: Sendable {
         var urls: [DownloadID: String] = [:]
         var paths: [DownloadID: String] = [:]
         var bytes: [DownloadID: Int64] = [:]
-        var running: Set<DownloadID> = []
+        var totals: [DownloadID: Int64] = [:]
+        var meters: [DownloadID: SpeedMeter] = [:]
+        /// When each download first ran and when it ended, for its average speed in the results.
+        var started: [DownloadID: Double] = [:]
+        var ended: [DownloadID: Double] = [:]
+        var startBytes: [DownloadID: Int64] = [:]
+        /// Running downloads in the order they started.
+        var running: [DownloadID] = []
         var completed = 0
         var failed = 0
         var totalBytes: Int64 = 0
@@ -286,6 +322,7 @@ final class BatchView: Sendable {
         var line: String?
         var json: (String, [String: Any])?
         var stdoutPath: String?
+        let now = monotonicSeconds()
         state.withLock { state in
             switch event {
             case .added(let snapshot):
@@ -296,6 +333,7 @@ final class BatchView: Sendable {
             case .progress(_, let progress):
                 state.totalBytes += progress.bytes - state.bytes[id, default: 0]
                 state.bytes[id] = progress.bytes
+                if let total = progress.total { state.totals[id] = total }
             case .alreadyComplete:
                 let url = state.urls[id] ?? "\(id)"
                 line = "\(state.paths[id] ?? url) is already complete"
@@ -318,17 +356,23 @@ final class BatchView: Sendable {
                 json = ("notice", ["id": "\(id)", "url": url, "message": text])
             case .statusChanged(_, let status):
                 let url = state.urls[id] ?? "\(id)"
+                if status != .running, let index = state.running.firstIndex(of: id) {
+                    state.running.remove(at: index)
+                    state.ended[id] = now
+                }
                 switch status {
                 case .running:
-                    state.running.insert(id)
+                    if !state.running.contains(id) { state.running.append(id) }
+                    if state.started[id] == nil {
+                        state.started[id] = now
+                        state.startBytes[id] = state.bytes[id, default: 0]
+                    }
                 case .completed:
-                    state.running.remove(id)
                     state.completed += 1
                     let path = state.paths[id] ?? url
                     stdoutPath = path
                     json = ("done", ["id": "\(id)", "url": url, "path": path, "bytes": state.bytes[id, default: 0]])
                 case .failed(let failure):
-                    state.running.remove(id)
                     state.failed += 1
                     line = "stitch: failed \(url): \(failure.commandLineMessage)"
                     json = (
@@ -336,13 +380,13 @@ final class BatchView: Sendable {
                         ["id": "\(id)", "url": url, "code": "\(failure.code)", "message": failure.commandLineMessage]
                     )
                 default:
-                    state.running.remove(id)
+                    break
                 }
             }
         }
         if let line { output.message(line, always: line.hasPrefix("stitch: failed")) }
         if let (name, fields) = json { output.json(name, fields) }
-        if let stdoutPath, output.mode != .json { Output.stdout(stdoutPath + "\n") }
+        if let stdoutPath, output.mode != .json { output.result(stdoutPath + "\n") }
     }
 
     func startTicker() -> Task<Void, Never> {
@@ -355,21 +399,48 @@ final class BatchView: Sendable {
         }
     }
 
-    /// Redraws the progress line (on a terminal; otherwise prints it at most every 5 s).
+    /// Redraws the live area (on a terminal; otherwise prints the summary at most every 5 s).
     func tick() {
         guard output.mode == .human else { return }
         let now = monotonicSeconds()
-        let line: String? = state.withLock { state in
+        let size = output.terminalSize
+        let lines: [String]? = state.withLock { state in
             state.meter.add(bytes: state.totalBytes, at: now)
+            for id in state.running { state.meters[id, default: SpeedMeter()].add(bytes: state.bytes[id, default: 0], at: now) }
             if !output.isTTY {
                 guard now - state.lastPlainLine >= 5 else { return nil }
                 state.lastPlainLine = now
             }
-            return "[\(state.completed + state.failed)/\(count) done, \(state.running.count) running"
+            let summary = "[\(state.completed + state.failed)/\(count) done, \(state.running.count) running"
                 + (state.failed > 0 ? ", \(state.failed) failed" : "") + "]  "
                 + "\(Output.bytes(state.totalBytes))  \(Output.bytes(Int64(max(0, state.meter.bytesPerSecond))))/s"
+            guard output.isTTY, let size else { return [summary] }
+            // A line per running download when they fit with room to spare for the messages above them: the area
+            // takes at most half the screen, and the summary says how many more there are.
+            let room = size.rows / 2 - 1
+            guard room >= 1, !state.running.isEmpty else { return [summary] }
+            let width = Output.width(size)
+            let shown = state.running.count <= room ? state.running[...] : state.running.prefix(max(0, room - 1))
+            var lines = [summary]
+            for id in shown {
+                let name = state.paths[id].map { ($0 as NSString).lastPathComponent } ?? state.urls[id] ?? "\(id)"
+                let line = ProgressLine(
+                    name: name, bytes: state.bytes[id, default: 0], total: state.totals[id],
+                    speed: state.meters[id]?.bytesPerSecond ?? 0)
+                lines.append(line.render(width: width))
+            }
+            if shown.count < state.running.count { lines.append("… and \(state.running.count - shown.count) more running") }
+            return lines
         }
-        guard let line else { return }
-        output.bar(line)
+        guard let lines else { return }
+        if output.isTTY { output.show(lines) } else { output.plainLine(lines[0]) }
+    }
+
+    /// Each download's average speed from when it started running to when it ended, if it ran.
+    func averageSpeed(of id: DownloadID) -> Double? {
+        state.withLock { state in
+            guard let started = state.started[id], let ended = state.ended[id], ended > started else { return nil }
+            return Double(state.bytes[id, default: 0] - state.startBytes[id, default: 0]) / (ended - started)
+        }
     }
 }

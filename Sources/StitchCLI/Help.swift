@@ -10,11 +10,39 @@ enum Help {
           stitch get URL URL… | -i FILE  several downloads at once (-j N), resumable the same way
           stitch verify DEST             check a partial download's pieces; damaged ones are fetched again
           stitch serve --dir DIR         a download daemon that aria2 clients drive (JSON-RPC, WebSocket)
+          stitch add URL… | ls | pause GID | resume GID | rm GID | stats | watch
+                                         drive a running 'stitch serve' (see 'stitch help client')
           stitch --version
-          stitch help [get | serve]
+          stitch help [get | serve | client]
 
         'stitch URL…' is 'stitch get URL…'; a URL without a scheme is taken as http://.
         Run 'stitch get --help' or 'stitch serve --help' for the options.
+        """
+
+    static let client = """
+        USAGE: stitch add URL… [-d DIR] [-o NAME] [-c N] [--checksum ALGO=HEX] [--limit-rate RATE] [-H HEADER]
+               stitch ls | stats
+               stitch pause GID… | resume GID… | rm GID…
+               stitch watch [GID…] [--until-idle]
+
+        Commands for a running 'stitch serve' (or aria2c: they speak its JSON-RPC). 'add' prints each new
+        download's GID; 'ls' lists every download (active, waiting, stopped); 'rm' removes a download, or the
+        result of one that ended; 'watch' shows progress as 'get' does, until the GIDs given have ended (exit 0
+        if all completed), until nothing is active or waiting (--until-idle), or until Ctrl-C — the downloads
+        carry on in the daemon either way.
+
+        OPTIONS (every command):
+              --rpc-url URL         the daemon's JSON-RPC endpoint (default http://127.0.0.1:6800/jsonrpc)
+              --rpc-secret-file F   the daemon's secret, read from F (never on the command line)
+              --json                one JSON object per line on stdout
+          -q, --quiet               no messages on stderr but errors
+
+        Otherwise STITCH_RPC_URL and STITCH_RPC_SECRET, then the config file ($STITCH_CLIENT_CONFIG, else
+        $XDG_CONFIG_HOME/stitch/client.toml, else ~/.config/stitch/client.toml) with the keys rpc-url,
+        rpc-secret-file and rpc-secret, one 'key = "value"' per line.
+
+        EXIT STATUS: 0 done; 1 the daemon refused (unknown GID, wrong secret) or a watched download failed;
+        64 usage; 75 the daemon could not be reached.
         """
 
     static let get = """

@@ -3,67 +3,154 @@ import Stitch
 import Synchronization
 
 /// Writes results to stdout and progress/messages to stderr, from any thread.
+///
+/// On a terminal, progress is a live area of one or more lines at the bottom of the screen: each line fitted to the
+/// terminal's width (re-measured on `SIGWINCH`), redrawn in place, erased before anything else is printed and drawn
+/// again after it. Elsewhere progress is a plain line every 5 s.
 final class Output: Sendable {
     enum Mode { case human, quiet, json }
 
     let mode: Mode
     let isTTY: Bool
-    private let state = Mutex(State())
+    /// Standard output is a terminal too (most likely the same one), so a result line must not land on the live area.
+    private let stdoutIsTTY: Bool
+    private let state: Mutex<State>
+    private let resizeWatcher = Mutex<ResizeWatcher?>(nil)
 
     struct State {
         var meter = SpeedMeter()
         var lastTime: Double = 0
         var speed: Double = 0
         var lastPlainLine: Double = 0
-        var barShown = false
         var lastProgressJSON: Double = 0
+        /// The single download's file name and latest progress (for its line and its final 100%).
+        var name: String?
+        var latest: DownloadProgress?
+        /// What the live area shows (already fitted) and how many rows of the screen it takes.
+        var live: [String] = []
+        var shownRows = 0
+        var size: TerminalSize?
     }
 
     init(mode: Mode) {
         self.mode = mode
-        self.isTTY = isatty(STDERR_FILENO) == 1
+        let isTTY = isatty(STDERR_FILENO) == 1
+        self.isTTY = isTTY
+        self.stdoutIsTTY = isatty(STDOUT_FILENO) == 1
+        var initial = State()
+        initial.size = isTTY ? TerminalSize.of(STDERR_FILENO) : nil
+        state = Mutex(initial)
+        if isTTY && mode == .human {
+            resizeWatcher.withLock {
+                $0 = ResizeWatcher { [weak self] in
+                    self?.state.withLock { state in
+                        state.size = TerminalSize.of(STDERR_FILENO)
+                        Self.draw(state.live, in: &state)
+                    }
+                }
+            }
+        }
     }
+
+    /// The terminal's size (nil when stderr is not a terminal).
+    var terminalSize: TerminalSize? { state.withLock { $0.size } }
 
     static func stdout(_ text: String) {
         writeAll(STDOUT_FILENO, text)
     }
 
-    /// A message for people on stderr (also in --json mode; not in --quiet mode unless `always`).
+    /// A result on stdout (a saved file's path): the live area is erased first when both are on a terminal, and
+    /// drawn again after.
+    func result(_ text: String) {
+        state.withLock { state in
+            guard stdoutIsTTY, state.shownRows > 0 else {
+                writeAll(STDOUT_FILENO, text)
+                return
+            }
+            writeAll(STDERR_FILENO, Self.erasure(state.shownRows))
+            state.shownRows = 0
+            writeAll(STDOUT_FILENO, text)
+            Self.draw(state.live, in: &state)
+        }
+    }
+
+    /// A message for people on stderr (also in --json mode; not in --quiet mode unless `always`), above the live
+    /// area.
     func message(_ text: String, always: Bool = false) {
         if mode == .quiet && !always { return }
         state.withLock { state in
-            var line = text + "\n"
-            if state.barShown {
-                line = "\r\u{1B}[K" + line
-                state.barShown = false
-            }
-            writeAll(STDERR_FILENO, line)
+            let erase = state.shownRows > 0 ? Self.erasure(state.shownRows) : ""
+            state.shownRows = 0
+            writeAll(STDERR_FILENO, erase + DisplayWidth.sanitizedKeepingLines(text) + "\n")
+            Self.draw(state.live, in: &state)
         }
     }
 
-    /// Moves past a live progress bar, if one is showing.
+    /// Leaves the live area on the screen as it is and moves past it: it is finished.
     func endProgressLine() {
         state.withLock { state in
-            if state.barShown {
-                writeAll(STDERR_FILENO, "\n")
-                state.barShown = false
-            }
+            if state.shownRows > 0 { writeAll(STDERR_FILENO, "\n") }
+            state.shownRows = 0
+            state.live = []
         }
     }
 
-    func error(_ text: String) { message("stitch: \(text)", always: true) }
-
-    /// A status line: redrawn in place on a terminal, one line each otherwise (human mode only).
-    func bar(_ line: String) {
-        guard mode == .human else { return }
+    /// Draws the single download's line once more at 100% (it arrived whole), then moves past it.
+    func finishProgress(bytes: Int64) {
         state.withLock { state in
-            if isTTY {
-                writeAll(STDERR_FILENO, "\r\u{1B}[K" + line)
-                state.barShown = true
-            } else {
-                writeAll(STDERR_FILENO, line + "\n")
-            }
+            guard mode == .human, isTTY, state.latest != nil || state.shownRows > 0 else { return }
+            let line = ProgressLine(name: state.name, bytes: bytes, total: bytes, speed: state.speed, finished: true)
+            Self.draw([line.render(width: Self.width(state.size))], in: &state)
         }
+        endProgressLine()
+    }
+
+    /// An error ends the live area (left as it was, the last progress before the failure) and goes below it.
+    func error(_ text: String) {
+        endProgressLine()
+        message("stitch: \(text)", always: true)
+    }
+
+    /// Replaces the live area with `lines` (human mode, on a terminal), each cut to the terminal's width.
+    func show(_ lines: [String]) {
+        guard mode == .human, isTTY else { return }
+        state.withLock { state in Self.draw(lines, in: &state) }
+    }
+
+    /// A plain progress line for a log (human mode, not a terminal).
+    func plainLine(_ line: String) {
+        guard mode == .human, !isTTY else { return }
+        writeAll(STDERR_FILENO, DisplayWidth.sanitized(line) + "\n")
+    }
+
+    /// The columns a live line may take: all but the terminal's last (writing into the last column leaves some
+    /// terminals about to wrap).
+    static func width(_ size: TerminalSize?) -> Int {
+        max(1, (size?.columns ?? 100) - 1)
+    }
+
+    /// Moves to the start of a live area of `rows` rows whose last row holds the cursor, and erases to the end of
+    /// the screen.
+    private static func erasure(_ rows: Int) -> String {
+        "\r" + (rows > 1 ? "\u{1B}[\(rows - 1)A" : "") + "\u{1B}[J"
+    }
+
+    private static func draw(_ lines: [String], in state: inout State) {
+        let width = width(state.size)
+        // Never more rows than the screen has less one, or the terminal scrolls the area's top away.
+        let fitted = lines.prefix(max(1, (state.size?.rows ?? 2) - 1)).map {
+            DisplayWidth.truncated(DisplayWidth.sanitized($0), to: width)
+        }
+        let erase = state.shownRows > 0 ? erasure(state.shownRows) : ""
+        state.live = lines
+        guard !fitted.isEmpty || !erase.isEmpty else { return }
+        writeAll(STDERR_FILENO, erase + fitted.joined(separator: "\n"))
+        state.shownRows = fitted.count
+    }
+
+    /// The single download's file name, for its progress line.
+    func setName(_ name: String) {
+        state.withLock { $0.name = name }
     }
 
     /// One JSON object per line on stdout, with a format version.
@@ -84,6 +171,7 @@ final class Output: Sendable {
             state.meter.add(bytes: progress.bytes, at: now)
             state.speed = state.meter.bytesPerSecond
             state.lastTime = now
+            state.latest = progress
             switch mode {
             case .quiet: return
             case .json:
@@ -96,36 +184,15 @@ final class Output: Sendable {
                 if let total = progress.total { fields["total"] = total }
                 json("progress", fields)
             case .human:
-                let line = Self.describe(progress, speed: state.speed)
+                let line = ProgressLine(name: state.name, bytes: progress.bytes, total: progress.total, speed: state.speed)
                 if isTTY {
-                    writeAll(STDERR_FILENO, "\r\u{1B}[K" + line)
-                    state.barShown = true
+                    Self.draw([line.render(width: Self.width(state.size))], in: &state)
                 } else if !firstSample, now - state.lastPlainLine >= 5 {
                     state.lastPlainLine = now
-                    writeAll(STDERR_FILENO, line + "\n")
+                    writeAll(STDERR_FILENO, DisplayWidth.sanitized(line.render(width: 100)) + "\n")
                 }
             }
         }
-    }
-
-    static func describe(_ progress: DownloadProgress, speed: Double) -> String {
-        let rate = "\(bytes(Int64(max(0, speed))))/s"
-        guard let total = progress.total, total > 0 else {
-            return "\(bytes(progress.bytes))  \(rate)"
-        }
-        let fraction = min(1, Double(progress.bytes) / Double(total))
-        let width = 24
-        let filled = Int(fraction * Double(width))
-        let bar = String(repeating: "=", count: filled) + (filled < width ? ">" : "")
-            + String(repeating: " ", count: max(0, width - filled - 1))
-        var eta = "--:--"
-        if speed > 1 {
-            let seconds = Int(Double(total - progress.bytes) / speed)
-            eta = seconds >= 3600
-                ? String(format: "%d:%02d:%02d", seconds / 3600, seconds / 60 % 60, seconds % 60)
-                : String(format: "%d:%02d", seconds / 60, seconds % 60)
-        }
-        return String(format: "%3d%% ", Int(fraction * 100)) + "[\(bar)] \(bytes(progress.bytes)) / \(bytes(total))  \(rate)  ETA \(eta)"
     }
 
     static func bytes(_ count: Int64) -> String {

@@ -48,6 +48,8 @@ struct StitchCommand {
         case "-h", "--help", "help":
             if arguments.dropFirst().first == "get" {
                 Output.stdout(Help.get + "\n")
+            } else if let topic = arguments.dropFirst().first, topic == "client" || Client.commands.contains(topic) {
+                Output.stdout(Help.client + "\n")
             } else if arguments.dropFirst().first == "serve" {
                 Output.stdout(Help.serve + "\n")
             } else {
@@ -78,6 +80,13 @@ struct StitchCommand {
                 return .success
             }
             return verify(rest)
+        case let client where Client.commands.contains(client):
+            let rest = Array(arguments.dropFirst())
+            if rest.contains("-h") || rest.contains("--help") {
+                Output.stdout(Help.client + "\n")
+                return .success
+            }
+            return await Client.run(client, rest)
         default:
             // `stitch URL…` (as `wget URL`, `aria2c URL`), also after options (`stitch -c URL`): `stitch get URL…`.
             if command.hasPrefix("-") || CommandLineURL.looksLikeURL(command),
@@ -198,7 +207,11 @@ struct StitchCommand {
 
         switch outcome {
         case .success(let result):
-            output.endProgressLine()
+            if result.alreadyComplete {
+                output.endProgressLine()
+            } else {
+                output.finishProgress(bytes: result.bytes)
+            }
             if result.alreadyComplete {
                 output.message("\(result.destination) is already complete (\(result.bytes) bytes)")
             } else {
@@ -215,7 +228,7 @@ struct StitchCommand {
                 if let checksum = result.checksum { fields["checksum"] = checksum.description }
                 output.json("done", fields)
             } else {
-                Output.stdout(result.destination + "\n")
+                output.result(result.destination + "\n")
             }
             return .success
         case .failure(let error as DownloadError):
@@ -273,6 +286,7 @@ struct StitchCommand {
     static func report(_ event: DownloadEvent, to output: Output) {
         switch event {
         case .destinationResolved(let path):
+            output.setName((path as NSString).lastPathComponent)
             output.json("destination", ["path": path])
         case .resuming(let offset, let note):
             if let note { output.message("stitch: \(note)") }
@@ -333,6 +347,7 @@ func stream(_ options: GetOptions, output: Output) async -> ExitStatus {
     let outcome = await task.value
     switch outcome {
     case .success(let bytes):
+        output.finishProgress(bytes: bytes)
         output.message("streamed \(Output.bytes(bytes)) (\(bytes) bytes) to standard output")
         return .success
     case .failure(let error):

@@ -160,6 +160,22 @@ struct CLIHabitsTests {
         #expect(requests.allSatisfy { $0.header("Accept-Encoding") == "identity" })
     }
 
+    /// A 503 mid-stream is retried and said as what it was (not "the body ended early"); the output is whole.
+    @Test func streamRetrySaysWhy() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 1 << 20, seed: 37, etag: "\"r\"")
+        server.serve("/f.bin", file: file, faults: .onRequests([0: .dropAfter(300_000), 1: .status(503)]))
+        let sandbox = try Sandbox()
+        defer { sandbox.cleanup() }
+        let result = try await sandbox.run(
+            ["get", server.url("/f.bin"), "-o", "-"], environment: ["STITCH_RETRY_BASE_DELAY": "0.01"])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdoutBytes == file.data, "\(result.stdoutBytes.count) bytes")
+        #expect(result.stderr.contains("HTTP 503"), "\(result.stderr)")
+        #expect(server.requests(for: "/f.bin").count == 3)
+    }
+
     /// Once bytes went out, the stream never restarts: a whole file to the range (200), or no validator to ask
     /// with, fails with one line saying so, after exactly the bytes the first response gave.
     @Test(arguments: [false, true])

@@ -87,7 +87,10 @@ final class StitchProcess: Sendable {
     ]
 
     /// Starts `stitch arguments…` in `directory`, with `environment` added to (a cleaned copy of) ours.
-    init(_ arguments: [String], environment: [String: String] = [:], directory: String) throws {
+    /// `executable` runs instead of `stitch` (a wrapper such as the pty screen script, given stitch's path).
+    init(
+        _ arguments: [String], environment: [String: String] = [:], directory: String, executable: String? = nil
+    ) throws {
         self.arguments = arguments
         var env = ProcessInfo.processInfo.environment
         for key in Self.strippedEnvironment { env[key] = nil }
@@ -95,7 +98,7 @@ final class StitchProcess: Sendable {
         let box = Box()
         // posix_spawn, not Foundation.Process: see ChildProcess.
         let process = try ChildProcess(
-            executable: StitchBinary.path, arguments: arguments, environment: env, directory: directory,
+            executable: executable ?? StitchBinary.path, arguments: arguments, environment: env, directory: directory,
             onOutput: { chunk, isStandardOutput in
                 box.update { state in
                     if isStandardOutput { state.stdout.append(contentsOf: chunk) } else { state.stderr.append(contentsOf: chunk) }
@@ -202,9 +205,11 @@ final class Sandbox: Sendable {
 
     /// Starts `stitch arguments…` in the sandbox (or in `directory`).
     func start(
-        _ arguments: [String], environment: [String: String] = [:], directory: String? = nil
+        _ arguments: [String], environment: [String: String] = [:], directory: String? = nil,
+        executable: String? = nil
     ) throws -> StitchProcess {
-        let process = try StitchProcess(arguments, environment: environment, directory: directory ?? self.directory)
+        let process = try StitchProcess(
+            arguments, environment: environment, directory: directory ?? self.directory, executable: executable)
         processes.withLock { $0.append(process) }
         return process
     }
@@ -212,9 +217,9 @@ final class Sandbox: Sendable {
     /// Runs `stitch arguments…` to completion.
     func run(
         _ arguments: [String], environment: [String: String] = [:], directory: String? = nil,
-        timeout: Duration = .seconds(60)
+        timeout: Duration = .seconds(60), executable: String? = nil
     ) async throws -> CommandResult {
-        let process = try start(arguments, environment: environment, directory: directory)
+        let process = try start(arguments, environment: environment, directory: directory, executable: executable)
         let result = await process.wait(timeout: timeout)
         #expect(!result.timedOut, "stitch \(arguments) timed out")
         return result

@@ -57,7 +57,8 @@ extension Downloader {
             if let decisionError { throw decisionError }
             if case .failure(let error) = result, error.isCancelled { throw DownloadError(.cancelled, "cancelled") }
             if let failure = sink.failure { throw failure }
-            switch verdict.withLock({ $0 }) {
+            let judged = verdict.withLock { $0 }
+            switch judged {
             case .accept(_, let validators)?:
                 if let known, let change = ResumePolicy.change(from: known, to: validators) {
                     throw cannotRestart(change, written: sink.written)
@@ -65,6 +66,13 @@ extension Downloader {
                 known = validators
                 if case .success = result, validators.totalLength.map({ $0 == sink.written }) ?? true {
                     return sink.written
+                }
+                // A failure another request cannot change (a TLS error, say) ends the stream as it would the
+                // first request.
+                if case .failure(let error) = result, !error.isRetryable || error.isTLS {
+                    throw DownloadError(
+                        error.isTLS ? .tls : .network, "\(error.message) (from \(current.absoluteString))",
+                        cause: error)
                 }
                 // Cut short (an error, or a body shorter than its length): continue from where it got to.
             case .restartWithBody(let reason, _)?, .restart(let reason)?:
@@ -104,9 +112,11 @@ extension Downloader {
             }
             let delay = min(policy.maxDelay, policy.baseDelay * Double(1 << min(failures - 1, 10)))
             let reason: String
-            switch result {
-            case .failure(let error): reason = error.message
-            case .success: reason = "the body ended early"
+            switch (judged, result) {
+            case (.retry(let status, _)?, _): reason = "HTTP \(status) \(statusText(status)) from \(current.absoluteString)"
+            case (.malformed(let why)?, _): reason = why
+            case (_, .failure(let error)): reason = error.message
+            default: reason = "the body ended early"
             }
             onEvent(.retrying(attempt: failures, maxRetries: policy.maxRetries, delay: delay, reason: reason))
             do { try await Task.sleep(for: .seconds(delay)) } catch { throw DownloadError(.cancelled, "cancelled") }

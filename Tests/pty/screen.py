@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""Runs a command on a pseudo-terminal of a given size and reports what a person would have seen.
+
+The command's output goes through pyte (a VT100 emulator) rather than a byte log, so the report is about the
+screen: after every burst of output (a frame) the rows that show a progress percentage are counted, and each is
+checked to leave the last column free. With --resize COLS, the terminal is resized (SIGWINCH) once the first
+progress row has been seen.
+
+    screen.py --cols 60 --rows 24 [--resize 40] -- stitch get URL -o FILE
+
+Prints one JSON object: the exit status, the final screen's rows (right-stripped), and per phase (before and after
+the resize) the number of frames with progress, the most progress rows seen at once, and the progress rows that
+reached the last column; with --look-for TEXT, whether any frame showed TEXT.
+"""
+import argparse
+import fcntl
+import json
+import os
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+
+import pyte
+
+PROGRESS = re.compile(r"\d+%")
+
+
+def set_size(fd, rows, cols):
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cols", type=int, required=True)
+    parser.add_argument("--rows", type=int, default=24)
+    parser.add_argument("--resize", type=int)
+    parser.add_argument("--timeout", type=float, default=60)
+    parser.add_argument("--look-for", action="append", default=[], help="report whether any frame showed TEXT")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+
+    master, slave = os.openpty()
+    set_size(slave, args.rows, args.cols)
+
+    def controlling_terminal():
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    child = subprocess.Popen(
+        command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        preexec_fn=controlling_terminal, close_fds=True)
+    os.close(slave)
+
+    screen = pyte.Screen(args.cols, args.rows)
+    stream = pyte.ByteStream(screen)
+    phases = [{"frames": 0, "max_progress_rows": 0, "full_rows": []}, {"frames": 0, "max_progress_rows": 0, "full_rows": []}]
+    phase = 0
+    cols = args.cols
+    seen = {text: False for text in args.look_for}
+
+    def look():
+        nonlocal phase, cols
+        for text in seen:
+            seen[text] = seen[text] or any(text in row for row in screen.display)
+        rows = [row for row in screen.display if PROGRESS.search(row)]
+        if not rows:
+            return
+        record = phases[phase]
+        record["frames"] += 1
+        record["max_progress_rows"] = max(record["max_progress_rows"], len(rows))
+        for row in rows:
+            if row[cols - 1:].strip():
+                record["full_rows"].append(row.rstrip())
+        if args.resize and phase == 0:
+            phase = 1
+            cols = args.resize
+            set_size(master, args.rows, cols)
+            screen.resize(args.rows, cols)
+            os.kill(child.pid, signal.SIGWINCH)
+
+    import time
+    deadline = time.monotonic() + args.timeout
+    timed_out = False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            child.kill()
+            break
+        ready, _, _ = select.select([master], [], [], min(remaining, 0.5))
+        if not ready:
+            continue
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not data:
+            break
+        stream.feed(data)
+        # A frame ends when no more output follows within 20 ms (one redraw is one write).
+        more, _, _ = select.select([master], [], [], 0.02)
+        if not more:
+            look()
+    status = child.wait()
+    json.dump({
+        "status": status, "timed_out": timed_out,
+        "final": [row.rstrip() for row in screen.display],
+        "phases": phases, "seen": seen,
+    }, sys.stdout, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    main()
