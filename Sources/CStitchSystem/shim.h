@@ -42,4 +42,26 @@ static inline int stitch_terminal_size(int fd, int *columns, int *rows) {
     return 0;
 }
 
+/* The test support's deterministic file contents: a SplitMix64 stream, each value's 8 bytes little-endian, the
+   last value cut short. In C because the Swift loop, in a debug build, held a thread of the tests' concurrency
+   pool for seconds per 64 MiB. */
+#include <stddef.h>
+#include <string.h>
+static inline void stitch_splitmix_fill(uint8_t *out, size_t count, uint64_t seed) {
+    uint64_t state = seed;
+    size_t offset = 0;
+    while (offset < count) {
+        state += 0x9E3779B97F4A7C15ULL;
+        uint64_t z = state;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z = z ^ (z >> 31);
+        uint8_t bytes[8];
+        for (int i = 0; i < 8; i++) bytes[i] = (uint8_t)(z >> (8 * i));
+        size_t take = count - offset < 8 ? count - offset : 8;
+        memcpy(out + offset, bytes, take);
+        offset += take;
+    }
+}
+
 #endif

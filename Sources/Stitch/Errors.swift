@@ -2,17 +2,23 @@ import Glibc
 
 /// A failed system call's `errno`, with its message.
 public struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The `errno` value.
     public let rawValue: Int32
 
+    /// Wraps an `errno` value.
     public init(rawValue: Int32) { self.rawValue = rawValue }
 
     /// The calling thread's current `errno`.
     static var current: Errno { Errno(rawValue: errno) }
 
+    /// `ENOSPC`: no space left on the device.
     public static let noSpace = Errno(rawValue: ENOSPC)
+    /// `EINTR`: the call was interrupted by a signal.
     public static let interrupted = Errno(rawValue: EINTR)
+    /// `ENOENT`: no such file or directory.
     public static let noEntry = Errno(rawValue: ENOENT)
 
+    /// The system's message for the error (`strerror`).
     public var description: String { String(cString: strerror(rawValue)) }
 }
 
@@ -35,6 +41,7 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private let name: String
         private init(_ name: String) { self.name = name }
+        /// The code's name, e.g. `checksumMismatch` (as the catalog stores it).
         public var description: String { name }
 
         /// The URL cannot be parsed or has no host.
@@ -74,6 +81,7 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
         static func named(_ name: String) -> Code { Code(name) }
     }
 
+    /// What kind of failure this is.
     public let code: Code
     /// One line for people.
     public let message: String
@@ -95,6 +103,8 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
 
         /// What taking the remedy achieves.
         public enum Purpose: Sendable, Hashable, CustomStringConvertible {
+            /// `replace`: replace what is in the way; `startOver`: discard the partial data and start from zero;
+            /// `downloadAgain`: fetch the file again; `resume`: continue from what was saved.
             case replace, startOver, downloadAgain, resume
 
             /// "to replace it", "to start over", …

@@ -33,3 +33,48 @@ public func != (lhs: [UInt8], rhs: [UInt8]) -> Bool { !(lhs == rhs) }
 
 /// Whether two optional byte arrays differ (`memcmp`).
 public func != (lhs: [UInt8]?, rhs: [UInt8]?) -> Bool { !(lhs == rhs) }
+
+/// `bytes` as text when they are well-formed UTF-8, else a short note of how many bytes they were.
+///
+/// Not `String(decoding:as:)` on binary output: it repairs every ill-formed sequence through a thrown error, and
+/// Swift Testing captures a backtrace for every error thrown under a test, so three random mebibytes of `-o -`
+/// output took the two threads of the concurrency pool for seconds (what PoolWatchdog caught starving the suite).
+public func textIfUTF8<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> String {
+    let valid = bytes.withContiguousStorageIfAvailable(isWellFormedUTF8) ?? isWellFormedUTF8(Array(bytes))
+    return valid ? String(decoding: bytes, as: UTF8.self) : "<\(bytes.count) bytes, not UTF-8>"
+}
+
+/// Whether `bytes` are well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
+public func isWellFormedUTF8(_ bytes: [UInt8]) -> Bool {
+    bytes.withUnsafeBufferPointer(isWellFormedUTF8)
+}
+
+public func isWellFormedUTF8(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+    var index = 0
+    let count = bytes.count
+    while index < count {
+        let lead = bytes[index]
+        if lead < 0x80 {
+            index += 1
+            continue
+        }
+        let length: Int
+        var low: UInt8 = 0x80
+        var high: UInt8 = 0xBF
+        switch lead {
+        case 0xC2...0xDF: length = 2
+        case 0xE0: length = 3; low = 0xA0
+        case 0xE1...0xEC, 0xEE...0xEF: length = 3
+        case 0xED: length = 3; high = 0x9F
+        case 0xF0: length = 4; low = 0x90
+        case 0xF1...0xF3: length = 4
+        case 0xF4: length = 4; high = 0x8F
+        default: return false
+        }
+        guard index + length <= count else { return false }
+        guard (low...high).contains(bytes[index + 1]) else { return false }
+        for next in (index + 2)..<(index + length) where !(0x80...0xBF).contains(bytes[next]) { return false }
+        index += length
+    }
+    return true
+}

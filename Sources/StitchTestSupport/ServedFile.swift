@@ -1,3 +1,4 @@
+import CStitchSystem
 import Glibc
 
 /// An in-memory file that ``TestHTTPServer`` serves at a path.
@@ -63,19 +64,7 @@ public struct ServedFile: Sendable {
     public static func randomBytes(count: Int, seed: UInt64) -> [UInt8] {
         precondition(count >= 0, "count must not be negative")
         return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
-            let raw = UnsafeMutableRawBufferPointer(buffer)
-            var state = seed
-            var offset = 0
-            while offset + 8 <= count {
-                raw.storeBytes(of: splitMix64(&state).littleEndian, toByteOffset: offset, as: UInt64.self)
-                offset += 8
-            }
-            if offset < count {
-                var last = splitMix64(&state).littleEndian
-                withUnsafeBytes(of: &last) { tail in
-                    for index in 0..<(count - offset) { raw[offset + index] = tail[index] }
-                }
-            }
+            if let base = buffer.baseAddress { stitch_splitmix_fill(base, count, seed) }
             initialized = count
         }
     }
@@ -97,13 +86,4 @@ public struct ServedFile: Sendable {
     public static func httpDateNow() -> String {
         httpDate(secondsSince1970: Int(time(nil)))
     }
-}
-
-@inline(__always)
-private func splitMix64(_ state: inout UInt64) -> UInt64 {
-    state &+= 0x9E37_79B9_7F4A_7C15
-    var z = state
-    z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-    z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-    return z ^ (z >> 31)
 }

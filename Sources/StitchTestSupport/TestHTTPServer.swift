@@ -35,6 +35,7 @@ public final class TestHTTPServer: Sendable {
 
     /// Starts a server on `127.0.0.1` with an ephemeral port.
     public init() throws(TestServerError) {
+        PoolWatchdog.start()
         core = try ServerCore()
     }
 

@@ -127,10 +127,10 @@ final class StitchProcess: Sendable {
     }
 
     /// What the process has written to stdout so far.
-    var stdoutSoFar: String { box.state.withLock { String(decoding: $0.stdout, as: UTF8.self) } }
+    var stdoutSoFar: String { box.state.withLock { textIfUTF8($0.stdout) } }
 
     /// What the process has written to stderr so far.
-    var stderrSoFar: String { box.state.withLock { String(decoding: $0.stderr, as: UTF8.self) } }
+    var stderrSoFar: String { box.state.withLock { textIfUTF8($0.stderr) } }
 
     /// True until the process has exited (and been reaped).
     var isRunning: Bool { box.state.withLock { !$0.exited } }
@@ -172,8 +172,9 @@ final class StitchProcess: Sendable {
             CommandResult(
                 status: state.signalled ? 128 + state.status : state.status,
                 signal: state.signalled ? state.status : nil,
-                stdout: String(decoding: state.stdout, as: UTF8.self),
-                stderr: String(decoding: state.stderr, as: UTF8.self),
+                // Not String(decoding:) on `-o -`'s binary output: see textIfUTF8.
+                stdout: textIfUTF8(state.stdout),
+                stderr: textIfUTF8(state.stderr),
                 timedOut: state.timedOut, stdoutBytes: Array(state.stdout))
         }
     }

@@ -248,7 +248,7 @@ import Testing
         }
         let server = f.server
         for lane in 0..<4 {
-            let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
+            let stalled = await blocking { server.waitForStall(timeout: .seconds(120)) }  // a bound, not a pace
             #expect(stalled, "lane \(lane) of big.bin never came: \(server.requests(for: "/big.bin").map(\.range))")
             if !stalled { await printDiagnostics(server) }
         }
@@ -387,7 +387,7 @@ import Testing
         let server = f.server
         // Its three lanes' requests, each held at its stall: three in flight at once.
         for lane in 0..<3 {
-            let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
+            let stalled = await blocking { server.waitForStall(timeout: .seconds(120)) }  // a bound, not a pace
             let seen = server.requests.map { "\($0.path) \($0.range ?? "whole")" }
             let status = await manager.download(first).map { "\($0.status)" } ?? "gone"
             let pools = "decisions: \(BlockingPool.decisions.occupancy); blocking: \(BlockingPool.shared.occupancy)"

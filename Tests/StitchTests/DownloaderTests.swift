@@ -1415,20 +1415,4 @@ func printDiagnostics(_ server: TestHTTPServer) async {
 
 /// Every thread's stack in this process, from gdb (empty when gdb is missing): what a test that waited in vain
 /// prints, so that a starved pool shows what holds its threads.
-func threadDump() -> String {
-    guard FileManager.default.isExecutableFile(atPath: "/usr/bin/gdb") else { return "" }
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/gdb")
-    process.arguments = ["-p", "\(getpid())", "-batch", "-nx", "-ex", "thread apply all bt 25"]
-    // To a file, not a pipe: gdb stops every thread of this process, the pipe's reader too.
-    let path = NSTemporaryDirectory() + "stitch-threads-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).txt"
-    guard FileManager.default.createFile(atPath: path, contents: nil), let output = FileHandle(forWritingAtPath: path)
-    else { return "" }
-    defer { unlink(path) }
-    process.standardOutput = output
-    process.standardError = FileHandle.nullDevice
-    guard (try? process.run()) != nil else { return "" }
-    process.waitUntilExit()
-    try? output.close()
-    return (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
-}
+func threadDump() -> String { ThreadDump.capture() }

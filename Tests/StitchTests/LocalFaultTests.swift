@@ -536,6 +536,51 @@ import Testing
         #expect(result.resumedFrom == 1 << 20)
     }
 
+    /// A run that fails after taking the download's lock lets go of it before it returns, even while another
+    /// thread spawns processes (each child holds a copy of every open file description from its fork to its exec,
+    /// and a lock released only by a close lived that long): a retry at once never finds the download "being
+    /// downloaded by another stitch run". 200 failed runs back to back, with a spawner running throughout.
+    @Test func aFailedRunLetsGoOfTheLockWhileProcessesSpawn() async throws {
+        let f = try Fixture()
+        let file = ServedFile.random(size: 4 << 20, seed: 84, etag: Self.etag)
+        f.serve(file, faults: .onRequest(0, .stallAfter(1 << 20)))
+        try await f.interruptedDownload(f.request(), options: Self.options(), at: 1 << 20)
+        unlink(f.paths.live)
+        #expect(mkdir(f.paths.live, 0o755) == 0)  // every run now fails after its lock: no live record
+
+        let spawning = Atomic<Bool>(true)
+        let spawned = Atomic<Int>(0)
+        let spawner = Thread {
+            while spawning.load(ordering: .acquiring) {
+                var pid: pid_t = 0
+                let argv: [UnsafeMutablePointer<CChar>?] = [strdup("/bin/true"), nil]
+                defer { for argument in argv { free(argument) } }
+                if posix_spawn(&pid, "/bin/true", nil, nil, argv, environ) == 0 {
+                    var status: Int32 = 0
+                    waitpid(pid, &status, 0)
+                    spawned.add(1, ordering: .relaxed)
+                }
+            }
+        }
+        spawner.start()
+        defer { spawning.store(false, ordering: .releasing) }
+        var busy: [Int] = []
+        for attempt in 0..<200 {
+            do {
+                _ = try await Self.download(f, f.url, to: f.dest)
+                Issue.record("attempt \(attempt) succeeded without a live record")
+            } catch let error as DownloadError where error.message.contains("another stitch run") {
+                busy.append(attempt)
+            } catch {}
+        }
+        spawning.store(false, ordering: .releasing)
+        #expect(busy.isEmpty, "found busy by its own earlier run: attempts \(busy) (\(spawned.load(ordering: .relaxed)) spawns)")
+        #expect(rmdir(f.paths.live) == 0)
+        let result = try await Self.download(f, f.url, to: f.dest)
+        Self.expectBytes(f.dest, file.data)
+        #expect(result.resumedFrom == 1 << 20)
+    }
+
     /// Sidecars of an earlier download never outlive it: a clean-up cut short after the rename is finished by the
     /// next run ("already complete"), and a new download at the same name removes an old previous generation
     /// before its first byte.

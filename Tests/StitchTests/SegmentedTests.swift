@@ -411,7 +411,9 @@ import Testing
         let request = f.request()
         let task = Task { try await f.download(request, options: Self.options(lanes: 4)) }
         let server = f.server
-        let stalled = await blocking { server.waitForStall(timeout: .seconds(30)) }
+        // Generous, as elsewhere: a pool that the whole suite loads can take half a minute to run a head's
+        // continuation; the stall is a byte count, the wait only a bound.
+        let stalled = await blocking { server.waitForStall(timeout: .seconds(120)) }
         let pools = "decisions: \(BlockingPool.decisions.occupancy); blocking: \(BlockingPool.shared.occupancy)"
         #expect(stalled, "requests \(server.requests.map { $0.range ?? "whole" }); notices \(f.watch.notices); \(pools)")
         if !stalled { await printDiagnostics(server) }

@@ -89,6 +89,32 @@ struct TestServerTests {
         #expect(Set(a.prefix(4096)).count > 200)
     }
 
+    /// The bytes are SplitMix64's stream, each value little-endian, as the Swift reference here computes them.
+    @Test(arguments: [0, 1, 7, 8, 9, 1_001])
+    func randomBytesAreSplitMix64(count: Int) {
+        var state: UInt64 = 0x5EED
+        var expected: [UInt8] = []
+        while expected.count < count {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            z ^= z >> 31
+            expected += (0..<8).map { UInt8(truncatingIfNeeded: z >> (8 * $0)) }
+        }
+        #expect(ServedFile.randomBytes(count: count, seed: 0x5EED) == Array(expected.prefix(count)))
+    }
+
+    @Test func wellFormedUTF8IsTold() {
+        #expect(isWellFormedUTF8(Array("plain, 下载, 👍".utf8)))
+        #expect(!isWellFormedUTF8([0xC0, 0x80]), "overlong")
+        #expect(!isWellFormedUTF8([0xED, 0xA0, 0x80]), "a surrogate")
+        #expect(!isWellFormedUTF8([0xF4, 0x90, 0x80, 0x80]), "above U+10FFFF")
+        #expect(!isWellFormedUTF8([0xE4, 0xB8]), "cut short")
+        #expect(textIfUTF8(ServedFile.randomBytes(count: 1 << 20, seed: 1)) == "<1048576 bytes, not UTF-8>")
+        #expect(textIfUTF8(Array("ok\n".utf8)) == "ok\n")
+    }
+
     // MARK: Ranges
 
     @Test func rangeRequests() throws {
@@ -553,7 +579,8 @@ private final class RawClient {
     init(port: Int) throws {
         guard let fd = connectToLoopback(port: port) else { throw RawClientError() }
         self.fd = fd
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        // A bound, not a pace: on a loaded machine the server's threads can wait seconds for a CPU.
+        var timeout = timeval(tv_sec: 60, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 

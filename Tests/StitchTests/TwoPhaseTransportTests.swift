@@ -49,7 +49,7 @@ import Testing
         var options = DownloadOptions.testing
         options.headDecisionHook = { gate.pass() }
         let heldTask = Task { try await held.download(held.request(), options: options) }
-        #expect(await blocking { gate.waitUntilEntered(seconds: 30) }, "the held download never got a head")
+        #expect(await blocking { gate.waitUntilEntered(seconds: 120) }, "the held download never got a head")
 
         // Were the decision on the transport's thread, the other download could not move: a watchdog opens the
         // gate after 60 s so that the test fails instead of hanging.

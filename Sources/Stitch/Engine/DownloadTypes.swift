@@ -8,7 +8,9 @@ public enum Destination: Sendable, Hashable {
 
 /// What to download.
 public struct DownloadRequest: Sendable {
+    /// The http or https URL to fetch.
     public var url: String
+    /// Where the file goes: a path, or a directory to name it in.
     public var destination: Destination
     /// Extra request headers (`--header`), sent on every request.
     public var headers: HTTPHeaders
@@ -24,6 +26,7 @@ public struct DownloadRequest: Sendable {
     /// ``DownloadManager`` uses it to keep two downloads off one file. Called once, on an arbitrary thread.
     public var choosePath: (@Sendable (String) -> String)?
 
+    /// A request for `url` into `destination`, with no former URLs and no ``choosePath``.
     public init(
         url: String, destination: Destination, headers: HTTPHeaders = HTTPHeaders(),
         checksum: ExpectedChecksum? = nil, overwrite: Bool = false
@@ -49,7 +52,10 @@ public struct RetryPolicy: Sendable, Hashable {
     /// few bytes per connection would otherwise be retried for ever; one that cuts every connection after a few
     /// KiB still moves.
     public var minimumProgress: Int = 16 << 10
+    /// Seconds of backoff before the first retry; it doubles for each further one. The wait is half of it plus a
+    /// random part of the other half.
     public var baseDelay: Double = 1
+    /// The most seconds of backoff (before jitter); `Retry-After` is capped by ``maxRetryAfter`` instead.
     public var maxDelay: Double = 60
     /// `Retry-After` values above this are clamped to it.
     public var maxRetryAfter: Double = 600
@@ -60,6 +66,7 @@ public struct RetryPolicy: Sendable, Hashable {
     /// three tries within two seconds).
     public var connectRetryDelay: Double = 0.5
 
+    /// The default policy.
     public init() {}
 
     /// Seconds to wait before retry number `attempt` (1-based). `jitter` is in 0...1.
@@ -81,6 +88,7 @@ public struct RetryPolicy: Sendable, Hashable {
 
 /// Waits between retries. Tests inject one that records and returns at once.
 public protocol DownloadClock: Sendable {
+    /// Waits `seconds`; throws when the calling task is cancelled.
     func sleep(seconds: Double) async throws
     /// Seconds since the epoch, for `Retry-After` dates.
     func now() -> Int64
@@ -88,7 +96,10 @@ public protocol DownloadClock: Sendable {
 
 /// The real clock.
 public struct SystemClock: DownloadClock {
+    /// The system's clock.
     public init() {}
+    /// Waits `seconds` (to the millisecond) with `Task.sleep`; throws `CancellationError` when the task is
+    /// cancelled.
     public func sleep(seconds: Double) async throws {
         try await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
     }
@@ -97,8 +108,11 @@ public struct SystemClock: DownloadClock {
 
 /// Tuning for one download.
 public struct DownloadOptions: Sendable {
+    /// Connection settings for every request: timeouts, TLS, user agent, credentials.
     public var transport = TransportOptions()
+    /// How failed attempts are retried.
     public var retry = RetryPolicy()
+    /// Redirects followed from the URL asked for; one more fails with ``DownloadError/Code/redirects``.
     public var maxRedirects = 10
     /// A durable checkpoint (fdatasync + state) at least this often while data flows…
     public var checkpointInterval: Double = 1
@@ -110,7 +124,7 @@ public struct DownloadOptions: Sendable {
     public var overlapWindow: Int64 = 64 * 1024
     /// How often `.progress` events are sent.
     public var progressInterval: Double = 0.25
-    /// TCP connections for one download; nil chooses by size (see ``Connections/automatic(forLength:)``).
+    /// TCP connections for one download; nil chooses by size (see ``Connections/automatic(forLength:step:)``).
     public var connections: Int?
     /// An upper bound on ``connections`` and on the automatic choice.
     public var maximumConnections: Int?
@@ -139,6 +153,7 @@ public struct DownloadOptions: Sendable {
     /// that goes with it), so a test can hold one download's decision and watch the others go on.
     var headDecisionHook: (@Sendable () -> Void)?
 
+    /// The defaults.
     public init() {}
 }
 
@@ -160,10 +175,14 @@ public enum DownloadEvent: Sendable {
     case resuming(from: Int64, note: String?)
     /// A response is being saved; `offset` is where its body goes.
     case receiving(status: Int, offset: Int64, total: Int64?)
+    /// Bytes on disk so far; sent every ``DownloadOptions/progressInterval`` seconds while the download runs.
     case progress(DownloadProgress)
+    /// A redirect is followed to this URL.
     case redirected(to: String)
     /// The partial data is discarded and the download starts over.
     case restarting(RestartReason)
+    /// An attempt failed: retry number `attempt` of `maxRetries` follows after `delay` seconds; `reason` says
+    /// why.
     case retrying(attempt: Int, maxRetries: Int, delay: Double, reason: String)
     /// Something worth saying that changes nothing, e.g. falling back to one connection.
     case notice(String)
@@ -171,7 +190,9 @@ public enum DownloadEvent: Sendable {
 
 /// A finished download.
 public struct DownloadResult: Sendable, Hashable {
+    /// The finished file's path.
     public var destination: String
+    /// The file's length in bytes.
     public var bytes: Int64
     /// Bytes fetched over the network in this run.
     public var bytesTransferred: Int64
@@ -185,15 +206,21 @@ public struct DownloadResult: Sendable, Hashable {
 
 /// A partial download found on disk: what `stitch get --resume DEST` continues.
 public struct SavedDownload: Sendable, Hashable {
+    /// The URL it was downloading.
     public var url: String
+    /// The extra request headers it was started with.
     public var headers: HTTPHeaders
+    /// The digest the finished file is to be verified against, if one was given.
     public var checksum: ExpectedChecksum?
+    /// Bytes on stable storage as of the last checkpoint.
     public var durableBytes: Int64
+    /// The complete length, if the server said it.
     public var totalBytes: Int64?
     /// The byte ranges of the file and how much of each is on stable storage (as of the last checkpoint).
     public var segments: [SavedSegment] = []
     /// The validators a resume is checked against.
     public var etag: String?
+    /// The saved `Last-Modified` date, if the server sent one.
     public var lastModified: String?
 }
 
@@ -201,9 +228,13 @@ public struct SavedDownload: Sendable, Hashable {
 /// `start..<durable` is on stable storage and `start..<written` was written (in the page cache: what a crash of
 /// the process, not of the machine, keeps; the live record says so within this boot).
 public struct SavedSegment: Sendable, Hashable {
+    /// The first byte's offset.
     public var start: Int64
+    /// The offset just past the range; nil while the length is unknown.
     public var end: Int64?
+    /// The offset up to which the range is on stable storage.
     public var durable: Int64
+    /// The offset up to which the range was written (at least ``durable``).
     public var written: Int64
 }
 
@@ -225,6 +256,7 @@ public enum Connections {
 
 /// What ``Downloader/verify(at:)`` found.
 public struct VerifyReport: Sendable, Hashable {
+    /// Bytes per checksummed piece (the last piece may be shorter).
     public var pieceSize: Int64
     /// Pieces that had a checksum and were read back.
     public var piecesChecked: Int
@@ -234,6 +266,8 @@ public struct VerifyReport: Sendable, Hashable {
 
 /// One piece whose bytes on disk do not match the checksum recorded when it was written.
 public struct DamagedPiece: Sendable, Hashable {
+    /// The piece's number, counted from 0 at the start of the file.
     public var index: Int
+    /// The file offsets the piece covers.
     public var bytes: Range<Int64>
 }

@@ -24,6 +24,8 @@ public struct Downloader: Sendable {
     ///
     /// Cancel the calling task to stop: the state is saved and a later call resumes.
     /// - Parameters:
+    ///   - request: the URL, where to save it, headers and the expected checksum.
+    ///   - options: retries, timeouts, connections, rate limit and checkpoint settings.
     ///   - onEvent: called for each ``DownloadEvent``, on an arbitrary thread, one at a time; keep it quick.
     /// - Returns: the finished download.
     /// - Throws: ``DownloadError``.

@@ -2,8 +2,11 @@
 public enum RestartReason: Sendable, Hashable, CustomStringConvertible {
     /// The server answered a range request with the whole file (200).
     case rangeIgnored
+    /// The server's `ETag` is not the one saved with the partial data.
     case etagChanged(old: String, new: String)
+    /// The server's `Last-Modified` date is not the saved one (compared when the `ETag`s did not differ).
     case lastModifiedChanged(old: String, new: String)
+    /// The file's complete length in bytes is not the saved one, or is shorter than the data already on disk.
     case lengthChanged(old: Int64, new: Int64)
     /// A 206 whose `Content-Range` is missing or does not match the request.
     case contentRangeMismatch(String)
@@ -14,6 +17,7 @@ public enum RestartReason: Sendable, Hashable, CustomStringConvertible {
     /// The saved state could not vouch for the partial data.
     case untrustedPartial(String)
 
+    /// The reason in words, as messages show it.
     public var description: String {
         switch self {
         case .rangeIgnored:

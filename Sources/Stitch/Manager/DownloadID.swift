@@ -62,10 +62,12 @@ public struct DownloadID: Hashable, Sendable, Comparable, Codable, CustomStringC
         }
     }
 
+    /// Orders by the 64-bit value (the same order as the 16-digit strings).
     public static func < (lhs: DownloadID, rhs: DownloadID) -> Bool {
         lhs.rawValue < rhs.rawValue
     }
 
+    /// Decodes from a single string of 1 to 16 hexadecimal digits, as ``init(_:)`` parses it.
     public init(from decoder: any Decoder) throws {
         let container = try decoder.singleValueContainer()
         let text = try container.decode(String.self)
@@ -76,6 +78,7 @@ public struct DownloadID: Hashable, Sendable, Comparable, Codable, CustomStringC
         self = id
     }
 
+    /// Encodes as the single string ``description``.
     public func encode(to encoder: any Encoder) throws {
         var container = encoder.singleValueContainer()
         try container.encode(description)

@@ -28,19 +28,24 @@ public actor DownloadManager {
         public var maxConnectionsPerHost = 16
         /// Bytes per second over all downloads; nil for no limit.
         public var rateLimit: Int64?
+        /// How failed attempts are retried; a download's ``Tuning`` may change some of it.
         public var retry = RetryPolicy()
         /// Whether downloads restored from the catalog start by themselves. Off: those that were running or
         /// queued come back paused.
         public var autoResume = true
         /// Connections per download unless added with a number; nil chooses by size.
         public var connections: Int?
+        /// Connection settings for every request: timeouts, TLS, user agent, credentials.
         public var transport = TransportOptions()
         /// When downloads split (``DownloadOptions/minimumSplitSize``, ``DownloadOptions/singleConnectionRate``,
         /// ``DownloadOptions/automaticConnectionStep``): the engine's defaults; tests make them small.
         public var minimumSplitSize = DownloadOptions().minimumSplitSize
+        /// ``DownloadOptions/singleConnectionRate`` for every download (bytes per second).
         public var singleConnectionRate = DownloadOptions().singleConnectionRate
+        /// ``DownloadOptions/automaticConnectionStep`` for every download (bytes).
         public var automaticConnectionStep = DownloadOptions().automaticConnectionStep
 
+        /// The defaults, with downloads going to `downloadDirectory`.
         public init(downloadDirectory: String) {
             self.downloadDirectory = downloadDirectory
         }
@@ -53,14 +58,18 @@ public actor DownloadManager {
         public var out: String?
         /// The folder for this download instead of ``Configuration/downloadDirectory``.
         public var directory: String?
+        /// Extra request headers, sent on every request.
         public var headers = HTTPHeaders()
+        /// Verify the finished file against this digest.
         public var checksum: ExpectedChecksum?
+        /// TCP connections for this download, 1 to 16; nil takes ``Configuration/connections``.
         public var connections: Int?
         /// This download's own limit in bytes per second, within the manager's (``Configuration/rateLimit``);
         /// nil for none. Changeable later with ``DownloadManager/setRateLimit(_:_:)``.
         public var rateLimit: Int64?
         /// Replace an existing file that Stitch did not leave.
         public var overwrite = false
+        /// Higher starts first; equal priorities start in queue order (the order added, unless moved).
         public var priority = 0
         /// Add without starting (status ``DownloadStatus/paused``).
         public var paused = false
@@ -78,13 +87,13 @@ public actor DownloadManager {
         /// Engine settings for this download instead of the manager's.
         public var tuning = Tuning()
 
+        /// Options with this path and folder; the others are the defaults.
         public init(out: String? = nil, directory: String? = nil) {
             self.out = out
             self.directory = directory
         }
     }
 
-    /// What opening the catalog found.
     /// A download's own engine settings; each nil takes the manager's ``Configuration``.
     public struct Tuning: Sendable, Hashable, Codable {
         /// Failed attempts in a row before the download fails (``RetryPolicy/maxRetries``).
@@ -97,9 +106,11 @@ public actor DownloadManager {
         public var connectTimeout: Double?
         /// The smallest piece a split makes (``DownloadOptions/minimumSplitSize``).
         public var minimumSplitSize: Int64?
+        /// No settings of its own: every one is the manager's.
         public init() {}
     }
 
+    /// What opening the catalog found.
     public struct RestoreReport: Sendable, Hashable {
         /// Downloads restored from the catalog (or, after a rebuild, from state files).
         public var restored: Int
@@ -113,6 +124,7 @@ public actor DownloadManager {
 
     /// What is in force now: the configuration the manager was opened with, and the changes made since.
     public private(set) var configuration: Configuration
+    /// What opening the catalog found: downloads restored, a migration, a rebuild.
     public nonisolated let restoreReport: RestoreReport
 
     private let catalog: Catalog
@@ -167,7 +179,10 @@ public actor DownloadManager {
 
     /// Opens the manager kept in `directory` (its catalog), creating it if needed, and restores its downloads.
     /// - Parameters:
+    ///   - directory: where the manager keeps its catalog (created if missing).
+    ///   - configuration: the download folder, caps and defaults; nil downloads into `directory` with the defaults.
     ///   - transport: moves the bytes; the shared libcurl transport by default.
+    ///   - clock: time for retries and stall checks; the system's by default (tests inject their own).
     /// - Throws: ``DownloadManagerError`` when the catalog cannot be opened or created.
     public init(
         directory: String, configuration: Configuration? = nil, transport: any HTTPTransport = CurlTransport.shared,
@@ -417,7 +432,9 @@ public actor DownloadManager {
     }
 
     /// Removes a download from the manager, stopping it first.
-    /// - Parameter deletingFiles: also delete its partial data, and the finished file if it completed.
+    /// - Parameters:
+    ///   - id: the download.
+    ///   - deletingFiles: also delete its partial data, and the finished file if it completed.
     public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
@@ -465,7 +482,10 @@ public actor DownloadManager {
     }
 
     /// Where in the queue to put a download.
-    public enum QueuePlace: Sendable { case front, back }
+    public enum QueuePlace: Sendable {
+        /// `front`: before the others of its priority; `back`: after them.
+        case front, back
+    }
 
     /// Moves a download to the front or back of those with its priority.
     public func move(_ id: DownloadID, to place: QueuePlace) throws {
@@ -600,6 +620,7 @@ public actor DownloadManager {
     /// of the actor, so changes made at once by two callers to different settings both stay. Not finished
     /// downloads only; a running one starts its transfer again with them (keeping its bytes) when they changed.
     /// - Parameters:
+    ///   - id: the download.
     ///   - connections: `.some(nil)` for the manager's choice; nil leaves them.
     ///   - tuning: its non-nil settings replace the download's; the others stay.
     ///   - headers: replace every header; nil leaves them.

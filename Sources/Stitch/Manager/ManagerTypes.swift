@@ -15,6 +15,7 @@ public enum DownloadStatus: Sendable, Hashable, CustomStringConvertible {
     /// Gone from the manager (``DownloadManager/remove(_:deletingFiles:)``); the last state a stream reports.
     case removed
 
+    /// The status in words, as messages show it (a failure with its message).
     public var description: String {
         switch self {
         case .queued: "queued"
@@ -67,10 +68,16 @@ public enum DownloadStatus: Sendable, Hashable, CustomStringConvertible {
 
 /// What moves a download from one ``DownloadStatus`` to another.
 public enum DownloadAction: Sendable, Hashable, CustomStringConvertible {
+    /// `start`: the manager starts a queued download's transfer; `pause`, `resume`, `cancel`: a user asks for
+    /// them (``DownloadManager/pause(_:)``, ``DownloadManager/resume(_:)``, ``DownloadManager/cancel(_:)``);
+    /// `complete`: the manager has the file at its destination, complete and verified.
     case start, pause, resume, cancel, complete
+    /// The manager stops a running download with this failure.
     case fail(DownloadFailure)
+    /// A user removes the download (``DownloadManager/remove(_:deletingFiles:)``).
     case remove
 
+    /// The action's name, as messages show it ("cannot pause a download that is completed").
     public var description: String {
         switch self {
         case .start: "start"
@@ -91,6 +98,7 @@ public enum DownloadAction: Sendable, Hashable, CustomStringConvertible {
 
 /// Why a download failed, as kept in the catalog.
 public struct DownloadFailure: Error, Sendable, Hashable, CustomStringConvertible {
+    /// What kind of failure this is (``DownloadError/code``).
     public var code: DownloadError.Code
     /// One line for people.
     public var message: String
@@ -101,6 +109,7 @@ public struct DownloadFailure: Error, Sendable, Hashable, CustomStringConvertibl
     /// What can be done about it (``DownloadError/remedy``); not kept in the catalog.
     public var remedy: DownloadError.Remedy?
 
+    /// A failure with these fields; resumable unless said otherwise.
     public init(
         code: DownloadError.Code, message: String, isResumable: Bool = true, httpStatus: Int? = nil,
         remedy: DownloadError.Remedy? = nil
@@ -122,11 +131,13 @@ public struct DownloadFailure: Error, Sendable, Hashable, CustomStringConvertibl
     public static let cancelled = DownloadFailure(
         code: .cancelled, message: "cancelled; the partial download is kept", isResumable: true)
 
+    /// The ``message``.
     public var description: String { message }
 }
 
 /// Why a ``DownloadManager`` call was refused.
 public struct DownloadManagerError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// What was refused, and what it concerned.
     public enum Kind: Sendable, Hashable {
         /// No download has this id (never added, or removed).
         case unknownDownload(DownloadID)
@@ -142,10 +153,13 @@ public struct DownloadManagerError: Error, Sendable, Hashable, CustomStringConve
         case closed
     }
 
+    /// Why the call was refused.
     public var kind: Kind
 
+    /// An error of this kind.
     public init(_ kind: Kind) { self.kind = kind }
 
+    /// The reason in words, as messages show it.
     public var description: String {
         switch kind {
         case .unknownDownload(let id): "no download with id \(id)"
@@ -171,6 +185,7 @@ public struct TransferProgress: Sendable, Hashable {
     /// Seconds to go at the smoothed speed, when both the length and a speed are known.
     public var secondsLeft: Double?
 
+    /// Progress with these values; by default nothing done, no length and no speed.
     public init(
         bytes: Int64 = 0, total: Int64? = nil, durableBytes: Int64 = 0, bytesPerSecond: Double = 0,
         secondsLeft: Double? = nil
@@ -185,18 +200,25 @@ public struct TransferProgress: Sendable, Hashable {
 
 /// One download as the manager sees it at a moment.
 public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
+    /// The download's identifier.
     public var id: DownloadID
+    /// The URL it downloads from now.
     public var url: String
+    /// Extra request headers, sent on every request.
     public var headers: HTTPHeaders
     /// The path given when added: a file, or the folder the file is named into.
     public var destination: Destination
     /// The file's path once known (with a folder, after the first response).
     public var path: String?
+    /// Where it stands.
     public var status: DownloadStatus
+    /// Bytes, speed and time left.
     public var progress: TransferProgress
     /// Higher runs first; equal priorities run in ``position`` order.
     public var priority: Int
+    /// Its place among the downloads of its ``priority``: lower starts first.
     public var position: Int64
+    /// The digest the finished file is verified against, if one was given.
     public var checksum: ExpectedChecksum?
     /// Seconds since the epoch.
     public var addedAt: Double
@@ -213,7 +235,9 @@ public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
 
 /// What the manager reports as downloads move.
 public enum DownloadManagerEvent: Sendable, Hashable {
+    /// A download was added; its snapshot at that moment.
     case added(DownloadSnapshot)
+    /// The download moved to this status.
     case statusChanged(DownloadID, DownloadStatus)
     /// At most about ten a second per download.
     case progress(DownloadID, TransferProgress)

@@ -8,8 +8,11 @@ import Synchronization
 public struct DownloadPaths: Sendable, Hashable {
     /// Where the finished, verified file appears — and nothing else ever does.
     public let destination: String
+    /// `DEST.part`: the bytes so far; renamed to ``destination`` once complete and verified.
     public var part: String { destination + ".part" }
+    /// `DEST.stitch`: the state file, rewritten at each checkpoint (what is durable, the validators, the URL).
     public var state: String { destination + ".stitch" }
+    /// `DEST.stitch-live`: the live record of how far each segment was written since the last checkpoint.
     public var live: String { destination + ".stitch-live" }
     /// The state of the checkpoint before the last one (a hard link to that file): what a resume falls back on
     /// when `state` is found damaged.
@@ -21,6 +24,7 @@ public struct DownloadPaths: Sendable, Hashable {
     /// Every file a partial download may leave beside the destination, the part file aside.
     var sidecars: [String] { [state, state + ".tmp", state + ".lnk", previousState, live] }
 
+    /// The paths for the file at `destination`.
     public init(destination: String) { self.destination = destination }
 }
 
@@ -153,7 +157,7 @@ final class PartStore: @unchecked Sendable {
                 live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: [0])
             }
         } catch {
-            close(fd)
+            unlockAndClose(fd)
             throw error
         }
         let store = PartStore(paths: paths, fd: fd, live: live, state: state)
@@ -185,7 +189,7 @@ final class PartStore: @unchecked Sendable {
                     resumable: true)
             }
         } catch {
-            close(fd)
+            unlockAndClose(fd)
             throw error
         }
         // The caller may have given the state a new URL (the same download from a refreshed link); everything
@@ -193,7 +197,7 @@ final class PartStore: @unchecked Sendable {
         var expected = current
         expected?.url = state.url
         guard expected == state else {
-            close(fd)
+            unlockAndClose(fd)
             throw DownloadError(
                 .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
                 resumable: true)
@@ -201,7 +205,7 @@ final class PartStore: @unchecked Sendable {
         var info = stat()
         guard fstat(fd, &info) == 0 else {
             let error = Errno.current
-            close(fd)
+            unlockAndClose(fd)
             throw .io("cannot stat", path: paths.part, error)
         }
         let size = Int64(info.st_size)
@@ -234,7 +238,7 @@ final class PartStore: @unchecked Sendable {
         if state.validators.totalLength == nil, let only = state.segments.first, state.segments.count == 1 {
             guard ftruncate(fd, off_t(only.durable)) == 0 else {
                 let error = Errno.current
-                close(fd)
+                unlockAndClose(fd)
                 throw .io("cannot truncate", path: paths.part, error)
             }
         }
@@ -242,7 +246,7 @@ final class PartStore: @unchecked Sendable {
         let trusted = state.segments.map(\.durable)
         let live: LiveRecord
         do { live = try LiveRecord(creatingAt: paths.live, nonce: state.nonce, written: trusted) } catch {
-            close(fd)
+            unlockAndClose(fd)
             throw error
         }
         // From here the store owns (and closes) the descriptor. The new boot id must not be recorded before the
@@ -285,7 +289,7 @@ final class PartStore: @unchecked Sendable {
         guard fstat(fd, &opened) == 0, stat(paths.part, &named) == 0,
             opened.st_ino == named.st_ino, opened.st_dev == named.st_dev
         else {
-            close(fd)
+            unlockAndClose(fd)
             throw DownloadError(
                 .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
                 resumable: true)
@@ -309,11 +313,20 @@ final class PartStore: @unchecked Sendable {
     static func removeLeftovers(at paths: DownloadPaths) throws(DownloadError) {
         let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CLOEXEC) }
         if fd >= 0 {
-            defer { close(fd) }
+            defer { unlockAndClose(fd) }
             if let busy = lock(fd, paths) { throw busy }
             unlink(paths.part)
         }
         for sidecar in paths.sidecars { unlink(sidecar) }
+    }
+
+    /// Closes a descriptor this file may have locked, unlocking it first. A close alone does not release an `flock`
+    /// while another copy of the open file description exists, and a child that another thread is spawning holds
+    /// one from its fork to its exec: a run that failed after taking the lock (a live record it could not make,
+    /// say) left the download "being downloaded by another stitch run" for that long, to a retry at once.
+    private static func unlockAndClose(_ fd: Int32) {
+        _ = flock(fd, LOCK_UN)
+        close(fd)
     }
 
     /// Releases the lock (the run is over); the files stay as they are.

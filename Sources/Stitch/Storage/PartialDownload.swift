@@ -76,7 +76,11 @@ struct PartialDownload: Sendable {
         let fd = retryingOnInterrupt { open(paths.part, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
         guard fd >= 0 else { return false }
         defer { close(fd) }
-        return flock(fd, LOCK_EX | LOCK_NB) != 0
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else { return true }
+        // Let go before the close: a child being spawned meanwhile holds a copy of this open file description
+        // until its exec, and the lock would live as long (the next real open would find the download "busy").
+        _ = flock(fd, LOCK_UN)
+        return false
     }
 
     /// Removes the state, live record and their temporaries (a finished download whose clean-up was cut short).

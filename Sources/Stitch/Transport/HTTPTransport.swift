@@ -1,23 +1,31 @@
 import Foundation
 /// A case-insensitive, order-preserving list of HTTP header fields.
 public struct HTTPHeaders: Sendable, Hashable, Sequence {
+    /// One header field.
     public struct Field: Sendable, Hashable {
+        /// The field name, in the case it was given.
         public var name: String
+        /// The field value.
         public var value: String
+        /// A field with this name and value.
         public init(name: String, value: String) {
             self.name = name
             self.value = value
         }
     }
 
+    /// The fields in the order added.
     public private(set) var fields: [Field] = []
 
+    /// No fields.
     public init() {}
 
+    /// The fields of these (name, value) pairs, in order.
     public init(_ pairs: [(String, String)]) {
         self.fields = pairs.map { Field(name: $0.0, value: $0.1) }
     }
 
+    /// Appends a field, keeping any of the same name.
     public mutating func add(name: String, value: String) {
         fields.append(Field(name: name, value: value))
     }
@@ -28,15 +36,20 @@ public struct HTTPHeaders: Sendable, Hashable, Sequence {
         return fields.first { $0.name.lowercased() == lowered }?.value
     }
 
+    /// Whether a field named `name` is present, compared case-insensitively.
     public func contains(_ name: String) -> Bool { self[name] != nil }
 
+    /// Iterates over ``fields`` in order.
     public func makeIterator() -> IndexingIterator<[Field]> { fields.makeIterator() }
 }
 
 /// One HTTP GET as the engine asks the transport to perform it.
 public struct TransportRequest: Sendable {
+    /// The URL to request.
     public var url: String
+    /// The header fields to send (the engine's, such as `Range`, and the user's).
     public var headers: HTTPHeaders
+    /// Timeouts, TLS and credentials for this request.
     public var options: TransportOptions
     /// Set on every request of a segmented download's lanes (the lane's number): requests of different lanes are
     /// meant to travel in parallel, so a transport must not carry them over one connection (as streams of one
@@ -46,6 +59,7 @@ public struct TransportRequest: Sendable {
     /// business.
     public var lane: Int?
 
+    /// A request with these fields; by default on no lane.
     public init(url: String, headers: HTTPHeaders, options: TransportOptions, lane: Int? = nil) {
         self.url = url
         self.headers = headers
@@ -72,9 +86,11 @@ public struct TransportOptions: Sendable, Hashable {
     public var stallTimeout: Double = 30
     /// See `stallTimeout`. 1 KiB per 30 s is ~34 bytes a second, far below any real link; 1 restores "any byte".
     public var stallMinimumBytes: Int = 1024
+    /// Whether the server's certificate and host name are checked.
     public var tlsVerification: TLSVerification = .verify
     /// A PEM bundle used instead of the system trust store.
     public var caCertificatePath: String?
+    /// The `User-Agent` sent with every request.
     public var userAgent: String = "stitch/\(StitchVersion.string)"
     /// HTTP Basic credentials (`stitch get -u`), sent only to the origin they were given for.
     public var credentials: Credentials?
@@ -86,7 +102,9 @@ public struct TransportOptions: Sendable, Hashable {
     /// redirect to another origin does not get them, as curl does not send `-u` credentials to another host
     /// unless told to.
     public struct Credentials: Sendable, Hashable, CustomStringConvertible {
+        /// The user name.
         public var user: String
+        /// The password; never in ``description``.
         public var password: String
         /// The origins they are sent to, e.g. `https://example.com:443`.
         public var origins: Set<String>
@@ -115,17 +133,22 @@ public struct TransportOptions: Sendable, Hashable {
     public struct Netrc: Sendable, Hashable {
         /// The file; nil: `~/.netrc`.
         public var file: String?
+        /// Credentials from `file`, or from `~/.netrc` when nil.
         public init(file: String? = nil) { self.file = file }
     }
 
+    /// The defaults.
     public init() {}
 }
 
 /// The status line and header fields of a final (non-1xx) response.
 public struct ResponseHead: Sendable, Hashable {
+    /// The HTTP status code, e.g. 206.
     public var status: Int
+    /// The header fields, in the order received.
     public var headers: HTTPHeaders
 
+    /// A head with this status and these fields.
     public init(status: Int, headers: HTTPHeaders) {
         self.status = status
         self.headers = headers
@@ -211,18 +234,31 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
         self.underlyingCode = underlyingCode
     }
 
+    /// The calling task was cancelled, or ``TransportResponse/cancel()`` was called.
     public static let cancelled = TransportError(.cancelled, "cancelled")
+    /// The sink stopped the transfer (``ReceiveDecision/abort``).
     public static let abortedBySink = TransportError(.abortedBySink, "aborted")
+    /// The host name did not resolve; `m` is the message.
     public static func resolve(_ m: String) -> TransportError { .init(.resolve, m) }
+    /// The connection was refused or could not be made; `m` is the message.
     public static func connect(_ m: String) -> TransportError { .init(.connect, m) }
+    /// The connection was not established within ``TransportOptions/connectTimeout``; `m` is the message.
     public static func connectTimeout(_ m: String) -> TransportError { .init(.connectTimeout, m) }
+    /// Too few bytes arrived within ``TransportOptions/stallTimeout``; `m` is the message.
     public static func stalled(_ m: String) -> TransportError { .init(.stalled, m) }
+    /// A certificate or TLS handshake failure; `m` is the message. Not retried.
     public static func tls(_ m: String) -> TransportError { .init(.tls, m) }
+    /// The body ended before its announced length; `m` is the message.
     public static func partialBody(_ m: String) -> TransportError { .init(.partialBody, m) }
+    /// Sending or receiving failed on an open connection (reset, HTTP/2 stream error, nothing received); `m` is
+    /// the message.
     public static func network(_ m: String) -> TransportError { .init(.network, m) }
+    /// The server broke HTTP, e.g. it sent no complete response; `m` is the message.
     public static func protocolError(_ m: String) -> TransportError { .init(.protocolError, m) }
 
+    /// Whether the transfer was cancelled (``cancelled``).
     public var isCancelled: Bool { code == .cancelled }
+    /// Whether the sink stopped the transfer (``abortedBySink``).
     public var isAbortedBySink: Bool { code == .abortedBySink }
     /// TLS failures and cancellation are final; everything else may succeed on another try.
     public var isRetryable: Bool {
@@ -231,7 +267,9 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
         case .resolve, .connect, .connectTimeout, .stalled, .partialBody, .network, .protocolError: return true
         }
     }
+    /// Whether it is a certificate or handshake failure (``tls(_:)``).
     public var isTLS: Bool { code == .tls }
 
+    /// The ``message``.
     public var description: String { message }
 }
