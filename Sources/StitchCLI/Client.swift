@@ -75,13 +75,21 @@ enum Client {
         var urlFlag: String?
         var secretFile: String?
         var index = 0
+        var inline: String?
         func value(_ flag: String) throws -> String {
+            if let inline { return inline }
             index += 1
             guard index < arguments.count else { throw UsageError("\(flag) needs a value") }
             return arguments[index]
         }
         while index < arguments.count {
-            let argument = arguments[index]
+            var argument = arguments[index]
+            inline = nil
+            // --flag=value as well as --flag value.
+            if argument.hasPrefix("--"), let equals = argument.firstIndex(of: "=") {
+                inline = String(argument[argument.index(after: equals)...])
+                argument = String(argument[..<equals])
+            }
             switch argument {
             case "--rpc-url": urlFlag = try value(argument)
             case "--rpc-secret-file": secretFile = try value(argument)
@@ -96,6 +104,7 @@ enum Client {
                 guard command == "add" else { throw UsageError("unknown option '\(argument)' for 'stitch \(command)'") }
                 try addOption(argument, try value(argument), to: &options.downloadOptions)
             default:
+                // The name only, never an inline value (which could be a secret given to the wrong flag).
                 if argument.hasPrefix("-") && argument.count > 1 {
                     throw UsageError("unknown option '\(argument)' for 'stitch \(command)'")
                 }
@@ -123,10 +132,13 @@ enum Client {
         else {
             throw UsageError("the daemon's address must be an http:// or https:// URL, not '\(options.rpcURL)'")
         }
-        if let secretFile = secretFile ?? config.secretFile {
+        // Flag, environment, config file: the file's secret (from its own file or inline) comes last.
+        if let secretFile {
             options.secret = try readSecret(secretFile)
         } else if let secret = environment["STITCH_RPC_SECRET"], !secret.isEmpty {
             options.secret = secret
+        } else if let file = config.secretFile {
+            options.secret = try readSecret(file)
         } else {
             options.secret = config.secret
         }
@@ -179,13 +191,18 @@ enum Client {
     }
 
     /// Every download the daemon knows: active, then waiting, then stopped.
+    static let keys = JSON.array(
+        ["gid", "status", "totalLength", "completedLength", "downloadSpeed", "files", "errorMessage"].map(JSON.string))
+
+    /// The three lists in one `system.multicall`, so a download that moves from waiting to active between two
+    /// calls is neither missed nor listed twice.
     static func everything(_ client: RPCClient) async throws -> [JSON] {
-        let keys = JSON.array(
-            ["gid", "status", "totalLength", "completedLength", "downloadSpeed", "files", "errorMessage"].map(JSON.string))
-        var all = try await client.call("aria2.tellActive", [keys]).array ?? []
-        all += try await client.call("aria2.tellWaiting", [.integer(0), .integer(10_000), keys]).array ?? []
-        all += try await client.call("aria2.tellStopped", [.integer(0), .integer(10_000), keys]).array ?? []
-        return all
+        let results = try await client.multicall([
+            ("aria2.tellActive", [keys]),
+            ("aria2.tellWaiting", [.integer(0), .integer(10_000), keys]),
+            ("aria2.tellStopped", [.integer(0), .integer(10_000), keys]),
+        ])
+        return results.flatMap { $0.array ?? [] }
     }
 
     static func list(_ options: Options, _ client: RPCClient, _ output: Output) async throws -> ExitStatus {
@@ -260,11 +277,13 @@ enum Client {
         var lastPlain = 0.0
         var lastJSON = 0.0
         while signals.received == 0 {
-            var items = try await everything(client).map(Item.init)
-            if !watched.isEmpty {
-                items = items.filter { watched.contains($0.gid) }
-                let missing = watched.subtracting(items.map(\.gid))
-                if let gid = missing.first { throw RPCClient.Failure(message: "no download \(gid)", unreachable: false) }
+            let items: [Item]
+            if watched.isEmpty {
+                items = try await everything(client).map(Item.init)
+            } else {
+                // Each asked for by its GID, as the daemon matches them (an unknown one fails the watch).
+                items = try await client.multicall(options.arguments.map { ("aria2.tellStatus", [.string($0), keys]) })
+                    .map(Item.init)
             }
             let live = items.filter { ["active", "waiting", "paused"].contains($0.status) }
             let active = items.filter { $0.status == "active" }
@@ -307,7 +326,8 @@ enum Client {
             try? await Task.sleep(for: .milliseconds(500))
         }
         output.endProgressLine()
-        return .success  // Interrupted: watching is over; the downloads carry on in the daemon.
+        // Interrupted: the downloads carry on in the daemon, but what was watched for did not happen.
+        return signals.received == SIGTERM ? .terminated : .interrupted
     }
 
     /// A download as `tellStatus` shows it (aria2's numbers are strings).
@@ -376,8 +396,9 @@ struct ClientConfig {
         let path = path(environment: environment)
         guard let data = FileManager.default.contents(atPath: path) else { return ClientConfig() }
         var config = ClientConfig()
-        for (number, raw) in String(decoding: data, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false)
-            .enumerated()
+        // \.isNewline, not "\n": a file with CRLF line ends has "\r\n" characters, which "\n" never matches.
+        for (number, raw) in String(decoding: data, as: UTF8.self)
+            .split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated()
         {
             let line = raw.trimmingCharacters(in: .whitespaces)
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix("[") { continue }
@@ -416,11 +437,40 @@ struct RPCClient {
         var unreachable: Bool
     }
 
+    /// Several calls in one `system.multicall`; the results in order, or the first call's error.
+    func multicall(_ calls: [(String, [JSON])]) async throws -> [JSON] {
+        let list = calls.map { method, params -> JSON in
+            var all = params
+            if let secret { all.insert(.string("token:" + secret), at: 0) }
+            return .object([("methodName", .string(method)), ("params", .array(all))])
+        }
+        let results = try await send("system.multicall", [.array(list)]).array ?? []
+        return try results.map { result in
+            // Each result is [value], or a fault object.
+            if let value = result.array?.first { return value }
+            throw Self.failure(result, method: calls.first?.0 ?? "system.multicall")
+        }
+    }
+
     func call(_ method: String, _ params: [JSON] = []) async throws -> JSON {
         var all = params
         if let secret { all.insert(.string("token:" + secret), at: 0) }
+        return try await send(method, all)
+    }
+
+    private static func failure(_ error: JSON, method: String) -> Failure {
+        let message = error["message"]?.string ?? "error"
+        return Failure(
+            message: message == "Unauthorized"
+                ? "the daemon refused the secret (Unauthorized): --rpc-secret-file or STITCH_RPC_SECRET"
+                : "\(method): \(message)",
+            unreachable: false)
+    }
+
+    private func send(_ method: String, _ params: [JSON]) async throws -> JSON {
         let body = JSON.object([
-            ("jsonrpc", .string("2.0")), ("id", .string("stitch")), ("method", .string(method)), ("params", .array(all)),
+            ("jsonrpc", .string("2.0")), ("id", .string("stitch")), ("method", .string(method)),
+            ("params", .array(params)),
         ]).serialized
         var request = URLRequest(url: URL(string: url)!)
         request.httpMethod = "POST"
@@ -441,14 +491,7 @@ struct RPCClient {
         guard let reply = try? JSON.parse(Array(data)) else {
             throw Failure(message: "\(url) answered HTTP \(status), not JSON-RPC: is it stitch serve?", unreachable: false)
         }
-        if let error = reply["error"] {
-            let message = error["message"]?.string ?? "error"
-            throw Failure(
-                message: message == "Unauthorized"
-                    ? "the daemon refused the secret (Unauthorized): --rpc-secret-file or STITCH_RPC_SECRET"
-                    : "\(method): \(message)",
-                unreachable: false)
-        }
+        if let error = reply["error"] { throw Self.failure(error, method: method) }
         guard let result = reply["result"] else {
             throw Failure(message: "\(method): the reply has no result", unreachable: false)
         }

@@ -28,8 +28,8 @@ enum Help {
         Commands for a running 'stitch serve' (or aria2c: they speak its JSON-RPC). 'add' prints each new
         download's GID; 'ls' lists every download (active, waiting, stopped); 'rm' removes a download, or the
         result of one that ended; 'watch' shows progress as 'get' does, until the GIDs given have ended (exit 0
-        if all completed), until nothing is active or waiting (--until-idle), or until Ctrl-C — the downloads
-        carry on in the daemon either way.
+        if all completed), until nothing is active or waiting (--until-idle), or until Ctrl-C (exit 130) — the
+        downloads carry on in the daemon either way.
 
         OPTIONS (every command):
               --rpc-url URL         the daemon's JSON-RPC endpoint (default http://127.0.0.1:6800/jsonrpc)
@@ -42,7 +42,7 @@ enum Help {
         rpc-secret-file and rpc-secret, one 'key = "value"' per line.
 
         EXIT STATUS: 0 done; 1 the daemon refused (unknown GID, wrong secret) or a watched download failed;
-        64 usage; 75 the daemon could not be reached.
+        64 usage; 75 the daemon could not be reached; 130 watch interrupted.
         """
 
     static let get = """

@@ -29,6 +29,10 @@ final class Output: Sendable {
         /// What the live area shows (already fitted) and how many rows of the screen it takes.
         var live: [String] = []
         var shownRows = 0
+        /// The width changed under a live area: the next output starts with a newline (see refreshSize).
+        var pendingNewline = false
+        /// The live area is the single download's progress line (drawn by `progress(_:)`).
+        var singleLine = false
         var size: TerminalSize?
     }
 
@@ -44,16 +48,30 @@ final class Output: Sendable {
             resizeWatcher.withLock {
                 $0 = ResizeWatcher { [weak self] in
                     self?.state.withLock { state in
-                        state.size = TerminalSize.of(STDERR_FILENO)
-                        Self.draw(state.live, in: &state)
+                        // A single download's line is made again for the new width; a list's lines are cut to it
+                        // until the list's next tick (a quarter of a second) makes them again.
+                        if state.singleLine, let latest = state.latest {
+                            Self.refreshSize(&state)
+                            let line = ProgressLine(
+                                name: state.name, bytes: latest.bytes, total: latest.total, speed: state.speed)
+                            Self.draw([line.render(width: Self.width(state.size))], in: &state)
+                        } else {
+                            Self.draw(state.live, in: &state)
+                        }
                     }
                 }
             }
         }
     }
 
-    /// The terminal's size (nil when stderr is not a terminal).
-    var terminalSize: TerminalSize? { state.withLock { $0.size } }
+    /// The terminal's size (nil when stderr is not a terminal), read again now.
+    var terminalSize: TerminalSize? {
+        guard isTTY else { return nil }
+        return state.withLock { state in
+            Self.refreshSize(&state)
+            return state.size
+        }
+    }
 
     static func stdout(_ text: String) {
         writeAll(STDOUT_FILENO, text)
@@ -63,7 +81,10 @@ final class Output: Sendable {
     /// drawn again after.
     func result(_ text: String) {
         state.withLock { state in
+            if isTTY { Self.refreshSize(&state) }
             guard stdoutIsTTY, state.shownRows > 0 else {
+                let lead = Self.takeNewline(&state)
+                if !lead.isEmpty { writeAll(STDERR_FILENO, lead) }
                 writeAll(STDOUT_FILENO, text)
                 return
             }
@@ -79,7 +100,8 @@ final class Output: Sendable {
     func message(_ text: String, always: Bool = false) {
         if mode == .quiet && !always { return }
         state.withLock { state in
-            let erase = state.shownRows > 0 ? Self.erasure(state.shownRows) : ""
+            if isTTY { Self.refreshSize(&state) }
+            let erase = Self.takeNewline(&state) + (state.shownRows > 0 ? Self.erasure(state.shownRows) : "")
             state.shownRows = 0
             writeAll(STDERR_FILENO, erase + DisplayWidth.sanitizedKeepingLines(text) + "\n")
             Self.draw(state.live, in: &state)
@@ -89,9 +111,11 @@ final class Output: Sendable {
     /// Leaves the live area on the screen as it is and moves past it: it is finished.
     func endProgressLine() {
         state.withLock { state in
-            if state.shownRows > 0 { writeAll(STDERR_FILENO, "\n") }
+            if state.shownRows > 0 || state.pendingNewline { writeAll(STDERR_FILENO, "\n") }
             state.shownRows = 0
+            state.pendingNewline = false
             state.live = []
+            Self.liveAreaShown.store(false, ordering: .releasing)
         }
     }
 
@@ -100,6 +124,7 @@ final class Output: Sendable {
         state.withLock { state in
             guard mode == .human, isTTY, state.latest != nil || state.shownRows > 0 else { return }
             let line = ProgressLine(name: state.name, bytes: bytes, total: bytes, speed: state.speed, finished: true)
+            Self.refreshSize(&state)
             Self.draw([line.render(width: Self.width(state.size))], in: &state)
         }
         endProgressLine()
@@ -135,17 +160,44 @@ final class Output: Sendable {
         "\r" + (rows > 1 ? "\u{1B}[\(rows - 1)A" : "") + "\u{1B}[J"
     }
 
+    /// Whether a live area is on the screen, for an exit that cannot wait for its owner (a second Ctrl-C): it
+    /// then ends the line first.
+    static let liveAreaShown = Atomic<Bool>(false)
+
+    /// Reads the terminal's size again (every draw: one ioctl, so a resize is followed even before its SIGWINCH
+    /// arrives). When the width changed under a live area, the area is left where it is and the next draw starts
+    /// on a new row below it: a terminal that re-wraps lines on a resize (most do; xterm and pyte do not) has
+    /// turned the area into more rows than were drawn, which no erase can count, so one stale copy stays above
+    /// rather than fragments of it or of what was printed before it.
+    private static func refreshSize(_ state: inout State) {
+        guard let size = TerminalSize.of(STDERR_FILENO) else { return }
+        if let old = state.size, old.columns != size.columns, state.shownRows > 0 {
+            // Written with the next output, not now: one write per redraw, so nothing sees a half-made frame.
+            state.pendingNewline = true
+            state.shownRows = 0
+        }
+        state.size = size
+    }
+
+    private static func takeNewline(_ state: inout State) -> String {
+        guard state.pendingNewline else { return "" }
+        state.pendingNewline = false
+        return "\n"
+    }
+
     private static func draw(_ lines: [String], in state: inout State) {
+        refreshSize(&state)
         let width = width(state.size)
         // Never more rows than the screen has less one, or the terminal scrolls the area's top away.
         let fitted = lines.prefix(max(1, (state.size?.rows ?? 2) - 1)).map {
             DisplayWidth.truncated(DisplayWidth.sanitized($0), to: width)
         }
-        let erase = state.shownRows > 0 ? erasure(state.shownRows) : ""
+        let erase = takeNewline(&state) + (state.shownRows > 0 ? erasure(state.shownRows) : "")
         state.live = lines
         guard !fitted.isEmpty || !erase.isEmpty else { return }
         writeAll(STDERR_FILENO, erase + fitted.joined(separator: "\n"))
         state.shownRows = fitted.count
+        liveAreaShown.store(state.shownRows > 0, ordering: .releasing)
     }
 
     /// The single download's file name, for its progress line.
@@ -186,7 +238,9 @@ final class Output: Sendable {
             case .human:
                 let line = ProgressLine(name: state.name, bytes: progress.bytes, total: progress.total, speed: state.speed)
                 if isTTY {
+                    Self.refreshSize(&state)
                     Self.draw([line.render(width: Self.width(state.size))], in: &state)
+                    state.singleLine = true
                 } else if !firstSample, now - state.lastPlainLine >= 5 {
                     state.lastPlainLine = now
                     writeAll(STDERR_FILENO, DisplayWidth.sanitized(line.render(width: 100)) + "\n")

@@ -34,6 +34,9 @@ enum ExitStatus: Int32 {
 @main
 struct StitchCommand {
     static func main() async {
+        // A reader of stdout that goes away (`stitch get -i list | head -1`) is EPIPE on the next write, not a
+        // death mid-download with the terminal's live area left drawn.
+        signal(SIGPIPE, SIG_IGN)
         let arguments = Array(CommandLine.arguments.dropFirst())
         let status = await run(arguments)
         exit(status.rawValue)
@@ -416,6 +419,8 @@ final class SignalCatcher: @unchecked Sendable {
         for (source, number) in zip(sources, [SIGINT, SIGTERM]) {
             source.setEventHandler { [self] in
                 if receivedSignal.exchange(number, ordering: .acquiringAndReleasing) != 0 {
+                    // Not on the progress line: the shell's prompt would land on it.
+                    if Output.liveAreaShown.load(ordering: .acquiring) { writeAll(STDERR_FILENO, "\n") }
                     exit(number == SIGTERM ? ExitStatus.terminated.rawValue : ExitStatus.interrupted.rawValue)
                 }
                 handler.withLock { $0 }?()

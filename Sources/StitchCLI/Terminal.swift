@@ -35,9 +35,10 @@ final class ResizeWatcher: @unchecked Sendable {
 /// How many terminal columns text takes: East Asian wide and fullwidth characters (CJK, Hangul, kana, fullwidth
 /// forms) and emoji shown as emoji take two, combining marks and format characters none, everything else one.
 ///
-/// Measured per grapheme cluster (a base letter and its accents are one cell, a ZWJ emoji sequence two). Where
-/// terminals disagree — an emoji made so by U+FE0F — this counts the wider answer, so a line is at worst a
-/// column short, never wrapped.
+/// A grapheme cluster takes the sum of its scalars' widths (a letter and its accents one cell, a Devanagari
+/// consonant and its vowel sign two), and at least two when U+FE0F makes it an emoji. Where terminals disagree —
+/// a ZWJ family is two cells in some and six in others, as wcwidth counts it — this counts the wider answer, so a
+/// line is at worst short, never wrapped.
 enum DisplayWidth {
     static func of(_ text: String) -> Int {
         text.reduce(0) { $0 + of($1) }
@@ -45,16 +46,18 @@ enum DisplayWidth {
 
     static func of(_ character: Character) -> Int {
         var width = 0
+        var emoji = false
         for scalar in character.unicodeScalars {
-            if scalar == "\u{FE0F}" { return 2 }
-            width = max(width, of(scalar))
+            if scalar == "\u{FE0F}" { emoji = true }
+            width += of(scalar)
         }
-        return width
+        return emoji ? max(width, 2) : width
     }
 
     static func of(_ scalar: Unicode.Scalar) -> Int {
         let value = scalar.value
         if value < 0x7F { return value < 0x20 ? 0 : 1 }
+        if value == 0xAD { return 1 }  // The soft hyphen is a format character that terminals draw.
         switch scalar.properties.generalCategory {
         case .nonspacingMark, .enclosingMark, .format, .control: return 0
         default: break

@@ -55,8 +55,21 @@ func signalPipe(_ fd: Int32) {
     _ = Glibc.write(fd, &byte, 1)
 }
 
-/// Opens a listening TCP socket on 127.0.0.1 with an ephemeral port.
-func makeLoopbackListener() throws(TestServerError) -> (fd: Int32, port: Int) {
+/// A loopback port that refuses connections for as long as this lives: bound, never listening, so no other
+/// test's server can take it (a stopped server's port can be reused at once by a test running beside).
+public final class RefusingPort: Sendable {
+    public let port: Int
+    private let fd: Int32
+
+    public init() throws(TestServerError) {
+        (fd, port) = try makeLoopbackListener(listening: false)
+    }
+
+    deinit { closeDescriptor(fd) }
+}
+
+/// Opens a listening (or only bound) TCP socket on 127.0.0.1 with an ephemeral port.
+func makeLoopbackListener(listening: Bool = true) throws(TestServerError) -> (fd: Int32, port: Int) {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     guard fd >= 0 else { throw TestServerError("socket() failed: errno \(errno)") }
     var one: Int32 = 1
@@ -75,7 +88,7 @@ func makeLoopbackListener() throws(TestServerError) -> (fd: Int32, port: Int) {
         closeDescriptor(fd)
         throw TestServerError("bind(127.0.0.1:0) failed: errno \(code)")
     }
-    guard listen(fd, 128) == 0 else {
+    guard !listening || listen(fd, 128) == 0 else {
         let code = errno
         closeDescriptor(fd)
         throw TestServerError("listen() failed: errno \(code)")

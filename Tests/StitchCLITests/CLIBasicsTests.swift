@@ -389,9 +389,8 @@ struct CLIBasicsTests {
         #expect(errorLines(unresolved).count == 1, "\(unresolved)")
         #expect(!unresolved.stderr.contains("retry") && !unresolved.stderr.contains("rerun"), "\(unresolved)")
 
-        let stopped = try TestHTTPServer()
-        let port = stopped.port
-        stopped.stop()  // nothing listens there now: connections are refused
+        let refusing = try RefusingPort()  // bound, not listening: refused, and no other test's server there
+        let port = refusing.port
         let refused = try await sandbox.run(["get", "http://127.0.0.1:\(port)/f", "-o", "out.bin"])
         #expect(refused.status == 1, "\(refused)")
         let lines = errorLines(refused)
@@ -399,6 +398,7 @@ struct CLIBasicsTests {
         #expect(lines.last == "stitch: cannot connect to 127.0.0.1:\(port): connection refused (3 tries)", "\(refused)")
         #expect(!refused.stderr.contains("rerun"), "\(refused)")
         #expect(sandbox.entries().isEmpty, "\(sandbox.entries())")
+        withExtendedLifetime(refusing) {}
     }
 
     @Test func retriesExhaustedOnDroppedConnections() async throws {

@@ -63,6 +63,16 @@ struct ClientCommandsTests {
         #expect(try Self.status(fastGID, daemon) == "complete")
         #expect(readBytes(sandbox.path("dl/one.bin")) == fast.data)
 
+        // Watching everything until Ctrl-C: 130, as an interrupted wait is; the download carries on.
+        let watching = try sandbox.start(
+            ["watch", "--rpc-url", "http://127.0.0.1:\(daemon.port)/jsonrpc"],
+            environment: ["STITCH_CLIENT_CONFIG": sandbox.path("no-config")])
+        #expect(await waitUntil(timeout: .seconds(60)) { watching.stderrSoFar.contains("1 active") }, "\(watching.stderrSoFar)")
+        watching.send(SIGINT)
+        let interrupted = await watching.wait()
+        #expect(interrupted.status == 130, "\(interrupted)")
+        #expect(try Self.status(slowGID, daemon) == "active")
+
         let stats = try await Self.client(["stats"], daemon, in: sandbox)
         #expect(stats.status == 0, "\(stats)")
         #expect(stats.stdout.hasPrefix("1 active, 0 waiting, 1 stopped"), "\(stats)")
@@ -98,22 +108,36 @@ struct ClientCommandsTests {
         #expect(noSecret.stderr.contains("refused the secret"), "\(noSecret)")
 
         try Data("s3cret-token\n".utf8).write(to: URL(fileURLWithPath: sandbox.path("secret")))
-        let config = "# the client's config\nrpc-url = \"http://127.0.0.1:\(daemon.port)/jsonrpc\"\n"
-            + "rpc-secret-file = \"\(sandbox.path("secret"))\"\n"
+        // CRLF line ends, as an editor on Windows writes them.
+        let config = "# the client's config\r\nrpc-url = \"http://127.0.0.1:\(daemon.port)/jsonrpc\"\r\n"
+            + "rpc-secret-file = \"\(sandbox.path("secret"))\"\r\n"
         try Data(config.utf8).write(to: URL(fileURLWithPath: sandbox.path("client.toml")))
         let configured = try await Self.client(
             ["stats", "--json"], nil, in: sandbox, environment: ["STITCH_CLIENT_CONFIG": sandbox.path("client.toml")])
         #expect(configured.status == 0, "\(configured)")
         #expect(jsonLines(configured.stdout)?.first?["event"] as? String == "stats", "\(configured)")
 
-        let onTheLine = try await Self.client(["ls", "--rpc-secret", "s3cret-token"], daemon, in: sandbox)
-        #expect(onTheLine.status == 64, "\(onTheLine)")
-        #expect(!onTheLine.stderr.contains("s3cret-token"), "the secret is not echoed")
+        // The environment's secret comes before the config file's.
+        try Data("rpc-secret = \"wrong\"\n".utf8).write(to: URL(fileURLWithPath: sandbox.path("wrong.toml")))
+        let environmentFirst = try await Self.client(
+            ["stats"], daemon, in: sandbox,
+            environment: ["STITCH_CLIENT_CONFIG": sandbox.path("wrong.toml"), "STITCH_RPC_SECRET": "s3cret-token"])
+        #expect(environmentFirst.status == 0, "\(environmentFirst)")
+
+        for form in [["--rpc-secret", "s3cret-token"], ["--rpc-secret=s3cret-token"]] {
+            let onTheLine = try await Self.client(["ls"] + form, daemon, in: sandbox)
+            #expect(onTheLine.status == 64, "\(onTheLine)")
+            #expect(!onTheLine.stderr.contains("s3cret-token"), "the secret is not echoed: \(onTheLine.stderr)")
+        }
         _ = await daemon.stop()
 
-        // Nothing listens on the daemon's port any more.
-        let gone = try await Self.client(["ls"], daemon, in: sandbox, environment: ["STITCH_RPC_SECRET": "x"])
+        // Nothing listens there (a port held bound, not a stopped daemon's, which another test could take).
+        let refusing = try RefusingPort()
+        let gone = try await Self.client(
+            ["ls", "--rpc-url", "http://127.0.0.1:\(refusing.port)/jsonrpc"], nil, in: sandbox,
+            environment: ["STITCH_RPC_SECRET": "x"])
         #expect(gone.status == 75, "\(gone)")
         #expect(gone.stderr.contains("cannot reach stitch serve"), "\(gone)")
+        withExtendedLifetime(refusing) {}
     }
 }

@@ -21,7 +21,11 @@ struct ProgressViewTests {
         #expect(DisplayWidth.of("ＡＢ") == 4, "fullwidth forms")
         #expect(DisplayWidth.of("e\u{301}") == 1, "a letter and its combining accent are one cell")
         #expect(DisplayWidth.of("👍") == 2)
-        #expect(DisplayWidth.of("👨‍👩‍👧") == 2, "a ZWJ sequence is one emoji")
+        #expect(DisplayWidth.of("👨‍👩‍👧") == 6, "a ZWJ sequence: the widest answer a terminal gives (wcwidth's)")
+        #expect(DisplayWidth.of("👍🏽") == 4)
+        #expect(DisplayWidth.of("कि") == 2, "a consonant and its spacing vowel sign")
+        #expect(DisplayWidth.of("❤\u{FE0F}") == 2, "made an emoji by U+FE0F")
+        #expect(DisplayWidth.of("a\u{AD}b") == 3, "the soft hyphen is drawn")
         #expect(DisplayWidth.of("\u{200B}") == 0)
     }
 
@@ -155,7 +159,9 @@ struct ProgressViewTests {
         #expect(screen.final.contains { $0.hasPrefix(sandbox.directory) }, "\(screen.final)")
     }
 
-    /// Resized from 120 to 40 columns mid-download (SIGWINCH), the view re-measures: later frames fit 40 columns.
+    /// Resized from 120 to 40 columns mid-download (SIGWINCH), the view re-measures: later frames fit 40 columns,
+    /// drawn on a new row below the old line (which a re-wrapping terminal has made three rows that no erase could
+    /// count), so at most one stale copy stays above.
     @Test func resizeIsFollowed() async throws {
         let server = try TestHTTPServer()
         defer { server.stop() }
@@ -169,9 +175,10 @@ struct ProgressViewTests {
         #expect(screen.status == 0, "\(screen.raw)")
         let after = try #require(screen.phases.last)
         #expect(after.frames >= 2, "\(screen.raw)")
-        #expect(after.maxProgressRows == 1, "\(screen.raw)")
+        #expect(after.maxProgressRows <= 2, "the live line and at most one copy from before: \(screen.raw)")
         #expect(after.fullRows.isEmpty, "a line as wide as before the resize: \(after.fullRows)")
-        #expect(screen.progressRows.first?.contains("100%") == true, "\(screen.final)")
+        #expect(screen.progressRows.count <= 2, "\(screen.final)")
+        #expect(screen.progressRows.last?.contains("100%") == true, "\(screen.final)")
     }
 
     /// Three downloads at once: a summary line and a line per running download on a tall terminal (the summary

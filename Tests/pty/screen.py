@@ -3,10 +3,10 @@
 
 The command's output goes through pyte (a VT100 emulator) rather than a byte log, so the report is about the
 screen: after every burst of output (a frame) the rows that show a progress percentage are counted, and each is
-checked to leave the last column free. With --resize COLS, the terminal is resized (SIGWINCH) once the first
-progress row has been seen.
+checked to leave the last column free (after a resize, the lowest of them: the live one). With --resize COLS, the
+terminal is resized (SIGWINCH) once the first progress row has been seen.
 
-    screen.py --cols 60 --rows 24 [--resize 40] -- stitch get URL -o FILE
+    screen.py --cols 60 --rows 24 [--resize 40] -- stitch get URL -o FILE     (SCREEN_DEBUG=1: every read and frame on stderr)
 
 Prints one JSON object: the exit status, the final screen's rows (right-stripped), and per phase (before and after
 the resize) the number of frames with progress, the most progress rows seen at once, and the progress rows that
@@ -66,15 +66,20 @@ def main():
         nonlocal phase, cols
         for text in seen:
             seen[text] = seen[text] or any(text in row for row in screen.display)
-        rows = [row for row in screen.display if PROGRESS.search(row)]
+        rows = [y for y, row in enumerate(screen.display) if PROGRESS.search(row)]
         if not rows:
             return
         record = phases[phase]
+        if os.environ.get("SCREEN_DEBUG"):
+            print(f"frame phase {phase}:", [screen.display[y].rstrip() for y in rows], file=sys.stderr)
         record["frames"] += 1
         record["max_progress_rows"] = max(record["max_progress_rows"], len(rows))
-        for row in rows:
-            if row[cols - 1:].strip():
-                record["full_rows"].append(row.rstrip())
+        # The last column, read from the cells (display strings drop the second cell of a wide character). After
+        # the resize only the live row, the lowest, is held to it: a copy left above from before is cut by the
+        # emulator, not drawn by the program.
+        for y in (rows if phase == 0 else rows[-1:]):
+            if screen.buffer[y][cols - 1].data.strip():
+                record["full_rows"].append(screen.display[y].rstrip())
         if args.resize and phase == 0:
             phase = 1
             cols = args.resize
@@ -100,6 +105,8 @@ def main():
             break
         if not data:
             break
+        if os.environ.get("SCREEN_DEBUG"):
+            print(f"read (phase {phase}): {data[:300]!r}", file=sys.stderr)
         stream.feed(data)
         # A frame ends when no more output follows within 20 ms (one redraw is one write).
         more, _, _ = select.select([master], [], [], 0.02)
