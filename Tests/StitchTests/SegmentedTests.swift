@@ -643,15 +643,17 @@ import Testing
         let resumed = f.server.requests[requestsBefore...]
         #expect(resumed.allSatisfy { $0.range != nil && $0.header("If-Range") == Self.etag })
         // Each empty segment is asked for exactly once; on a loaded machine the end game may also steal the tail of
-        // a slow lane's segment, which is a range inside one segment (seen in CI), never a whole-file request.
+        // a slow lane's segment (seen in CI), and then the tail of what that lane still had (a second steal ends
+        // where the first began: seen under two busy loops) — always a range inside one segment, past its start,
+        // never a whole-file request.
         let asked = resumed.compactMap(AskedRange.init)
         #expect(asked.count == resumed.count, "\(resumed.map(\.range))")
         #expect(asked.filter(segments.contains).count == segments.count, "\(asked)")
         #expect(Set(asked.filter(segments.contains)) == Set(segments), "\(asked)")
         for steal in asked where !segments.contains(steal) {
             #expect(
-                segments.contains { $0.start < steal.start && steal.last == $0.last },
-                "\(steal) is not the tail of one segment: \(asked)")
+                segments.contains { $0.start < steal.start && (steal.last ?? .max) <= ($0.last ?? .max) },
+                "\(steal) is not inside one segment: \(asked)")
         }
     }
 
