@@ -154,11 +154,7 @@ enum Batch {
             rows.append([status, size.map(Output.bytes) ?? "-", speed, snapshot.path ?? snapshot.url])
         }
         for entry in invalid { rows.append(["failed", "-", "-", entry.url]) }
-        var widths = [Int](repeating: 0, count: 3)
-        for row in rows { for column in 0..<3 { widths[column] = max(widths[column], DisplayWidth.of(row[column])) } }
-        return rows.map { row in
-            (0..<3).map { DisplayWidth.padded(row[$0], to: widths[$0]) }.joined(separator: "  ") + "  " + row[3]
-        }.joined(separator: "\n")
+        return DisplayWidth.table(rows)
     }
 
     /// The downloads the command line and the list ask for, in order.

@@ -219,7 +219,7 @@ enum Client {
                 download.status == "active" ? "\(Output.bytes(download.speed))/s" : "-", download.name,
             ])
         }
-        output.result(table(rows) + "\n")
+        output.result(DisplayWidth.table(rows) + "\n")
         return .success
     }
 
@@ -363,18 +363,6 @@ enum Client {
             if let error { fields["error"] = error }
             return fields
         }
-    }
-
-    /// Rows as columns padded to their widest cell (by display width); the last column is not padded.
-    static func table(_ rows: [[String]]) -> String {
-        guard let columns = rows.first?.count, columns > 0 else { return "" }
-        var widths = [Int](repeating: 0, count: columns)
-        for row in rows { for (column, cell) in row.enumerated() { widths[column] = max(widths[column], DisplayWidth.of(cell)) } }
-        return rows.map { row in
-            row.enumerated().map { column, cell in
-                column == columns - 1 ? DisplayWidth.sanitized(cell) : DisplayWidth.padded(DisplayWidth.sanitized(cell), to: widths[column])
-            }.joined(separator: "  ")
-        }.joined(separator: "\n")
     }
 }
 

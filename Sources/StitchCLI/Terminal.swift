@@ -130,6 +130,19 @@ enum DisplayWidth {
         return head + "…" + String(tail.reversed())
     }
 
+    /// Rows as columns padded to their widest cell (by display width, after sanitizing), two spaces apart; the
+    /// last column is not padded. `stitch ls` and the results table of a list.
+    static func table(_ rows: [[String]]) -> String {
+        let cells = rows.map { $0.map(sanitized) }
+        guard let columns = cells.first?.count, columns > 0 else { return "" }
+        var widths = [Int](repeating: 0, count: columns)
+        for row in cells { for (column, cell) in row.enumerated() { widths[column] = max(widths[column], of(cell)) } }
+        return cells.map { row in
+            row.enumerated().map { column, cell in column == columns - 1 ? cell : padded(cell, to: widths[column]) }
+                .joined(separator: "  ")
+        }.joined(separator: "\n")
+    }
+
     /// `text` padded with spaces on the right to `columns` columns (if it is narrower).
     static func padded(_ text: String, to columns: Int) -> String {
         text + String(repeating: " ", count: max(0, columns - of(text)))
