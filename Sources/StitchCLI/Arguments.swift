@@ -25,6 +25,8 @@ struct GetOptions {
     var caCert: String?
     var insecure = false
     var overwrite = false
+    /// `--adopt`: take over a partial that wget, curl or aria2c left at `-o FILE` (or at each list entry's `out=`).
+    var adopt = false
     var quiet = false
     var json = false
     var connections: Int?
@@ -147,13 +149,14 @@ struct GetOptions {
             case "--streams": options.streams = true
             case "-k", "--insecure": options.insecure = true
             case "--overwrite": options.overwrite = true
+            case "--adopt": options.adopt = true
             case "-q", "--quiet": options.quiet = true
             case "--json": options.json = true
             default:
                 throw UsageError("unknown option '\(argument)'")
             }
             if inlineValue != nil,
-                ["--insecure", "--overwrite", "--quiet", "--json", "--streams", "--netrc"].contains(argument)
+                ["--insecure", "--overwrite", "--adopt", "--quiet", "--json", "--streams", "--netrc"].contains(argument)
             {
                 throw UsageError("\(argument) takes no value")
             }
@@ -196,9 +199,19 @@ struct GetOptions {
             }
             if json { throw UsageError("--json writes to standard output, which -o - holds; use -o FILE") }
             if overwrite { throw UsageError("--overwrite has no file to replace with -o -") }
+            if adopt { throw UsageError("--adopt takes over a partial FILE; -o - has none") }
         }
         if let output, output.isEmpty || output.hasSuffix("/") {
             throw UsageError("-o needs a file path, not '\(output)'")
+        }
+        if adopt && isBatch && !urls.isEmpty {
+            throw UsageError("--adopt with several downloads takes their names from -i FILE (out= per download); give the URLs there")
+        }
+        if adopt && !isBatch && output == nil {
+            throw UsageError(
+                resumePath != nil
+                    ? "--resume continues stitch's own partial download; --adopt is for another tool's: use -o FILE"
+                    : "--adopt needs -o FILE: the partial download to take over")
         }
         if let caCert, caCert.isEmpty { throw UsageError("--ca-cert needs a file path") }
         if quiet && json { throw UsageError("--quiet and --json cannot be used together") }

@@ -164,6 +164,7 @@ enum Batch {
             add.headers = options.headers
             add.connections = options.connections
             add.overwrite = options.overwrite
+            add.adopt = options.adopt
             return add
         }
         var items = options.urls.map { Item(url: $0, options: base()) }
@@ -205,6 +206,14 @@ enum Batch {
             add.directory = entry.dir.map(normalizedPath)
             add.checksum = entry.checksum
             if let connections = entry.connections { add.connections = connections }
+            if let adopt = entry.adopt { add.adopt = adopt }
+            if add.adopt && entry.out == nil {
+                items.append(
+                    Item(
+                        url: url, options: add,
+                        problem: "\(inputFile): line \(entry.line): 'adopt' needs 'out' (the partial's name); not downloaded"))
+                continue
+            }
             // A header in the list replaces a -H header of the same name.
             let given = Set(entry.headers.compactMap { Downloader.parseHeaderLine($0)?.0.lowercased() })
             var headers = HTTPHeaders()

@@ -80,6 +80,9 @@ enum Help {
               --netrc, --netrc-file FILE
                                     credentials per host from ~/.netrc or FILE (-u wins for its host)
               --overwrite           replace an existing DEST, or a partial download that cannot be resumed
+              --adopt               with -o FILE: take over a partial FILE that wget -c, curl -C - or aria2c
+                                    left, once the server proves it (a strong validator and samples of FILE
+                                    that match); else download it again and replace FILE when complete
           -i, --input-file FILE     download the URLs listed in FILE (aria2c's format: indented out=, dir=,
                                     checksum=, header=, split= lines; '-' reads stdin)
           -j, --jobs N              with several URLs or -i: downloads at once, 1-256 (default 5)

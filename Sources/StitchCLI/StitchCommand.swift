@@ -171,6 +171,7 @@ struct StitchCommand {
             request = DownloadRequest(
                 url: options.url ?? "", destination: destination, headers: options.headers,
                 checksum: options.checksum, overwrite: options.overwrite)
+            request.adopt = options.adopt
         }
         if let caCert = options.caCert, access(caCert, R_OK) != 0 {
             output.error("--ca-cert: cannot read \(caCert)")

@@ -115,6 +115,7 @@ final class DownloadRun: @unchecked Sendable {
     private func runSteps() async throws -> DownloadResult {
         if case .file(let path) = request.destination {
             let paths = DownloadPaths(destination: absolutePath(path))
+            if request.adopt { try await adoptForeignPartial(paths) }
             // What an earlier run left is looked at on the blocking pool: reopening may sync, read the state and
             // hash a prefix; an already complete file may be hashed against a checksum. With nothing there (the
             // usual first run) the two failing lookups are all it costs, here.
@@ -286,7 +287,7 @@ final class DownloadRun: @unchecked Sendable {
                     "\(paths.part) belongs to a download of \(state.url)", remedy: .overwrite(.replace))
             }
             // A file that appeared at the destination while the partial waited is not ours to replace.
-            if destinationExists && !request.overwrite {
+            if destinationExists && !replacesDestination {
                 throw DownloadError(
                     .destinationExists,
                     "\(paths.destination) already exists (the partial download beside it is kept)",
@@ -337,10 +338,15 @@ final class DownloadRun: @unchecked Sendable {
         return try checkDestination(partial, exists: destinationExists)
     }
 
+    /// Whether a file at the destination that Stitch did not finish may be replaced by the finished download: with
+    /// ``DownloadRequest/overwrite``, or ``DownloadRequest/adopt`` (the user said the file there is a partial
+    /// download of this one; when it could not be adopted, the complete file replaces it).
+    private var replacesDestination: Bool { request.overwrite || request.adopt }
+
     private func checkDestination(_ partial: PartialDownload, exists: Bool) throws -> DownloadResult? {
         guard exists else { return nil }
         if let done = try completedResult(partial) { return done }
-        if request.overwrite { return nil }
+        if replacesDestination { return nil }
         throw DownloadError(
             .destinationExists, "\(partial.paths.destination) already exists", remedy: .overwrite(.replace))
     }
@@ -481,7 +487,13 @@ final class DownloadRun: @unchecked Sendable {
         // Two syncs and a rename: blocking calls that must not hold one of the few cooperative threads, or a
         // list of small files syncs two at a time instead of letting the file system commit them together.
         let url = request.url
-        try await offloaded { () throws(DownloadError) in try store.finish(url: url, length: bytes) }
+        let adopted = request.adopt
+        try await offloaded { () throws(DownloadError) in
+            try store.finish(url: url, length: bytes)
+            // aria2's control file of a partial this run adopted (left by a crash between the adoption's rename
+            // and its removal), or of one it replaced: it describes a file that is no longer there.
+            if adopted { ForeignPartial.removeControlFile(of: store.paths.destination) }
+        }
         return DownloadResult(
             destination: store.paths.destination, bytes: bytes,
             bytesTransferred: counters.received.load(ordering: .relaxed), resumedFrom: resumedFrom,

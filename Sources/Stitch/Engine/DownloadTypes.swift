@@ -22,6 +22,13 @@ public struct DownloadRequest: Sendable {
     /// file that one of them left is this download's. The partial is resumed only if the new URL serves the same
     /// file (`If-Range` with the saved validators); otherwise it starts over and says why.
     public var formerURLs: [String] = []
+    /// Take over a partial download that another program left at a ``Destination/file(_:)`` destination — `wget
+    /// -c`'s or `curl -C -`'s (the file alone) or aria2c's (the file and `FILE.aria2`) — instead of refusing it,
+    /// once the server proves it: ranges, a strong validator, a length that fits, and samples spread over the
+    /// partial that match the server's bytes (docs/adopt.md; bytes between the samples are not checked, so give a
+    /// ``checksum`` to prove every byte). Without proof the download starts from zero beside it and replaces it
+    /// only once complete, as it does with ``overwrite``. Ignored for a ``Destination/directory(_:)``.
+    public var adopt = false
     /// With ``Destination/directory(_:)``: given the path named by the first response, returns the path to use.
     /// ``DownloadManager`` uses it to keep two downloads off one file. Called once, on an arbitrary thread.
     public var choosePath: (@Sendable (String) -> String)?

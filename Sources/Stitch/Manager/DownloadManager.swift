@@ -69,6 +69,8 @@ public actor DownloadManager {
         public var rateLimit: Int64?
         /// Replace an existing file that Stitch did not leave.
         public var overwrite = false
+        /// With ``out``: take over a partial download another program left there (``DownloadRequest/adopt``).
+        public var adopt = false
         /// Higher starts first; equal priorities start in queue order (the order added, unless moved).
         public var priority = 0
         /// Add without starting (status ``DownloadStatus/paused``).
@@ -351,6 +353,7 @@ public actor DownloadManager {
                         let others = options.mirrors.filter { $0 != url }
                         stored.mirrors = others.isEmpty ? [] : [url] + others
                         stored.tuning = options.tuning
+                        stored.adopt = options.adopt && options.out != nil
                         return stored
                     }(),
                     status: options.paused ? CatalogEntry.Status.paused : CatalogEntry.Status.queued,
@@ -998,6 +1001,7 @@ public actor DownloadManager {
             checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) },
             overwrite: entry.options.overwrite)
         request.formerURLs = entry.options.formerURLs
+        request.adopt = entry.options.adopt
         let claims = self.claims
         let id = entry.id
         let urls = Set([entry.url] + entry.options.formerURLs)

@@ -19,7 +19,8 @@
 ///   control character makes that download fail (``Entry/problem``).
 /// - A line that starts with a space or a TAB holds one `key=value` option for the download above it, even across
 ///   blank and comment lines. Supported keys: `out`, `dir`, `checksum`, `header` (repeatable), `split`,
-///   `max-connection-per-server` and `max-download-limit`. Other keys are recorded in ``warnings`` and ignored;
+///   `max-connection-per-server`, `max-download-limit` and Stitch's own `adopt` (`true` or `false`: take over
+///   the partial another program left at `out`). Other keys are recorded in ``warnings`` and ignored;
 ///   a non-repeatable key given twice keeps its last value, with a warning. A bad value makes that download fail
 ///   alone (``Entry/problem``: the first one found), the rest of the list goes on; `split` and
 ///   `max-connection-per-server` above 16 are capped to 16 with a warning, as aria2c caps them.
@@ -48,6 +49,9 @@ public struct InputList: Sendable, Hashable {
         public var connections: Int?
         /// `max-download-limit` in bytes per second; `nil` for no limit (aria2's `0`).
         public var rateLimit: Int64?
+        /// `adopt`: take over the partial download another program left at ``out`` (`true`), or not (`false`);
+        /// nil when not given (the command line's choice).
+        public var adopt: Bool?
         /// The 1-based line number of the URI line.
         public var line: Int
         /// Why this download cannot be made (a bad URI or option value), naming the line; `nil` for a good entry.
@@ -102,7 +106,7 @@ public struct InputList: Sendable, Hashable {
 
     /// The option keys Stitch understands; any other key gives a warning.
     public static let supportedKeys: [String] = [
-        "out", "dir", "checksum", "header", "split", "max-connection-per-server", "max-download-limit",
+        "out", "dir", "checksum", "header", "split", "max-connection-per-server", "max-download-limit", "adopt",
     ]
 
     /// The allowed values of `split` and `max-connection-per-server`.
@@ -345,6 +349,12 @@ extension InputList {
                     throw fail(
                         "'max-download-limit' must be a rate like 500K, 2M or 1.5M (bytes per second; 0 for none), "
                             + "got \(InputList.quoted(value))")
+                }
+            case "adopt":
+                switch value.lowercased() {
+                case "true": current?.adopt = true
+                case "false": current?.adopt = false
+                default: throw fail("'adopt' must be true or false, got \(InputList.quoted(value))")
                 }
             default:
                 preconditionFailure("supportedKeys and apply(key:value:line:) disagree on '\(key)'")

@@ -791,7 +791,7 @@ final class PartStore: @unchecked Sendable {
         }
     }
 
-    private static func newNonce() -> String {
+    static func newNonce() -> String {
         String(UInt64.random(in: 1...UInt64.max), radix: 16)
     }
 }

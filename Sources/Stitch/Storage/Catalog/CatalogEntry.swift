@@ -117,6 +117,8 @@ struct StoredOptions: Codable, Sendable, Hashable {
     var mirrorsTried = 0
     /// This download's own engine settings; nil for the manager's.
     var tuning = DownloadManager.Tuning()
+    /// Take over another program's partial download at the file (``DownloadManager/AddOptions/adopt``).
+    var adopt = false
 
     init(
         connections: Int? = nil, overwrite: Bool = false, rateLimit: Int64? = nil, http2Streams: Bool = false,
@@ -138,6 +140,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         case mirrors
         case mirrorsTried
         case tuning
+        case adopt
     }
 
     init(from decoder: any Decoder) throws {
@@ -151,6 +154,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         mirrors = (try? container.decodeIfPresent([String].self, forKey: .mirrors)) ?? []
         mirrorsTried = (try? container.decodeIfPresent(Int.self, forKey: .mirrorsTried)) ?? 0
         tuning = (try? container.decodeIfPresent(DownloadManager.Tuning.self, forKey: .tuning)) ?? DownloadManager.Tuning()
+        adopt = (try? container.decodeIfPresent(Bool.self, forKey: .adopt)) ?? false
     }
 
     func encode(to encoder: any Encoder) throws {
@@ -163,5 +167,6 @@ struct StoredOptions: Codable, Sendable, Hashable {
         if !mirrors.isEmpty { try container.encode(mirrors, forKey: .mirrors) }
         if mirrorsTried != 0 { try container.encode(mirrorsTried, forKey: .mirrorsTried) }
         if tuning != DownloadManager.Tuning() { try container.encode(tuning, forKey: .tuning) }
+        if adopt { try container.encode(adopt, forKey: .adopt) }
     }
 }
