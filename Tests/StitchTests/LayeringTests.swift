@@ -85,7 +85,9 @@ import Testing
             for (number, line) in lines.enumerated() {
                 let code = line.trimmingCharacters(in: .whitespaces)
                 if code.hasPrefix("//") { continue }
+                // String literals may name the curl tool to the user (`--adopt`: "left by wget -c or curl -C -").
                 let rest = code.replacingOccurrences(of: "= CurlTransport.shared", with: "")
+                    .replacingOccurrences(of: #""(?:[^"\\]|\\.)*""#, with: "\"\"", options: .regularExpression)
                 if rest.range(of: "curl", options: .caseInsensitive) != nil {
                     found.append("\(path):\(number + 1): \(code)")
                 }
