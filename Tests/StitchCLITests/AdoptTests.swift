@@ -215,7 +215,9 @@ struct AdoptTests {
         let control = sandbox.path("f.bin.aria2")
         let met = try await Self.runAndKill(
             "/usr/bin/aria2c", ["-q", "--auto-save-interval=1", "-o", "f.bin", file.slowURL], in: sandbox.directory
-        ) { readBytes(control).flatMap { try? Aria2ControlFile(parsing: $0) }.map { $0.complete.contains(true) } == true }
+        ) {
+            readBytes(control).flatMap { try? Aria2ControlFile(parsing: $0) }.map { $0.complete.contains(true) } == true
+        }
         #expect(met)
         let damaged = Array(try #require(readBytes(control)).dropLast(3))
         try Data(damaged).write(to: URL(fileURLWithPath: control))

@@ -45,13 +45,28 @@ import Testing
 
     @Test(arguments: [
         ("version 0", controlFile(pieceLength: 1 << 20, total: 4 << 20, complete: [0], version: 0), "version 0"),
-        ("BitTorrent", controlFile(pieceLength: 1 << 20, total: 4 << 20, complete: [0], infoHash: [1, 2]), "BitTorrent"),
-        ("short bitfield", controlFile(pieceLength: 1 << 20, total: 16 << 20, complete: [0], bitfieldLength: 1), "bitfield"),
-        ("spare bits", controlFile(pieceLength: 1 << 20, total: 3 << 20, complete: [0], extraBits: true), "past the file"),
-        ("truncated", Array(controlFile(pieceLength: 1 << 20, total: 4 << 20, complete: [0]).dropLast(2)), "ends inside"),
+        (
+            "BitTorrent", controlFile(pieceLength: 1 << 20, total: 4 << 20, complete: [0], infoHash: [1, 2]),
+            "BitTorrent"
+        ),
+        (
+            "short bitfield", controlFile(pieceLength: 1 << 20, total: 16 << 20, complete: [0], bitfieldLength: 1),
+            "bitfield"
+        ),
+        (
+            "spare bits", controlFile(pieceLength: 1 << 20, total: 3 << 20, complete: [0], extraBits: true),
+            "past the file"
+        ),
+        (
+            "truncated", Array(controlFile(pieceLength: 1 << 20, total: 4 << 20, complete: [0]).dropLast(2)),
+            "ends inside"
+        ),
         ("trailing", controlFile(pieceLength: 1 << 20, total: 4 << 20, complete: [0]) + [0], "follow"),
         ("zero piece length", controlFile(pieceLength: 0, total: 0, complete: [], bitfieldLength: 0), "piece length"),
-        ("bad in-flight", controlFile(pieceLength: 1 << 20, total: 2 << 20, complete: [], inFlight: [(9, 1)]), "out of range"),
+        (
+            "bad in-flight", controlFile(pieceLength: 1 << 20, total: 2 << 20, complete: [], inFlight: [(9, 1)]),
+            "out of range"
+        ),
     ])
     func refusesDamagedControlFiles(_ name: String, _ bytes: [UInt8], _ why: String) {
         do {
@@ -72,12 +87,13 @@ import Testing
 
     /// Segments tile the file, keep exactly the claimed bytes (up to the slot limit), and make a state that passes
     /// the reader's checks.
-    @Test(arguments: [
-        ([0..<100], 1000),  // a wget prefix
-        ([0..<1000], 1000),  // complete
-        ([200..<300, 500..<600], 1000),  // a leading gap, two runs
-        ([0..<10, 900..<1000], 1000),  // ends complete
-    ] as [([Range<Int64>], Int64)])
+    @Test(
+        arguments: [
+            ([0..<100], 1000),  // a wget prefix
+            ([0..<1000], 1000),  // complete
+            ([200..<300, 500..<600], 1000),  // a leading gap, two runs
+            ([0..<10, 900..<1000], 1000),  // ends complete
+        ] as [([Range<Int64>], Int64)])
     func segmentsKeepWhatIsClaimed(_ claimed: [Range<Int64>], _ total: Int64) {
         let segments = Adoption.segments(claimed: claimed, total: total)
         var state = PartStoreTests.makeState(segments: segments, total: total)

@@ -156,9 +156,9 @@ extension DownloadRun {
             let sampled = samples.reduce(Int64(0)) { $0 + Int64($1.count) }
             let proved =
                 sampled >= foreign.claimedBytes
-                    ? "every byte matches the server's"
-                    : "\(samples.count) samples (\(sampled) bytes) spread over it match the server's; the bytes between "
-                        + "them are not checked" + (request.checksum == nil ? " (a checksum would)" : "")
+                ? "every byte matches the server's"
+                : "\(samples.count) samples (\(sampled) bytes) spread over it match the server's; the bytes between "
+                    + "them are not checked" + (request.checksum == nil ? " (a checksum would)" : "")
             emit(
                 .notice(
                     "adopting \(paths.destination) (left by \(source)): \(foreign.claimedBytes) of \(total) bytes; "
@@ -191,7 +191,8 @@ extension DownloadRun {
                     case .prefix where foreign.size > total:
                         return .declined("it has \(foreign.size) bytes but the server's file has \(total)")
                     case .aria2(_, let recorded) where recorded != total:
-                        return .declined("aria2 recorded a length of \(recorded) bytes but the server's file has \(total)")
+                        return .declined(
+                            "aria2 recorded a length of \(recorded) bytes but the server's file has \(total)")
                     default:
                         break
                     }

@@ -197,7 +197,9 @@ struct Aria2ControlFile: Sendable, Hashable {
         }
         let version = try number(2, "version")
         guard version == 1 else {
-            throw Problem(version == 0 ? "format version 0 (host byte order) is not supported" : "unknown format version \(version)")
+            throw Problem(
+                version == 0
+                    ? "format version 0 (host byte order) is not supported" : "unknown format version \(version)")
         }
         _ = try number(4, "extension flags")
         let infoHashLength = try number(4, "info hash length")
