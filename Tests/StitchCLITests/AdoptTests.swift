@@ -266,6 +266,62 @@ struct AdoptTests {
         #expect((adopted.first?["message"] as? String)?.contains("\(partial) of \(Self.size) bytes") == true)
     }
 
+    /// `--adopt` with nothing foreign to adopt replaces nothing: a file stitch finished from another URL is refused
+    /// as without it.
+    @Test func nothingToAdoptReplacesNothing() async throws {
+        let nginx = try await sharedNginx()
+        let first = try Self.publish(nginx, seed: 79, size: 1 << 20)
+        let second = try Self.publish(nginx, seed: 80, size: 1 << 20)
+        defer {
+            BackgroundRemoval.remove(nginx.documentRoot + "/" + first.name)
+            BackgroundRemoval.remove(nginx.documentRoot + "/" + second.name)
+        }
+        let sandbox = try Sandbox("adopt")
+        defer { sandbox.cleanup() }
+        let fetched = try await sandbox.run(["get", first.url, "-o", "f.bin"])
+        #expect(fetched.status == 0, "\(fetched)")
+        let result = try await sandbox.run(["get", second.url, "-o", "f.bin", "--adopt"])
+        #expect(result.status != 0, "\(result)")
+        #expect(result.stderr.contains("already exists"), "\(result)")
+        #expect(readBytes(sandbox.path("f.bin")) == first.bytes)
+        #expect(sandbox.entries() == ["f.bin"])
+    }
+
+    /// An adopted partial whose finished file fails `--checksum` is kept (the user's bytes are not deleted), and
+    /// the message says where.
+    @Test func checksumMismatchKeepsTheAdoptedBytes() async throws {
+        let nginx = try await sharedNginx()
+        let file = try Self.publish(nginx, seed: 81)
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + file.name) }
+        let sandbox = try Sandbox("adopt")
+        defer { sandbox.cleanup() }
+        let partial = try await Self.wgetPartial(file, in: sandbox, at: 1 << 20)
+        let wrong = String(repeating: "0", count: 64)
+        let result = try await sandbox.run(["get", file.url, "-o", "f.bin", "--adopt", "--checksum", "sha256:\(wrong)"])
+        #expect(result.status == 1, "\(result)")
+        #expect(result.stderr.contains("it is kept as \(sandbox.path("f.bin.part"))"), "\(result)")
+        let kept = try #require(readBytes(sandbox.path("f.bin.part")))
+        #expect(kept.count == Self.size && kept == file.bytes, "kept, with the adopted \(partial) bytes in it")
+        #expect(!fileExists(sandbox.path("f.bin")))
+    }
+
+    /// A hole in the partial (it reads as zeros, nothing wrote it) is not claimed: only the bytes before it are
+    /// adopted.
+    @Test func holesAreNotAdopted() async throws {
+        let nginx = try await sharedNginx()
+        let file = try Self.publish(nginx, seed: 82)
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + file.name) }
+        let sandbox = try Sandbox("adopt")
+        defer { sandbox.cleanup() }
+        let path = sandbox.path("f.bin")
+        try Data(file.bytes[0..<(1 << 20)]).write(to: URL(fileURLWithPath: path))
+        #expect(truncate(path, off_t(3 << 20)) == 0)
+        let (result, events, done) = try await Self.adopt(file.url, in: sandbox)
+        #expect(result.status == 0, "\(result)")
+        #expect(readBytes(path) == file.bytes)
+        #expect(done?["resumed_from"] as? Int == 1 << 20, "\(events)")
+    }
+
     @Test func adoptNeedsAFileName() async throws {
         let sandbox = try Sandbox("adopt")
         defer { sandbox.cleanup() }

@@ -129,10 +129,16 @@ extension DownloadRun {
     func adoptForeignPartial(_ paths: DownloadPaths) async throws {
         let inspection = try await offloaded { () throws(DownloadError) in try ForeignPartial.inspect(paths) }
         guard case .found(let foreign) = inspection else { return }
+        let origin: AdoptionRecord.Origin
+        switch foreign.origin {
+        case .prefix: origin = .prefix
+        case .aria2: origin = .aria2
+        }
         let proof = try await prove(foreign, paths)
         switch proof {
         case .declined(let why):
             try await offloaded { () throws(DownloadError) in try ForeignPartial.discardInertState(paths) }
+            adoption = AdoptionRecord(origin: origin, kept: false)
             emit(
                 .restarting(
                     .untrustedPartial(
@@ -144,9 +150,11 @@ extension DownloadRun {
                 url: request.url, headers: request.headers.map { "\($0.name): \($0.value)" },
                 checksum: request.checksum?.description, validators: validators,
                 segments: Adoption.segments(claimed: foreign.claimed, total: total),
-                pieceSize: PieceLayout.pieceSize(forTotal: total), pieces: [], bootID: BootID.current,
+                pieceSize: PieceLayout.pieceSize(forTotal: total), pieces: [],
+                adoption: AdoptionRecord(origin: origin, kept: true), bootID: BootID.current,
                 liveNonce: PartStore.newNonce(), updatedAt: now())
             try await offloaded { () throws(DownloadError) in try ForeignPartial.takeOver(paths, state: state) }
+            adoption = state.adoption
             let source: String
             switch foreign.origin {
             case .prefix: source = "wget -c or curl -C -"

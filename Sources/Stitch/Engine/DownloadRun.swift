@@ -30,6 +30,9 @@ final class DownloadRun: @unchecked Sendable {
     private var known: Validators?
     private var hasher: DigestHasher?
     private var resumedFrom: Int64 = 0
+    /// What `--adopt` found at the destination (this run, or the run whose state this one continues); nil when the
+    /// download did not begin from another program's partial.
+    var adoption: AdoptionRecord?
     /// The download's state machine, with its lanes' requests beside it: the one lock this run's executors (this
     /// object's task, the lanes, the decisions and the monitor) take to ask it.
     let core: Mutex<EngineCore>
@@ -286,8 +289,16 @@ final class DownloadRun: @unchecked Sendable {
                     .unusableState,
                     "\(paths.part) belongs to a download of \(state.url)", remedy: .overwrite(.replace))
             }
+            if adoption == nil { adoption = state.adoption }
             // A file that appeared at the destination while the partial waited is not ours to replace.
             if destinationExists && !replacesDestination {
+                guard partial.partExists else {
+                    // A state without its part file beside the file it names: an `--adopt` cut short.
+                    throw DownloadError(
+                        .destinationExists,
+                        "\(paths.destination) already exists, and taking it over as a partial download was cut "
+                            + "short; ask to adopt it again to continue it")
+                }
                 throw DownloadError(
                     .destinationExists,
                     "\(paths.destination) already exists (the partial download beside it is kept)",
@@ -339,9 +350,10 @@ final class DownloadRun: @unchecked Sendable {
     }
 
     /// Whether a file at the destination that Stitch did not finish may be replaced by the finished download: with
-    /// ``DownloadRequest/overwrite``, or ``DownloadRequest/adopt`` (the user said the file there is a partial
-    /// download of this one; when it could not be adopted, the complete file replaces it).
-    private var replacesDestination: Bool { request.overwrite || request.adopt }
+    /// ``DownloadRequest/overwrite``, or when the file there is another program's partial of this download that
+    /// `--adopt` found (adopted, it is no longer there; not adopted, the complete file replaces it). Not for any
+    /// other file: `--adopt` with nothing to adopt replaces nothing.
+    private var replacesDestination: Bool { request.overwrite || adoption != nil }
 
     private func checkDestination(_ partial: PartialDownload, exists: Bool) throws -> DownloadResult? {
         guard exists else { return nil }
@@ -474,6 +486,13 @@ final class DownloadRun: @unchecked Sendable {
             let digest =
                 hashFromDisk ? try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: bytes) : hasher.finalize()
             guard expected.matches(digest) else {
+                if store.snapshot.adoption?.kept == true, !request.overwrite {
+                    // The bytes came with another program's partial, which the user had before: kept, not deleted.
+                    throw DownloadError(
+                        .checksumMismatch,
+                        "checksum mismatch: expected \(expected), got \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest)); the file was continued from another program's partial download, which may differ from the server's between the samples compared: it is kept as \(store.paths.part), and nothing was saved at \(store.paths.destination)",
+                        remedy: .overwrite(.downloadAgain))
+                }
                 storeClosed = true
                 store.discard()
                 throw DownloadError(
@@ -487,12 +506,12 @@ final class DownloadRun: @unchecked Sendable {
         // Two syncs and a rename: blocking calls that must not hold one of the few cooperative threads, or a
         // list of small files syncs two at a time instead of letting the file system commit them together.
         let url = request.url
-        let adopted = request.adopt
+        let aria2 = adoption?.origin == .aria2
         try await offloaded { () throws(DownloadError) in
             try store.finish(url: url, length: bytes)
-            // aria2's control file of a partial this run adopted (left by a crash between the adoption's rename
-            // and its removal), or of one it replaced: it describes a file that is no longer there.
-            if adopted { ForeignPartial.removeControlFile(of: store.paths.destination) }
+            // aria2's control file of a partial this download adopted (left by a crash between the adoption's
+            // rename and its removal) or replaced: it describes a file that is no longer there.
+            if aria2 { ForeignPartial.removeControlFile(of: store.paths.destination) }
         }
         return DownloadResult(
             destination: store.paths.destination, bytes: bytes,
@@ -885,7 +904,7 @@ final class DownloadRun: @unchecked Sendable {
         let store = try PartStore.create(
             paths: DownloadPaths(destination: path), url: request.url,
             headers: request.headers.map { "\($0.name): \($0.value)" },
-            checksum: request.checksum?.description, validators: validators)
+            checksum: request.checksum?.description, validators: validators, adoption: adoption)
         self.store = store
         startCheckpointer(store)
         emit(.destinationResolved(path))

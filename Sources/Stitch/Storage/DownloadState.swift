@@ -48,6 +48,9 @@ struct DownloadState: Codable, Sendable, Hashable {
     var pieceSize: Int64 = PieceLayout.minimumPieceSize
     /// CRC32C of each piece known to be durable and correct, by piece index; nil where not (yet) recorded.
     var pieces: [UInt32?] = []
+    /// Set for a download that began from another program's partial download (`--adopt`); absent otherwise (and
+    /// in state files written before it existed).
+    var adoption: AdoptionRecord? = nil
     /// The boot that wrote this file; the live record is trusted only within the same boot.
     var bootID: String
     /// Pairs this state with its live record (hex); redrawn at every restart from zero.
@@ -107,6 +110,20 @@ struct DownloadState: Codable, Sendable, Hashable {
         if total == nil, !pieces.isEmpty { return "pieces without a length" }
         return nil
     }
+}
+
+/// What `--adopt` found where a download began: which program's partial it was, and whether its bytes are the
+/// ones being continued (`kept`) or the download started from zero beside it and replaces it when complete.
+struct AdoptionRecord: Codable, Sendable, Hashable {
+    enum Origin: String, Codable, Sendable, Hashable {
+        /// `wget -c` or `curl -C -`: the file alone.
+        case prefix
+        /// aria2c: the file and `FILE.aria2`, which is removed when the download ends.
+        case aria2
+    }
+
+    var origin: Origin
+    var kept: Bool
 }
 
 /// A byte range of the download: `start..<end` (open-ended while the length is unknown), of which

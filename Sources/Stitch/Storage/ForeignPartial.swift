@@ -52,11 +52,19 @@ struct ForeignPartial: Sendable, Hashable {
         if CompletionMark.read(at: paths.destination) != nil { return .nothing }
         if access(paths.state, F_OK) == 0, access(paths.part, F_OK) == 0 { return .nothing }
         let size = Int64(info.st_size)
+        guard info.st_nlink == 1 else {
+            throw DownloadError(
+                .invalidOption,
+                "cannot adopt \(paths.destination): it has other names (hard links), which taking it over would change")
+        }
+        // Holes read as zeros and hold nothing any program wrote (a file cut, a preallocated file whose control
+        // file is gone): never claimed.
+        let holes = try holes(in: paths.destination, before: size)
         let control = controlFile(of: paths.destination)
         if let bytes = try readControlFile(control) {
             do throws(Aria2ControlFile.Problem) {
                 let parsed = try Aria2ControlFile(parsing: bytes)
-                let claimed = parsed.completeRanges
+                let claimed = subtract(holes, from: parsed.completeRanges)
                 if let last = claimed.last, last.upperBound > size {
                     throw Aria2ControlFile.Problem(
                         "it records bytes up to \(last.upperBound) but the file has \(size)")
@@ -73,7 +81,44 @@ struct ForeignPartial: Sendable, Hashable {
             }
         }
         guard size > 0 else { return .nothing }
-        return .found(ForeignPartial(origin: .prefix, size: size, claimed: [0..<size]))
+        return .found(ForeignPartial(origin: .prefix, size: size, claimed: subtract(holes, from: [0..<size])))
+    }
+
+    /// The holes of the file at `path` below `size` (`SEEK_HOLE`/`SEEK_DATA`; none where the file system cannot say).
+    static func holes(in path: String, before size: Int64) throws(DownloadError) -> [Range<Int64>] {
+        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+        guard fd >= 0 else { throw .io("cannot read", path: path, .current) }
+        defer { close(fd) }
+        var found: [Range<Int64>] = []
+        var at: Int64 = 0
+        while at < size {
+            let hole = Int64(lseek(fd, off_t(at), 4 /* SEEK_HOLE */))
+            guard hole >= 0, hole < size else { break }
+            let data = Int64(lseek(fd, off_t(hole), 3 /* SEEK_DATA */))
+            let end = data > hole ? min(data, size) : size
+            found.append(hole..<end)
+            at = end
+        }
+        return found
+    }
+
+    /// `claimed` less `holes` (both in order, not overlapping among themselves).
+    static func subtract(_ holes: [Range<Int64>], from claimed: [Range<Int64>]) -> [Range<Int64>] {
+        var result: [Range<Int64>] = []
+        for range in claimed {
+            var pieces = [range]
+            for hole in holes where hole.overlaps(range) {
+                pieces = pieces.flatMap { piece -> [Range<Int64>] in
+                    guard hole.overlaps(piece) else { return [piece] }
+                    var kept: [Range<Int64>] = []
+                    if piece.lowerBound < hole.lowerBound { kept.append(piece.lowerBound..<hole.lowerBound) }
+                    if hole.upperBound < piece.upperBound { kept.append(hole.upperBound..<piece.upperBound) }
+                    return kept
+                }
+            }
+            result += pieces
+        }
+        return result
     }
 
     private static func readControlFile(_ path: String) throws(DownloadError) -> [UInt8]? {
@@ -127,7 +172,7 @@ struct ForeignPartial: Sendable, Hashable {
     /// 4. the aria2 control file, if any, is removed (a crash before leaves it beside a Stitch partial; it is
     ///    removed when the download ends).
     static func takeOver(_ paths: DownloadPaths, state: DownloadState) throws(DownloadError) {
-        let fd = retryingOnInterrupt { open(paths.destination, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+        let fd = retryingOnInterrupt { open(paths.destination, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
         guard fd >= 0 else { throw .io("cannot open", path: paths.destination, .current) }
         let synced = fdatasync(fd) == 0
         let syncError = Errno.current
@@ -136,6 +181,18 @@ struct ForeignPartial: Sendable, Hashable {
         // A live record an earlier run left beside the state would be paired with the new nonce never, but is
         // removed so that nothing stale sits beside the adopted download.
         unlink(paths.live)
+        // A part file there without a state: another run's small download (no state file before its first
+        // checkpoint) if that run holds its lock — not replaced — else what such a run left, which would start
+        // over anyway.
+        if access(paths.part, F_OK) == 0 {
+            guard !PartialDownload(paths).partIsHeldByAnotherRun else {
+                throw DownloadError(
+                    .io,
+                    "\(paths.destination) is being downloaded by another stitch run; wait for it to end or stop it",
+                    resumable: true)
+            }
+            unlink(paths.part)
+        }
         try StateFile.write(state, to: paths.state, previous: paths.previousState, generation: .remove)
         guard rename(paths.destination, paths.part) == 0 else {
             let error = Errno.current

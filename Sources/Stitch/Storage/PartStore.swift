@@ -127,13 +127,14 @@ final class PartStore: @unchecked Sendable {
     /// starts over (a part file without a state file), after it the next run resumes from the last checkpoint.
     /// Nothing is ever claimed that is not on disk.
     static func create(
-        paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators
+        paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators,
+        adoption: AdoptionRecord? = nil
     ) throws(DownloadError) -> PartStore {
         let small = validators.totalLength.map { $0 <= smallFileLimit } ?? false
         let state = DownloadState(
             url: url, headers: headers, checksum: checksum, validators: validators,
             segments: wholeFile(validators), pieceSize: PieceLayout.pieceSize(forTotal: validators.totalLength),
-            bootID: BootID.current, liveNonce: newNonce(), updatedAt: now())
+            adoption: adoption, bootID: BootID.current, liveNonce: newNonce(), updatedAt: now())
         // Locked before anything changes; emptied; the state (or, for a small file, the removal of an old one)
         // durable before any data exists, so a crash at any later point never pairs old state with new bytes.
         let fd = try openLocked(paths)
@@ -670,6 +671,8 @@ final class PartStore: @unchecked Sendable {
             next.segments = Self.wholeFile(validators)
             next.pieceSize = PieceLayout.pieceSize(forTotal: validators.totalLength)
             next.pieces = []
+            // An adopted partial's bytes are gone: the download now replaces the file it began from.
+            next.adoption?.kept = false
             pendingPieces.withLock { $0.removeAll() }
             next.liveNonce = Self.newNonce()
             next.updatedAt = now()
