@@ -186,6 +186,45 @@ struct AdoptTests {
         #expect(result.stderr.contains("cannot adopt"), "said plainly: \(result.stderr)")
     }
 
+    /// A partial that could not be adopted, whose download from zero is interrupted (SIGINT once 4 MiB are
+    /// written): a rerun, even without `--adopt`, continues that download (the state says it replaces the file)
+    /// and replaces the foreign file with the server's.
+    @Test func declinedDownloadInterruptedIsContinuedAndReplacesTheFile() async throws {
+        let nginx = try await sharedNginx()
+        let file = try Self.publish(nginx, seed: 83)
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + file.name) }
+        let sandbox = try Sandbox("adopt")
+        defer { sandbox.cleanup() }
+        let partial = try await Self.wgetPartial(file, in: sandbox, at: 1 << 20)
+        var bytes = try #require(readBytes(sandbox.path("f.bin")))
+        bytes[partial - 1] ^= 0xFF
+        try Data(bytes).write(to: URL(fileURLWithPath: sandbox.path("f.bin")))
+
+        let first = try sandbox.start(["get", file.url, "-o", "f.bin", "--adopt", "-c", "1", "--limit-rate", "2M"])
+        let part = sandbox.path("f.bin.part")
+        let written = await waitUntil(timeout: .seconds(60)) { fileSize(part) >= 4 << 20 }
+        #expect(written)
+        first.send(SIGINT)
+        let interrupted = await first.wait()
+        #expect(interrupted.status == 130, "\(interrupted)")
+        #expect(readBytes(sandbox.path("f.bin")) == bytes, "the foreign file is left until the download is complete")
+
+        let (result, events, done) = try await Self.adoptless(file.url, in: sandbox)
+        #expect(result.status == 0, "\(result)")
+        #expect(readBytes(sandbox.path("f.bin")) == file.bytes)
+        #expect(sandbox.entries() == ["f.bin"])
+        #expect((done?["resumed_from"] as? Int ?? 0) >= 4 << 20, "\(events)")
+    }
+
+    /// `stitch get URL -o f.bin --json` (no `--adopt`).
+    static func adoptless(
+        _ url: String, in sandbox: Sandbox
+    ) async throws -> (CommandResult, [[String: Any]], [String: Any]?) {
+        let result = try await sandbox.run(["get", url, "-o", "f.bin", "--json"])
+        let events = jsonLinesLenient(result.stdout)
+        return (result, events, events.first { $0["event"] as? String == "done" })
+    }
+
     /// The file on the server changed since the partial was made (another length, other bytes): downloaded again.
     @Test func partialOfAChangedFileIsDownloadedAgain() async throws {
         let nginx = try await sharedNginx()
