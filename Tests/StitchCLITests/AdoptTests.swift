@@ -67,11 +67,13 @@ struct AdoptTests {
         return fileSize(sandbox.path("f.bin"))
     }
 
-    /// Runs `stitch get URL -o f.bin --adopt --json` and returns the result, its events and its `done` event.
+    /// Runs `stitch get URL -o f.bin --adopt --json` (without `--adopt` when not `adopting`) and returns the result,
+    /// its events and its `done` event.
     static func adopt(
-        _ url: String, in sandbox: Sandbox, extra: [String] = []
+        _ url: String, in sandbox: Sandbox, adopting: Bool = true, extra: [String] = []
     ) async throws -> (CommandResult, [[String: Any]], [String: Any]?) {
-        let result = try await sandbox.run(["get", url, "-o", "f.bin", "--adopt", "--json"] + extra)
+        let result = try await sandbox.run(
+            ["get", url, "-o", "f.bin", "--json"] + (adopting ? ["--adopt"] : []) + extra)
         let events = jsonLinesLenient(result.stdout)
         return (result, events, events.first { $0["event"] as? String == "done" })
     }
@@ -209,20 +211,11 @@ struct AdoptTests {
         #expect(interrupted.status == 130, "\(interrupted)")
         #expect(readBytes(sandbox.path("f.bin")) == bytes, "the foreign file is left until the download is complete")
 
-        let (result, events, done) = try await Self.adoptless(file.url, in: sandbox)
+        let (result, events, done) = try await Self.adopt(file.url, in: sandbox, adopting: false)
         #expect(result.status == 0, "\(result)")
         #expect(readBytes(sandbox.path("f.bin")) == file.bytes)
         #expect(sandbox.entries() == ["f.bin"])
         #expect((done?["resumed_from"] as? Int ?? 0) >= 4 << 20, "\(events)")
-    }
-
-    /// `stitch get URL -o f.bin --json` (no `--adopt`).
-    static func adoptless(
-        _ url: String, in sandbox: Sandbox
-    ) async throws -> (CommandResult, [[String: Any]], [String: Any]?) {
-        let result = try await sandbox.run(["get", url, "-o", "f.bin", "--json"])
-        let events = jsonLinesLenient(result.stdout)
-        return (result, events, events.first { $0["event"] as? String == "done" })
     }
 
     /// The file on the server changed since the partial was made (another length, other bytes): downloaded again.

@@ -186,25 +186,11 @@ enum StateFile {
 
     /// Reads the state at `path`; `nil` if there is none.
     static func read(_ path: String) throws(DownloadError) -> DownloadState? {
-        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
-        if fd < 0 {
-            if errno == ENOENT { return nil }
-            throw .io("cannot read state file", path: path, .current)
-        }
-        defer { close(fd) }
-        var bytes = [UInt8]()
-        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
-        while true {
-            let n = chunk.withUnsafeMutableBytes { buffer in
-                retryingOnInterrupt { Glibc.read(fd, buffer.baseAddress, buffer.count) }
-            }
-            if n < 0 { throw .io("cannot read state file", path: path, .current) }
-            if n == 0 { break }
-            bytes += chunk[0..<n]
-            if bytes.count > maximumSize {
-                throw DownloadError(.unusableState, "\(path) is not a Stitch state file (too large)")
-            }
-        }
+        guard
+            let bytes = try readSmallFile(
+                path, what: "state file", maximumSize: maximumSize,
+                tooLarge: DownloadError(.unusableState, "\(path) is not a Stitch state file (too large)"))
+        else { return nil }
         struct VersionProbe: Decodable { var schemaVersion: Int }
         let decoder = JSONDecoder()
         guard let probe = try? decoder.decode(VersionProbe.self, from: Data(bytes)) else {
@@ -311,6 +297,30 @@ enum StateFile {
             return "bad value at \(context.codingPath.map(\.stringValue).joined(separator: "."))"
         }
         return "unreadable"
+    }
+}
+
+/// The whole file at `path` (nil when there is none), read in chunks; `tooLarge` once it passes `maximumSize`
+/// bytes (a state file, a control file: small files whose size a damaged or hostile one must not decide).
+func readSmallFile(
+    _ path: String, what: String, maximumSize: Int, noFollow: Bool = false, tooLarge: @autoclosure () -> DownloadError
+) throws(DownloadError) -> [UInt8]? {
+    let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC | (noFollow ? O_NOFOLLOW : 0)) }
+    if fd < 0 {
+        if errno == ENOENT { return nil }
+        throw .io("cannot read \(what)", path: path, .current)
+    }
+    defer { close(fd) }
+    var bytes = [UInt8]()
+    var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+    while true {
+        let n = chunk.withUnsafeMutableBytes { buffer in
+            retryingOnInterrupt { Glibc.read(fd, buffer.baseAddress, buffer.count) }
+        }
+        if n < 0 { throw .io("cannot read \(what)", path: path, .current) }
+        if n == 0 { return bytes }
+        bytes += chunk[0..<n]
+        if bytes.count > maximumSize { throw tooLarge() }
     }
 }
 

@@ -89,17 +89,7 @@ struct ForeignPartial: Sendable, Hashable {
         let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
         guard fd >= 0 else { throw .io("cannot read", path: path, .current) }
         defer { close(fd) }
-        var found: [Range<Int64>] = []
-        var at: Int64 = 0
-        while at < size {
-            let hole = Int64(lseek(fd, off_t(at), 4 /* SEEK_HOLE */))
-            guard hole >= 0, hole < size else { break }
-            let data = Int64(lseek(fd, off_t(hole), 3 /* SEEK_DATA */))
-            let end = data > hole ? min(data, size) : size
-            found.append(hole..<end)
-            at = end
-        }
-        return found
+        return fileHoles(fd, before: size)
     }
 
     /// `claimed` less `holes` (both in order, not overlapping among themselves).
@@ -122,26 +112,10 @@ struct ForeignPartial: Sendable, Hashable {
     }
 
     private static func readControlFile(_ path: String) throws(DownloadError) -> [UInt8]? {
-        let fd = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
-        if fd < 0 {
-            if errno == ENOENT { return nil }
-            throw .io("cannot read", path: path, .current)
-        }
-        defer { close(fd) }
-        var bytes = [UInt8]()
-        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
-        while true {
-            let n = chunk.withUnsafeMutableBytes { buffer in
-                retryingOnInterrupt { Glibc.read(fd, buffer.baseAddress, buffer.count) }
-            }
-            if n < 0 { throw .io("cannot read", path: path, .current) }
-            if n == 0 { return bytes }
-            bytes += chunk[0..<n]
-            if bytes.count > maximumControlFileSize {
-                throw DownloadError(
-                    .unusableState, "cannot adopt: \(path) is too large for an aria2 control file; it is left as it is")
-            }
-        }
+        try readSmallFile(
+            path, what: "aria2 control file", maximumSize: maximumControlFileSize, noFollow: true,
+            tooLarge: DownloadError(
+                .unusableState, "cannot adopt: \(path) is too large for an aria2 control file; it is left as it is"))
     }
 
     /// Reads `count` bytes of the destination at `offset` (fewer at its end).

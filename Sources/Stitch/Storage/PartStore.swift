@@ -730,19 +730,7 @@ final class PartStore: @unchecked Sendable {
 
     /// The holes (never-written or freed ranges) within `0..<length` of the part file: where data the run wrote was
     /// lost because another program truncated the file under it. Empty where the file system cannot say.
-    func holes(before length: Int64) -> [Range<Int64>] {
-        var found: [Range<Int64>] = []
-        var at: Int64 = 0
-        while at < length {
-            let hole = Int64(lseek(fd, off_t(at), 4 /* SEEK_HOLE */))
-            guard hole >= 0, hole < length else { break }
-            let data = Int64(lseek(fd, off_t(hole), 3 /* SEEK_DATA */))
-            let end = data > hole ? min(data, length) : length
-            found.append(hole..<end)
-            at = end
-        }
-        return found
-    }
+    func holes(before length: Int64) -> [Range<Int64>] { fileHoles(fd, before: length) }
 
     /// Completes the download: sync the data, mark it, rename it into place, sync the directory, then
     /// remove the state and live record.
@@ -800,3 +788,18 @@ final class PartStore: @unchecked Sendable {
 }
 
 func now() -> Int64 { Int64(time(nil)) }
+
+/// The holes of the open file `fd` below `length` (`SEEK_HOLE`/`SEEK_DATA`; none where the file system cannot say).
+func fileHoles(_ fd: Int32, before length: Int64) -> [Range<Int64>] {
+    var found: [Range<Int64>] = []
+    var at: Int64 = 0
+    while at < length {
+        let hole = Int64(lseek(fd, off_t(at), 4 /* SEEK_HOLE */))
+        guard hole >= 0, hole < length else { break }
+        let data = Int64(lseek(fd, off_t(hole), 3 /* SEEK_DATA */))
+        let end = data > hole ? min(data, length) : length
+        found.append(hole..<end)
+        at = end
+    }
+    return found
+}
