@@ -47,9 +47,6 @@ tools=(curl stitch)
 tools+=(curl-null)
 declare -A walls cpus durable_walls machine_cpus
 
-# The machine's busy CPU seconds so far (every process and kernel thread: user, nice, system, irq, softirq).
-machine_busy() { awk -v hz="$(getconf CLK_TCK)" '$1 == "cpu" { printf "%.2f", ($2 + $3 + $4 + $7 + $8) / hz }' /proc/stat; }
-
 run() { # run TOOL ROUND
     local tool=$1 round=$2 times
     rm -rf "${work:?}/out/"*

@@ -37,7 +37,7 @@ out=$work/out/large.bin
 tools=(curl stitch)
 [[ -n $STITCH_B ]] && tools+=(stitch-b)
 tools+=(dd)
-declare -A walls cpus
+declare -A walls cpus durable_walls machine_cpus
 
 run() { # run TOOL ROUND
     local tool=$1 round=$2 times
@@ -45,6 +45,8 @@ run() { # run TOOL ROUND
     sync
     echo 3 >/proc/sys/vm/drop_caches
     cat "$src" >/dev/null
+    local busy_before started synced
+    busy_before=$(machine_busy)
     case $tool in
     curl) times=$(/usr/bin/time -f "%e %U %S" curl -s -o "$out" "$url" 2>&1 >/dev/null) ;;
     stitch) times=$(/usr/bin/time -f "%e %U %S" "$STITCH" get -q -c 1 "$url" -o "$out" 2>&1 >/dev/null) ;;
@@ -53,6 +55,13 @@ run() { # run TOOL ROUND
         status=none 2>&1 >/dev/null) ;;
     esac
     times=$(tail -1 <<<"$times")
+    # Until the bytes are on disk (as https.sh): curl leaves them dirty for the kernel's flusher threads, on CPU
+    # that `time` does not count; stitch makes them durable as it goes, on its own system time. A `sync` after the
+    # run and the machine's busy CPU over both count the same work for every tool.
+    started=$(date +%s.%N)
+    sync
+    synced=$(date +%s.%N)
+    machine_cpus[$tool]+="$(awk -v a="$busy_before" -v b="$(machine_busy)" 'BEGIN { printf "%.2f", b - a }') "
     local size
     size=$(stat -c %s "$out")
     [[ $size -eq $((SIZE_MIB << 20)) ]] || { echo "large.sh: $tool wrote $size bytes" >&2; exit 1; }
@@ -61,6 +70,7 @@ run() { # run TOOL ROUND
     fi
     read -r wall user sys <<<"$times"
     walls[$tool]+="$wall "
+    durable_walls[$tool]+="$(awk -v w="$wall" -v a="$started" -v b="$synced" 'BEGIN { printf "%.2f", w + b - a }') "
     cpus[$tool]+="$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f", u + s }') "
     echo "large.sh: round $round $tool: ${wall} s wall, $user s user, $sys s sys" >&2
 }
@@ -72,3 +82,9 @@ echo
 rounds_table "$SIZE_MIB" "${tools[@]}"
 echo
 echo "dd is a reference: writing the same size from /dev/zero with one fdatasync at the end ($fstype at $BENCH_TMPDIR)."
+echo
+echo "Until the file is on disk (each run followed by \`sync\`): wall time to the end of the sync, and the machine's busy CPU"
+echo "over that time (all processes and kernel threads: the writeback curl leaves to the kernel counted as stitch's is):"
+echo
+for tool in "${tools[@]}"; do walls[$tool]=${durable_walls[$tool]}; cpus[$tool]=${machine_cpus[$tool]}; done
+rounds_table "$SIZE_MIB" "${tools[@]}" | sed 's/| CPU s, median/| machine CPU s, median/; s/| CPU vs curl |/| machine CPU vs curl |/'

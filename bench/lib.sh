@@ -321,3 +321,6 @@ bench_loopback_file() {
     head -c $((size << 20)) /dev/urandom >"$src"
     src_sha=$(sha256sum "$src" | cut -d' ' -f1)
 }
+
+# The machine's busy CPU seconds so far (every process and kernel thread: user, nice, system, irq, softirq).
+machine_busy() { awk -v hz="$(getconf CLK_TCK)" '$1 == "cpu" { printf "%.2f", ($2 + $3 + $4 + $7 + $8) / hz }' /proc/stat; }
