@@ -36,6 +36,10 @@ else
     # own after the rest, so neither loads the machine under the other's timing-sensitive tests.
     swift test --skip-build --skip MatrixTests
     swift test --skip-build --filter MatrixTests
+    # The engine's suites again over the URLSession backend (FoundationNetworking). The other engine suites do not
+    # all pass over it yet (see issue 15's note); a hang must not take the CI run's time.
+    STITCH_TEST_TRANSPORT=urlsession timeout 900 swift test --skip-build \
+        --filter 'StitchTests.DownloaderTests' --filter 'StitchTests.LocalFaultTests'
     # The README's offline demo, with the network cut off (a namespace with only loopback) where that is allowed.
     if unshare -n true 2>/dev/null; then
         STITCH=.build/debug/stitch unshare -n sh -c 'ip link set lo up && bash scripts/demo.sh'

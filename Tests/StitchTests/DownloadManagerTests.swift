@@ -918,7 +918,8 @@ final class ManagerFixture: Sendable {
     }
 
     func open(_ change: (inout DownloadManager.Configuration) -> Void = { _ in }) throws -> DownloadManager {
-        try DownloadManager(directory: managerDirectory, configuration: configuration(change))
+        try DownloadManager(
+            directory: managerDirectory, configuration: configuration(change), transport: TestBackend.selected.transport)
     }
 }
 

@@ -25,7 +25,7 @@ import Testing
 
     // MARK: Headers
 
-    @Test(arguments: headerCases)
+    @Test(arguments: HostileCase.runnable(headerCases))
     func hostileHeaders(_ c: HostileCase) async throws {
         try await Self.check(c)
     }
@@ -37,7 +37,7 @@ import Testing
         HostileCase("20 interim 102 heads of 15 KB each, then the file", .fails(.protocolViolation)) { file in
             let interim = head("102 Processing", [line("X-Pad: " + String(repeating: "p", count: 15_000))])
             return .always(.raw(Array(repeating: interim, count: 20).flatMap { $0 } + ok(file)))
-        },
+        }.expecting(.fails(.httpStatus), on: .urlSession),  // FoundationNetworking takes a 1xx for the final head
         HostileCase("240 KB of headers (under the 256 KiB limit)", .complete) { file in
             .always(.raw(ok(file, extra: (0..<240).map { line("X-Pad-\($0): " + String(repeating: "a", count: 1000)) })))
         },
@@ -49,7 +49,7 @@ import Testing
         },
         HostileCase("invalid UTF-8 in ETag, then resume", .complete) { file in
             .onRequest(0, .all([.raw(ok(file, etag: Array("\"\u{1}".utf8) + [0xFF, 0xFE, 0x22])), .dropAfter(half)]))
-        },
+        }.expecting(.fails(.protocolViolation), on: .urlSession),  // FoundationNetworking refuses a non-UTF-8 head
         HostileCase("control characters in ETag, then resume", .complete) { file in
             .onRequest(0, .all([.raw(ok(file, etag: Array("\"a\u{1}b\u{7F}c\u{1B}[0m\rX-Injected: 1\"".utf8))), .dropAfter(half)]))
         },
@@ -65,7 +65,7 @@ import Testing
                 line("Last-Modified: \u{1}\u{2}\u{7F}"), line("Accept-Ranges: \u{1}bytes"),
                 line("Content-Type: text/\u{1B}[31mred"),
             ])))
-        },
+        }.expecting(.fails(.protocolViolation), on: .urlSession),  // FoundationNetworking refuses a non-UTF-8 head
         HostileCase("duplicate conflicting Content-Length (larger second)", .fails(.protocolViolation)) { file in
             .always(.raw(ok(file, length: nil, extra: [line("Content-Length: \(size)"), line("Content-Length: \(size + 10)")])))
         },
@@ -86,7 +86,7 @@ import Testing
         },
         HostileCase("Content-Length: 9223372036854775807", .fails(.unstableSource, part: .prefix)) { file in
             .always(.raw(ok(file, length: "9223372036854775807")))
-        },
+        }.notRun(on: .urlSession, because: FoundationNetworkingLimits.hugeContentLengthTraps),
         HostileCase("Content-Length: 999999999999999999", .fails(.unstableSource, part: .prefix)) { file in
             .always(.raw(ok(file, length: "999999999999999999")))
         },
@@ -118,7 +118,7 @@ import Testing
 
     // MARK: Bodies
 
-    @Test(arguments: bodyCases)
+    @Test(arguments: HostileCase.runnable(bodyCases))
     func brokenBodies(_ c: HostileCase) async throws {
         try await Self.check(c)
     }
@@ -307,7 +307,14 @@ import Testing
         var options = DownloadOptions.testing
         options.connections = 1
         options.transport.stallTimeout = 5
-        let result = try await Self.bounded { [options] in try await f.download(f.request(), options: options) }.get()
+        let outcome = await Self.bounded { [options] in try await f.download(f.request(), options: options) }
+        if c.refusedOver.contains(.selected) {
+            let error = try #require(outcome.failure, "over \(TestBackend.selected) the head cannot be read")
+            #expect(error.code == .protocolViolation, "\(error.code): \(error.message)")
+            #expect(try FileManager.default.contentsOfDirectory(atPath: f.downloads).isEmpty)
+            return
+        }
+        let result = try outcome.get()
 
         let name = (result.destination as NSString).lastPathComponent
         #expect((result.destination as NSString).deletingLastPathComponent == f.downloads)
@@ -335,7 +342,9 @@ import Testing
         NameCase("ISO-8859-1 filename*", "attachment; filename*=iso-8859-1''%E9t%E9.bin", expected: "été.bin"),
         NameCase("bidi override in filename*", "attachment; filename*=UTF-8''%E2%80%AEnip.exe"),
         NameCase("invalid UTF-8 in filename*", "attachment; filename*=UTF-8''%FF%FE.bin"),
-        NameCase("raw invalid UTF-8 bytes", Array("attachment; filename=\"".utf8) + [0xFF, 0xFE, 0xC0, 0xAF] + Array(".bin\"".utf8)),
+        // FoundationNetworking's header parser refuses a head that is not UTF-8: the download fails at once.
+        NameCase("raw invalid UTF-8 bytes", Array("attachment; filename=\"".utf8) + [0xFF, 0xFE, 0xC0, 0xAF] + Array(".bin\"".utf8),
+            refusedOver: [.urlSession]),
         NameCase("control characters", "attachment; filename=\"a\u{1}b\u{1B}[31mc\u{7F}.bin\""),
         NameCase("only spaces and dots", "attachment; filename=\" . . \""),
         NameCase("Windows reserved name", "attachment; filename=\"CON\""),
@@ -534,10 +543,35 @@ struct HostileCase: Sendable, CustomTestStringConvertible {
     }
 
     let name: String
-    let expect: Expect
+    private(set) var expect: Expect
     let options: DownloadOptions
     let maxSleep: Double
     let faults: @Sendable (ServedFile) -> FaultPolicy
+    /// Why the case cannot run over a backend (it would take the test process down): it is left out there.
+    private(set) var notOn: [TestBackend: String] = [:]
+
+    /// The case with another outcome over `backend` (which refuses or accepts differently what libcurl does).
+    func expecting(_ expect: Expect, on backend: TestBackend) -> HostileCase {
+        var copy = self
+        if backend == .selected { copy.expect = expect }
+        return copy
+    }
+
+    /// The case left out over `backend`, for `reason`.
+    func notRun(on backend: TestBackend, because reason: String) -> HostileCase {
+        var copy = self
+        copy.notOn[backend] = reason
+        return copy
+    }
+
+    /// The cases that can run over the selected backend; the rest are named on standard error with the reason.
+    static func runnable(_ cases: [HostileCase]) -> [HostileCase] {
+        cases.filter { c in
+            guard let reason = c.notOn[.selected] else { return true }
+            FileHandle.standardError.write(Data("not run over \(TestBackend.selected): \(c.name): \(reason)\n".utf8))
+            return false
+        }
+    }
 
     init(
         _ name: String, _ expect: Expect, options: DownloadOptions? = nil, maxSleep: Double = 60,
@@ -560,15 +594,26 @@ struct HostileCase: Sendable, CustomTestStringConvertible {
     var testDescription: String { name }
 }
 
+/// What swift-corelibs-foundation cannot survive, in words for the reports of cases left out over it.
+enum FoundationNetworkingLimits {
+    /// Its header callback converts libcurl's `CONTENT_LENGTH_DOWNLOAD` (a double) to an integer, which traps for
+    /// a length of 2^63 - 512 or more: any server can end a process that downloads with URLSession on Linux.
+    static let hugeContentLengthTraps =
+        "FoundationNetworking traps (the process dies) on a Content-Length of 2^63 - 512 or more"
+}
+
 struct NameCase: Sendable, CustomTestStringConvertible {
     let name: String
     let disposition: [UInt8]
     let expected: String?
+    /// Backends that refuse the response (a clean failure, nothing saved) instead of naming the file.
+    let refusedOver: Set<TestBackend>
 
-    init(_ name: String, _ disposition: [UInt8], expected: String? = nil) {
+    init(_ name: String, _ disposition: [UInt8], expected: String? = nil, refusedOver: Set<TestBackend> = []) {
         self.name = name
         self.disposition = disposition
         self.expected = expected
+        self.refusedOver = refusedOver
     }
 
     init(_ name: String, _ disposition: String, expected: String? = nil) {

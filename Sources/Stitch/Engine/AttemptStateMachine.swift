@@ -228,8 +228,14 @@ struct AttemptStateMachine: Sendable {
             return .fail(DownloadError(
                 .protocolViolation, "\(error.message) (from \(url.absoluteString))", cause: error,
                 resumable: report.durable > 0))
+        case .unsupported:
+            return .fail(DownloadError(.invalidOption, error.message, cause: error, resumable: report.durable > 0))
         case .cancelled:
             return .interrupted
+        case .yielded:
+            // The transport let go of the connection to keep memory flat; the next request resumes from what was
+            // written, under the same validators, and counts as no retry.
+            return .requestAgain
         case .stalled, .partialBody, .network, .protocolError:
             return retry(.transport(error), report: report, now: now, jitter: jitter)
         }

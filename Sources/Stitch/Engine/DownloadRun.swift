@@ -866,7 +866,8 @@ final class DownloadRun: @unchecked Sendable {
             rateLimiter: options.rateLimiter, checkpointer: checkpointer, counters: counters, digest: hasher,
             pieces: pieces,
             // Only while the first response is probed; the sink lives no longer than this run.
-            afterWrite: probe == nil ? nil : { [unowned self] offset in endProbe(at: offset) })
+            afterWrite: probe == nil ? nil : { [unowned self] offset in endProbe(at: offset) },
+            canRequestRest: validators.canResume)
         self.sink = sink
         totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
         position.store(start, ordering: .relaxed)

@@ -54,6 +54,7 @@ final class SegmentSink: BodySink, @unchecked Sendable {
     /// download).
     private let afterWrite: ((Int64) -> Bool)?
 
+    let canRequestRest: Bool
     private(set) var failure: Failure?
     /// The body reached the segment's end (see ``Bound/segmentEnd(requestEnd:)``).
     private(set) var reachedEnd = false
@@ -64,8 +65,10 @@ final class SegmentSink: BodySink, @unchecked Sendable {
         store: PartStore, slot: Int, bound: Bound, offset: Int64, verifyEnd: Int64 = 0,
         rateLimiter: RateLimiter?, checkpointer: Checkpointer?, counters: TransferCounters,
         digest: DigestHasher? = nil, pieces: PieceHasher?,
-        shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: ((Int64) -> Bool)? = nil
+        shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: ((Int64) -> Bool)? = nil,
+        canRequestRest: Bool = false
     ) {
+        self.canRequestRest = canRequestRest
         self.store = store
         self.slot = slot
         self.bound = bound

@@ -469,7 +469,7 @@ final class LaneRequest: @unchecked Sendable {
             store: store, slot: slot, bound: .fileLength(validators.totalLength), offset: start,
             verifyEnd: verifyEnd, rateLimiter: transfer.options.rateLimiter, checkpointer: transfer.checkpointer,
             counters: transfer.counters, digest: transfer.owner.runningDigest, pieces: pieces,
-            shouldStop: { transfer.stopped.load(ordering: .relaxed) })
+            shouldStop: { transfer.stopped.load(ordering: .relaxed) }, canRequestRest: validators.canResume)
         self.sink = sink
         receivingFlag.store(true, ordering: .relaxed)
         transfer.owner.receiving(status: head.status, offset: max(start, verifyEnd), validators: validators)
@@ -493,7 +493,7 @@ final class LaneRequest: @unchecked Sendable {
                 counters: transfer.counters, pieces: pieces,
                 shouldStop: {
                     transfer.stopped.load(ordering: .relaxed) || replace.isSet
-                })
+                }, canRequestRest: known.canResume)
             self.sink = sink
             receivingFlag.store(true, ordering: .relaxed)
             return .receive(sink)

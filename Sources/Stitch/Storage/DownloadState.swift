@@ -27,6 +27,9 @@ struct Validators: Codable, Sendable, Hashable {
 
     /// The `If-Range` value to send, if any validator is strong enough for it.
     var ifRange: String? { strongETag ?? strongLastModified }
+
+    /// Whether the rest of the resource can be asked for with a validated range request.
+    var canResume: Bool { acceptRanges && ifRange != nil && totalLength != nil }
 }
 
 /// The state file beside a partial download (`NAME.stitch`): versioned JSON, rewritten atomically at each

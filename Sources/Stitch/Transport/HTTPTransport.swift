@@ -162,6 +162,17 @@ public protocol BodySink: AnyObject, Sendable {
     /// Body bytes in order: take them all, or none and pause (the same bytes come again after the pause), or
     /// stop the transfer (its outcome is then `.abortedBySink`). After `.abort` the sink is never called again.
     func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision
+
+    /// Whether what this sink has not yet taken can be asked for again with a range request that proves the
+    /// resource unchanged. A transport that cannot pause a transfer (the URLSession backend) bounds its memory by
+    /// letting go of the connection (``TransportError`` `yielded`) only when this is true. False unless a sink says
+    /// otherwise.
+    var canRequestRest: Bool { get }
+}
+
+extension BodySink {
+    /// False: a sink says when the rest of its body can be asked for again.
+    public var canRequestRest: Bool { false }
 }
 
 /// What a sink did with a chunk of body bytes.
@@ -169,7 +180,7 @@ public enum ReceiveDecision: Sendable, Equatable {
     /// All bytes were taken.
     case accepted
     /// None were taken: read nothing more for this long (rate limiting), then offer the same bytes again. How a
-    /// backend holds off (libcurl's pause, a suspended URLSession task) and where it keeps the refused bytes is
+    /// backend holds off (libcurl's pause; bytes held in memory over URLSession) and where it keeps the refused bytes is
     /// its own business; it must offer exactly them next, and none after them first.
     case wait(Duration)
     /// Stop the transfer.
@@ -219,6 +230,12 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
         /// A response the transport refuses outright (a NUL in a header, a head too large, a body coding it cannot
         /// undo): the same server would send the same again.
         case malformedResponse
+        /// The transport cannot perform what the request asks for (an option its platform lacks).
+        case unsupported
+        /// The transport ended the request itself to keep memory bounded while the sink took the body more slowly
+        /// than the server sent it (it has no way to pause a transfer): what the sink did not take is to be asked
+        /// for again. Not a failure of the server's.
+        case yielded
         case other
     }
 
@@ -263,8 +280,8 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
     /// TLS failures and cancellation are final; everything else may succeed on another try.
     public var isRetryable: Bool {
         switch code {
-        case .cancelled, .abortedBySink, .tls, .other, .malformedResponse: return false
-        case .resolve, .connect, .connectTimeout, .stalled, .partialBody, .network, .protocolError: return true
+        case .cancelled, .abortedBySink, .tls, .other, .malformedResponse, .unsupported: return false
+        case .resolve, .connect, .connectTimeout, .stalled, .partialBody, .network, .protocolError, .yielded: return true
         }
     }
     /// Whether it is a certificate or handshake failure (``tls(_:)``).

@@ -1,0 +1,567 @@
+import Dispatch
+import Foundation
+import Synchronization
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// A transport over `URLSession` data tasks: Foundation's HTTP client (FoundationNetworking on Linux), for builds
+/// and platforms without the libcurl backend.
+///
+/// Each request runs as one data task in a session of its own, whose delegate callbacks arrive on one serial queue
+/// that also holds all of the transfer's state.
+///
+/// A data task cannot be paused: in swift-corelibs-foundation `suspend()` takes the transfer off libcurl's multi
+/// handle, which ends it, and `resume()` sends the request again from its start (Apple documents the same for data
+/// tasks: "all other tasks must start over when resumed"). A resumed task would deliver the body from its first
+/// byte a second time. So this backend never suspends a task, and instead:
+/// - **Head before body.** The bytes that arrive while the engine decides what the head means are held, and given
+///   to the sink (or dropped) once it has. (On Apple platforms the response callback's completion handler also
+///   holds the body back; FoundationNetworking ignores it.)
+/// - **Back-pressure.** Bytes a sink refuses (`.wait`, a rate limit) or cannot take fast enough (a slow disk) are
+///   held in memory, up to `yieldLimit`. Beyond it the transfer is let go of and the body ends with
+///   `TransportError` `yielded`: the engine asks for the rest with a validated range request, as after any
+///   interruption, and counts it as no retry. It does so only when the sink says the rest can be asked for
+///   (``BodySink/canRequestRest``); otherwise the body is held up to `holdLimit` and then the transfer fails with
+///   a message saying why. Either way memory stays bounded; the cost is a new request per `yieldLimit` bytes the
+///   sink falls behind by.
+/// - **Redirects** are never followed here (the engine follows them under its own rules): the 3xx response is the
+///   response.
+/// - **Stalls** (fewer than `stallMinimumBytes` in `stallTimeout`) are timed here, as the libcurl backend does.
+///
+/// What it cannot do (a request asking for it fails at once with a message saying so, rather than being sent
+/// differently from what was asked): turn certificate verification off, use another CA bundle than the system's,
+/// or read a netrc file. It keeps no connections between requests (one session per request), and it cannot bound
+/// the body of a redirect it does not follow (the session reads it whole before the engine sees the 3xx). TLS
+/// failures are recognised from the session's message, as FoundationNetworking on Linux reports them with no code
+/// of their own.
+public final class URLSessionTransport: HTTPTransport {
+    /// The process-wide instance.
+    public static let shared = URLSessionTransport()
+
+    /// Body bytes held for a sink that the rest can be asked for again, before the transfer is let go of.
+    public let yieldLimit: Int
+    /// Body bytes held for any other sink (or while the engine decides on the head) before the transfer fails.
+    public let holdLimit: Int
+
+    /// A transport that holds at most `yieldLimit` body bytes in memory for a sink that is slower than the
+    /// server, or `holdLimit` for one whose rest cannot be asked for again (see the type's notes).
+    public init(yieldLimit: Int = 4 << 20, holdLimit: Int = 64 << 20) {
+        self.yieldLimit = max(1, yieldLimit)
+        self.holdLimit = max(self.yieldLimit, holdLimit)
+    }
+
+    public func start(_ request: TransportRequest) async -> Result<any TransportResponse, TransportError> {
+        if let refusal = Self.refusal(of: request.options) { return .failure(refusal) }
+        guard let url = URL(string: request.url), let scheme = url.scheme?.lowercased(),
+            scheme == "http" || scheme == "https", url.host != nil
+        else {
+            return .failure(TransportError(.other, "not an http or https URL: \(request.url)"))
+        }
+        let transfer = URLSessionTransfer(request: request, url: url, yieldLimit: yieldLimit, holdLimit: holdLimit)
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                transfer.begin(continuation)
+            }
+        } onCancel: {
+            transfer.cancel()
+        }
+        return result.map { head in URLSessionResponse(transfer: transfer, head: head) }
+    }
+
+    /// Why this backend cannot perform a request with `options`, if it cannot.
+    static func refusal(of options: TransportOptions) -> TransportError? {
+        let what: String
+        if options.tlsVerification == .insecure {
+            what = "turn certificate verification off"
+        } else if options.caCertificatePath != nil {
+            what = "use a CA certificate bundle other than the system's"
+        } else if options.netrc != nil {
+            what = "read credentials from a netrc file"
+        } else {
+            return nil
+        }
+        return TransportError(.unsupported, "the URLSession transport cannot \(what); use the libcurl transport")
+    }
+}
+
+/// A response of the URLSession transport whose head has arrived; the task stays held until the engine decides.
+final class URLSessionResponse: TransportResponse {
+    let head: ResponseHead
+    private let transfer: URLSessionTransfer
+    private let consumed = Atomic<Bool>(false)
+
+    init(transfer: URLSessionTransfer, head: ResponseHead) {
+        self.transfer = transfer
+        self.head = head
+    }
+
+    deinit {
+        if !consumed.load(ordering: .acquiring) { transfer.cancel() }
+    }
+
+    func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
+        await body(.receiving(sink))
+    }
+
+    func discard() async -> Result<Void, TransportError> {
+        await body(.discarding)
+    }
+
+    func cancel() {
+        consumed.store(true, ordering: .releasing)
+        transfer.cancel()
+    }
+
+    private func body(_ phase: URLSessionTransfer.Phase) async -> Result<Void, TransportError> {
+        guard !consumed.exchange(true, ordering: .acquiringAndReleasing) else {
+            return .failure(TransportError(.other, "a response body can be read only once"))
+        }
+        let transfer = self.transfer
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                transfer.decide(phase, continuation)
+            }
+        } onCancel: {
+            transfer.cancel()
+        }
+    }
+}
+
+
+/// One request: the session, its task and the state of the transfer. Everything but `begin` and `cancel` runs on
+/// `queue` (the delegate queue's underlying queue); those two hop onto it. Each continuation is resumed exactly
+/// once, there.
+final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sendable {
+    enum Phase {
+        case awaitingHead
+        case awaitingDecision
+        case receiving(any BodySink)
+        case discarding
+    }
+
+    /// Body bytes read and dropped (redirect and error bodies) before the transfer is ended, as libcurl's backend.
+    static let maximumDiscardedBytes = 64 << 10
+
+    let request: TransportRequest
+    let url: URL
+    let yieldLimit: Int
+    let holdLimit: Int
+    let queue = DispatchQueue(label: "stitch.urlsession")
+    private let operations = OperationQueue()
+    private var session: URLSession?
+    private var task: URLSessionDataTask?
+    private var timer: (any DispatchSourceTimer)?
+
+    private var phase = Phase.awaitingHead
+    private var headContinuation: CheckedContinuation<Result<ResponseHead, TransportError>, Never>?
+    private var bodyContinuation: CheckedContinuation<Result<Void, TransportError>, Never>?
+    /// How the task ended, kept until the engine's body phase (or the bytes still held for the sink) can take it.
+    private var outcome: Result<Void, TransportError>?
+    private var finished = false
+    private var headDelivered = false
+
+    /// Body bytes the sink has not taken yet, in order: arrived before the engine's decision, refused by a
+    /// `.wait`, or arrived during one.
+    private var held: [Data] = []
+    private var heldBytes = 0
+    private var waiting = false
+    /// The largest chunk the session has delivered, to estimate what waits on the delegate queue.
+    private var largestChunk = 0
+
+    /// Why we ended the task ourselves, if we did.
+    private enum Stop { case cancelled, sinkAborted, stalled, discardCapped, yielded, overHoldLimit }
+    private var stopReason: Stop?
+    private var discarded = 0
+    /// Bytes the sink took.
+    private var received: Int64 = 0
+    private var expectedLength: Int64?
+
+    private var lastActivity = 0.0
+    private var bytesSinceActivity = 0
+    private var activityThreshold: Int
+
+    init(request: TransportRequest, url: URL, yieldLimit: Int, holdLimit: Int) {
+        self.request = request
+        self.url = url
+        self.yieldLimit = yieldLimit
+        self.holdLimit = holdLimit
+        activityThreshold = max(1, request.options.stallMinimumBytes)
+        super.init()
+        operations.maxConcurrentOperationCount = 1
+        operations.underlyingQueue = queue
+    }
+
+    // MARK: Calls from the transport and the response
+
+    func begin(_ continuation: CheckedContinuation<Result<ResponseHead, TransportError>, Never>) {
+        queue.async { [self] in
+            headContinuation = continuation
+            if stopReason == .cancelled {
+                finish(.failure(.cancelled))
+                return
+            }
+            let options = request.options
+            let configuration = URLSessionConfiguration.ephemeral
+            configuration.urlCache = nil
+            configuration.requestCachePolicy = .reloadIgnoringLocalAndRemoteCacheData
+            configuration.httpCookieAcceptPolicy = .never
+            configuration.httpShouldSetCookies = false
+            configuration.httpCookieStorage = nil
+            configuration.urlCredentialStorage = nil
+            // A backstop only: the session's request timeout restarts with every byte; stalls are timed below.
+            configuration.timeoutIntervalForRequest = max(options.connectTimeout, options.stallTimeout) + 1
+            configuration.timeoutIntervalForResource = 365 * 86_400
+            configuration.httpMaximumConnectionsPerHost = 1
+            let session = URLSession(configuration: configuration, delegate: self, delegateQueue: operations)
+            var urlRequest = URLRequest(url: url)
+            urlRequest.httpMethod = "GET"
+            urlRequest.setValue(options.userAgent, forHTTPHeaderField: "User-Agent")
+            for field in request.headers {
+                if urlRequest.value(forHTTPHeaderField: field.name) == nil || field.name.lowercased() == "user-agent" {
+                    urlRequest.setValue(field.value, forHTTPHeaderField: field.name)
+                } else {
+                    urlRequest.addValue(field.value, forHTTPHeaderField: field.name)
+                }
+            }
+            if let credentials = options.credentials, !request.headers.contains("Authorization"),
+                let origin = TransportOptions.Credentials.origin(of: request.url), credentials.origins.contains(origin)
+            {
+                let token = Data("\(credentials.user):\(credentials.password)".utf8).base64EncodedString()
+                urlRequest.setValue("Basic \(token)", forHTTPHeaderField: "Authorization")
+            }
+            let task = session.dataTask(with: urlRequest)
+            self.session = session
+            self.task = task
+            markActive()
+            startTimer()
+            task.resume()
+        }
+    }
+
+    func decide(_ phase: Phase, _ continuation: CheckedContinuation<Result<Void, TransportError>, Never>) {
+        queue.async { [self] in
+            bodyContinuation = continuation
+            if finished || stopReason == .cancelled {
+                finish(outcome ?? .failure(.cancelled))
+                return
+            }
+            self.phase = phase
+            markActive()
+            switch phase {
+            case .receiving:
+                offerHeld()
+            default:
+                discarded += heldBytes
+                dropHeld()
+                if discarded > Self.maximumDiscardedBytes {
+                    stop(.discardCapped)
+                } else {
+                    complete()
+                }
+            }
+        }
+    }
+
+    func cancel() {
+        queue.async { [self] in
+            guard !finished else { return }
+            stop(.cancelled)
+        }
+    }
+
+    // MARK: Delegate callbacks (on `queue`)
+
+    func urlSession(
+        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
+        newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
+    ) {
+        completionHandler(nil)  // the engine follows redirects itself
+    }
+
+    func urlSession(
+        _ session: URLSession, dataTask: URLSessionDataTask, didReceive response: URLResponse,
+        completionHandler: @escaping @Sendable (URLSession.ResponseDisposition) -> Void
+    ) {
+        guard !finished, let http = response as? HTTPURLResponse else {
+            completionHandler(.cancel)
+            return
+        }
+        deliverHead(http)
+        // Apple's Foundation holds the body until this is called; FoundationNetworking does not wait for it, so
+        // the body is held here instead (see the type's notes).
+        completionHandler(.allow)
+    }
+
+    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
+        guard !finished, stopReason == nil else { return }
+        noteReceived(data.count)
+        largestChunk = max(largestChunk, data.count)
+        if !headDelivered, let http = dataTask.response as? HTTPURLResponse { deliverHead(http) }
+        switch phase {
+        case .awaitingHead, .awaitingDecision:
+            hold(data)
+        case .discarding:
+            discarded += data.count
+            if discarded > Self.maximumDiscardedBytes { stop(.discardCapped) }
+        case .receiving:
+            if waiting || !held.isEmpty {
+                hold(data)
+            } else {
+                offer(data)
+            }
+        }
+        limitMemory()
+    }
+
+    func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
+        guard !finished else { return }
+        if !headDelivered, error == nil, let http = task.response as? HTTPURLResponse {
+            // A 3xx the session read to its end before asking about the redirect comes without the response
+            // callback.
+            deliverHead(http)
+        }
+        outcome = result(error)
+        complete()
+    }
+
+    // MARK: The body
+
+    private func hold(_ data: Data) {
+        held.append(data)
+        heldBytes += data.count
+    }
+
+    private func dropHeld() {
+        held.removeAll()
+        heldBytes = 0
+    }
+
+    /// Hands `data` to the sink (nothing held before it); refused bytes go back to the front of `held`.
+    private func offer(_ data: Data) {
+        guard case .receiving(let sink) = phase, stopReason == nil else { return }
+        let decision = data.withUnsafeBytes { sink.receive($0) }
+        switch decision {
+        case .accepted:
+            received += Int64(data.count)
+        case .wait(let duration):
+            held.insert(data, at: 0)
+            heldBytes += data.count
+            waiting = true
+            let (seconds, attoseconds) = duration.components
+            let delay = max(0.001, Double(seconds) + Double(attoseconds) * 1e-18)
+            queue.asyncAfter(deadline: .now() + delay) { [self] in
+                waiting = false
+                if stopReason == .yielded { complete() } else { offerHeld() }
+            }
+        case .abort:
+            dropHeld()
+            stop(.sinkAborted)
+        }
+    }
+
+    /// Offers the held bytes in order until the sink waits again or they are gone; completes a task that ended
+    /// meanwhile once they are.
+    private func offerHeld() {
+        guard case .receiving = phase, !finished, stopReason == nil else { return }
+        while !held.isEmpty, !waiting, stopReason == nil {
+            let data = held.removeFirst()
+            heldBytes -= data.count
+            offer(data)
+        }
+        if held.isEmpty && !waiting { complete() }
+    }
+
+    /// Keeps what the sink has not taken — held here or waiting on the delegate queue — within the limits.
+    private func limitMemory() {
+        guard stopReason == nil, outcome == nil else { return }
+        let pending = heldBytes + max(0, operations.operationCount - 1) * largestChunk
+        if case .receiving(let sink) = phase, sink.canRequestRest {
+            if pending > yieldLimit { stop(.yielded) }
+        } else if pending > holdLimit {
+            stop(.overHoldLimit)
+        }
+    }
+
+    // MARK: The head and the end
+
+    private func deliverHead(_ http: HTTPURLResponse) {
+        guard !headDelivered else { return }
+        headDelivered = true
+        var headers = HTTPHeaders()
+        let fields = http.allHeaderFields.compactMap { key, value -> (String, String)? in
+            guard let name = key as? String else { return nil }
+            return (name, value as? String ?? "\(value)")
+        }
+        for (name, value) in fields.sorted(by: { $0.0.lowercased() < $1.0.lowercased() }) {
+            if name.lowercased() == "content-length" {
+                // The session joins repeated fields with commas; the engine must see conflicting lengths as such.
+                for part in value.split(separator: ",") { headers.add(name: name, value: String(part).trimming(" \t")) }
+            } else {
+                headers.add(name: name, value: value)
+            }
+        }
+        if let length = headers["Content-Length"].flatMap({ Int64($0) }), length >= 0 {
+            expectedLength = length
+            activityThreshold = max(1, min(activityThreshold, Int(clamping: length)))
+        }
+        markActive()
+        phase = .awaitingDecision
+        if let continuation = headContinuation {
+            headContinuation = nil
+            continuation.resume(returning: .success(ResponseHead(status: http.statusCode, headers: headers)))
+        }
+    }
+
+    /// Ends the task from our side; `didCompleteWithError` follows (or, before there is a task, the end is now).
+    private func stop(_ reason: Stop) {
+        guard stopReason == nil else { return }
+        stopReason = reason
+        if reason != .discardCapped { dropHeld() }
+        if let task {
+            task.cancel()
+        } else {
+            outcome = .failure(.cancelled)
+            complete()
+        }
+    }
+
+    /// The task has ended (`outcome` is set): whoever waits learns how, once the held bytes are gone.
+    private func complete() {
+        guard let outcome, !finished else { return }
+        if case .receiving = phase, !held.isEmpty || waiting, case .success = outcome { return }  // after them
+        // Let go of during a sink's wait: the engine's next request comes when the wait is over, not at once.
+        if waiting, stopReason == .yielded { return }
+        // With nobody waiting the engine is still deciding: `decide` finds the outcome kept.
+        finish(outcome)
+    }
+
+    /// Resumes whoever waits with `result`, once, and lets the session go.
+    private func finish(_ result: Result<Void, TransportError>) {
+        if let continuation = headContinuation {
+            headContinuation = nil
+            finished = true
+            switch result {
+            case .failure(let error): continuation.resume(returning: .failure(error))
+            case .success: continuation.resume(returning: .failure(.protocolError("the server sent no complete response")))
+            }
+        } else if let continuation = bodyContinuation {
+            bodyContinuation = nil
+            finished = true
+            continuation.resume(returning: result)
+        } else {
+            return
+        }
+        timer?.cancel()
+        timer = nil
+        dropHeld()
+        session?.finishTasksAndInvalidate()  // releases the session's hold on this delegate
+        session = nil
+    }
+
+    /// How the task ended, in the engine's terms.
+    private func result(_ error: (any Error)?) -> Result<Void, TransportError> {
+        switch stopReason {
+        case .sinkAborted:
+            return .failure(.abortedBySink)
+        case .stalled:
+            let seconds = String(format: "%g", request.options.stallTimeout)
+            let what = bytesSinceActivity == 0 ? "no data" : "only \(bytesSinceActivity) bytes"
+            return .failure(.stalled("\(what) in \(seconds) s (stalled transfer)"))
+        case .discardCapped:
+            return .success(())
+        case .cancelled:
+            return .failure(.cancelled)
+        case .yielded:
+            return .failure(TransportError(
+                .yielded, "let go of the connection after \(received) bytes: the sink is slower than the server"))
+        case .overHoldLimit:
+            return .failure(TransportError(
+                .unsupported,
+                "the URLSession transport cannot slow this server down to the rate the download is written at "
+                    + "(\(holdLimit >> 20) MiB held in memory), and the server cannot send the rest on its own; "
+                    + "use the libcurl transport"))
+        case nil:
+            break
+        }
+        guard let error else {
+            if !headDelivered { return .failure(.protocolError("the server sent no complete response")) }
+            if case .receiving = phase, let expectedLength, received + Int64(heldBytes) < expectedLength {
+                return .failure(.partialBody("the body ended after \(received) of \(expectedLength) bytes"))
+            }
+            return .success(())
+        }
+        let nsError = error as NSError
+        let message = nsError.localizedDescription.isEmpty ? "\(error)" : nsError.localizedDescription
+        let lowered = message.lowercased()
+        let code: TransportError.Code
+        switch nsError.code {
+        case NSURLErrorCancelled: code = .cancelled
+        case NSURLErrorCannotFindHost, NSURLErrorDNSLookupFailed: code = .resolve
+        case NSURLErrorCannotConnectToHost: code = .connect
+        case NSURLErrorTimedOut: code = headDelivered ? .stalled : .connectTimeout
+        case NSURLErrorSecureConnectionFailed, NSURLErrorServerCertificateHasBadDate,
+            NSURLErrorServerCertificateUntrusted, NSURLErrorServerCertificateHasUnknownRoot,
+            NSURLErrorServerCertificateNotYetValid, NSURLErrorClientCertificateRejected,
+            NSURLErrorClientCertificateRequired:
+            code = .tls
+        case NSURLErrorBadServerResponse, NSURLErrorCannotParseResponse:
+            code = headDelivered ? .network : .protocolError
+        case NSURLErrorNetworkConnectionLost: code = headDelivered ? .partialBody : .network
+        case NSURLErrorUnsupportedURL, NSURLErrorBadURL: code = .other
+        default:
+            // FoundationNetworking reports most libcurl failures as "unknown", with libcurl's message.
+            if lowered.contains("ssl") || lowered.contains("certificate") || lowered.contains("tls") {
+                code = .tls
+            } else if !headDelivered, Self.refusedHeadMessages.contains(where: { lowered.contains($0) }) {
+                code = .malformedResponse
+                return .failure(TransportError(
+                    code, "the server's response is malformed: \(message)", underlyingCode: nsError.code))
+            } else if headDelivered, lowered.contains("transfer closed") || lowered.contains("partial") {
+                code = .partialBody
+            } else {
+                code = .network
+            }
+        }
+        var shown = message
+        if code == .tls, let host = url.host { shown += " (server \(host)\(url.port.map { ":\($0)" } ?? ""))" }
+        return .failure(TransportError(code, shown, underlyingCode: nsError.code))
+    }
+
+    /// What libcurl (and FoundationNetworking's own header parser: "failed writing header") says of a response
+    /// head it refuses; the same server would send the same again.
+    static let refusedHeadMessages = [
+        "invalid content-length", "nul byte in header", "too large response headers", "out of memory",
+        "failed writing header", "weird server reply", "header without colon", "unsupported http version",
+        "invalid status line",
+    ]
+
+    // MARK: Stalls
+
+    private func startTimer() {
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        let interval = max(0.05, min(1, request.options.stallTimeout / 4))
+        timer.schedule(deadline: .now() + interval, repeating: interval)
+        timer.setEventHandler { [weak self] in self?.checkStall() }
+        timer.resume()
+        self.timer = timer
+    }
+
+    /// Bytes keep arriving from the network whatever the sink does (nothing is paused), so a stall is the
+    /// server's.
+    private func checkStall() {
+        guard !finished, outcome == nil, stopReason == nil else { return }
+        if monotonicNow() - lastActivity > request.options.stallTimeout { stop(.stalled) }
+    }
+
+    private func noteReceived(_ count: Int) {
+        bytesSinceActivity += count
+        if bytesSinceActivity >= activityThreshold { markActive() }
+    }
+
+    private func markActive() {
+        lastActivity = monotonicNow()
+        bytesSinceActivity = 0
+    }
+}

@@ -1,0 +1,74 @@
+import Foundation
+import StitchTestSupport
+import Testing
+
+@testable import Stitch
+
+/// The URLSession backend cannot pause a data task (FoundationNetworking's `suspend()` ends the transfer and
+/// `resume()` sends the request again from its first byte), so it holds what a slow sink has not taken and, past
+/// `yieldLimit`, lets go of the connection for the engine to ask for the rest. These tests make the sink slower
+/// than the server with a rate limit and check that the file still ends byte-exact, that the extra requests resume
+/// where the file got to under the validator (never from zero, never counted as retries), and that a response whose
+/// rest cannot be asked for fails plainly past `holdLimit` rather than growing without bound.
+@Suite struct URLSessionTransportTests {
+    static let size = 3 << 20
+    static let etag = "\"u1\""
+
+    static func options(rate: Int64) -> DownloadOptions {
+        var options = DownloadOptions.testing
+        options.connections = 1
+        options.rateLimiter = RateLimiter(bytesPerSecond: rate, burst: 64 << 10)
+        return options
+    }
+
+    @Test func aSinkSlowerThanTheServerResumesWhereItGotTo() async throws {
+        let f = try Fixture()
+        let file = ServedFile.random(size: Self.size, seed: 0x5E55, etag: Self.etag)
+        f.serve(file)
+        let transport = URLSessionTransport(yieldLimit: 256 << 10, holdLimit: 8 << 20)
+        let result = try await Downloader(transport: transport, clock: f.clock).download(
+            f.request(), options: Self.options(rate: 6 << 20)
+        ) { f.watch.record($0) }
+        try f.expectComplete(result, file.data)
+
+        let requests = f.server.requests
+        // 3 MiB at 6 MiB/s against a loopback server: the held bytes pass 256 KiB many times over.
+        #expect(requests.count > 2, "\(requests.count) requests")
+        let starts = requests.dropFirst().map { request -> Int in
+            guard let range = request.range, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-") else {
+                return -1
+            }
+            return Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]) ?? -1
+        }
+        #expect(requests.first?.range == nil)
+        #expect(starts.allSatisfy { $0 > 0 }, "\(starts)")
+        #expect(starts == starts.sorted() && Set(starts).count == starts.count, "a range asked again: \(starts)")
+        #expect(requests.dropFirst().allSatisfy { $0.header("If-Range") == Self.etag })
+        #expect(f.watch.retries.isEmpty, "letting go counted as a retry: \(f.watch.retries)")
+    }
+
+    @Test func aBodyWhoseRestCannotBeAskedForFailsPastTheHoldLimit() async throws {
+        let f = try Fixture()
+        // No validator: the rest of the body cannot be asked for without risking another version's bytes.
+        let file = ServedFile.random(size: Self.size, seed: 0x5E56)
+        f.serve(file)
+        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 512 << 10)
+        let outcome = await Result(catching: {
+            try await Downloader(transport: transport, clock: f.clock).download(
+                f.request(), options: Self.options(rate: 1 << 20)
+            ) { f.watch.record($0) }
+        })
+        let error = try #require(outcome.failure as? DownloadError)
+        #expect(error.code == .invalidOption, "\(error.code): \(error.message)")
+        #expect(error.message.contains("URLSession transport cannot slow this server down"), "\(error.message)")
+        #expect(!error.message.contains("\n"))
+        #expect(!FileManager.default.fileExists(atPath: f.dest))
+        #expect(f.server.requests.count == 1)
+    }
+}
+
+extension Result where Failure == any Error {
+    init(catching body: () async throws -> Success) async {
+        do { self = .success(try await body()) } catch { self = .failure(error) }
+    }
+}
