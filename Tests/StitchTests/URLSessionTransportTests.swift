@@ -11,13 +11,13 @@ import Testing
 /// where the file got to under the validator (never from zero, never counted as retries), and that a response whose
 /// rest cannot be asked for fails plainly past `holdLimit` rather than growing without bound.
 @Suite struct URLSessionTransportTests {
-    static let size = 3 << 20
+    static let size = 1 << 20
     static let etag = "\"u1\""
 
     static func options(rate: Int64) -> DownloadOptions {
         var options = DownloadOptions.testing
         options.connections = 1
-        options.rateLimiter = RateLimiter(bytesPerSecond: rate, burst: 64 << 10)
+        options.rateLimiter = RateLimiter(bytesPerSecond: rate, burst: 16 << 10)
         return options
     }
 
@@ -25,14 +25,14 @@ import Testing
         let f = try Fixture()
         let file = ServedFile.random(size: Self.size, seed: 0x5E55, etag: Self.etag)
         f.serve(file)
-        let transport = URLSessionTransport(yieldLimit: 256 << 10, holdLimit: 8 << 20)
+        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 8 << 20)
         let result = try await Downloader(transport: transport, clock: f.clock).download(
-            f.request(), options: Self.options(rate: 6 << 20)
+            f.request(), options: Self.options(rate: 1 << 20)
         ) { f.watch.record($0) }
         try f.expectComplete(result, file.data)
 
         let requests = f.server.requests
-        // 3 MiB at 6 MiB/s against a loopback server: the held bytes pass 256 KiB many times over.
+        // 1 MiB at 1 MiB/s against a loopback server that sends far faster: the held bytes pass 64 KiB many times.
         #expect(requests.count > 2, "\(requests.count) requests")
         let starts = requests.dropFirst().map { request -> Int in
             guard let range = request.range, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-") else {
@@ -42,7 +42,8 @@ import Testing
         }
         #expect(requests.first?.range == nil)
         #expect(starts.allSatisfy { $0 > 0 }, "\(starts)")
-        #expect(starts == starts.sorted() && Set(starts).count == starts.count, "a range asked again: \(starts)")
+        // Never back: a request let go of during a wait, before the sink took a byte, asks from the same offset.
+        #expect(starts == starts.sorted(), "a range asked before the last: \(starts)")
         #expect(requests.dropFirst().allSatisfy { $0.header("If-Range") == Self.etag })
         #expect(f.watch.retries.isEmpty, "letting go counted as a retry: \(f.watch.retries)")
     }
@@ -52,10 +53,10 @@ import Testing
         // No validator: the rest of the body cannot be asked for without risking another version's bytes.
         let file = ServedFile.random(size: Self.size, seed: 0x5E56)
         f.serve(file)
-        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 512 << 10)
+        let transport = URLSessionTransport(yieldLimit: 16 << 10, holdLimit: 256 << 10)
         let outcome = await Result(catching: {
             try await Downloader(transport: transport, clock: f.clock).download(
-                f.request(), options: Self.options(rate: 1 << 20)
+                f.request(), options: Self.options(rate: 256 << 10)
             ) { f.watch.record($0) }
         })
         let error = try #require(outcome.failure as? DownloadError)
