@@ -364,7 +364,11 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     /// Offers the held bytes in order until the sink waits again or they are gone; completes a task that ended
     /// meanwhile once they are.
     private func offerHeld() {
-        guard case .receiving = phase, !finished, stopReason == nil else { return }
+        guard case .receiving = phase, !finished else { return }
+        if stopReason != nil {
+            complete()  // stopped meanwhile: nothing more goes to the sink
+            return
+        }
         while !held.isEmpty, !waiting, stopReason == nil {
             let data = held.removeFirst()
             heldBytes -= data.count
@@ -416,13 +420,22 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
 
     /// Ends the task from our side; `didCompleteWithError` follows (or, before there is a task, the end is now).
     private func stop(_ reason: Stop) {
+        if reason == .cancelled, stopReason == .yielded, outcome != nil {
+            // Let go of already and waiting out a sink's wait: a cancel ends it now.
+            stopReason = .cancelled
+            outcome = .failure(.cancelled)
+            complete()
+            return
+        }
         guard stopReason == nil else { return }
         stopReason = reason
         if reason != .discardCapped { dropHeld() }
-        if let task {
-            task.cancel()
+        if let task, outcome == nil {
+            task.cancel()  // `didCompleteWithError` follows
         } else {
-            outcome = .failure(.cancelled)
+            // No task yet, or it has ended already (its completion ran: cancelling it now does nothing and no
+            // callback follows): the end is now, in the words of why we stopped.
+            outcome = result(nil)
             complete()
         }
     }
@@ -433,8 +446,14 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         if case .receiving = phase, !held.isEmpty || waiting, case .success = outcome { return }  // after them
         // Let go of during a sink's wait: the engine's next request comes when the wait is over, not at once.
         if waiting, stopReason == .yielded { return }
+        // A clean end short of the announced length, once every held byte has been taken.
+        if case .success = outcome, case .receiving = phase, stopReason == nil, let expectedLength,
+            received < expectedLength
+        {
+            self.outcome = .failure(.partialBody("the body ended after \(received) of \(expectedLength) bytes"))
+        }
         // With nobody waiting the engine is still deciding: `decide` finds the outcome kept.
-        finish(outcome)
+        finish(self.outcome!)
     }
 
     /// Resumes whoever waits with `result`, once, and lets the session go.
@@ -450,6 +469,10 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             bodyContinuation = nil
             finished = true
             continuation.resume(returning: result)
+        } else if stopReason == .cancelled {
+            // Cancelled with nobody waiting (a dropped response): let the session go now; a late `decide` or
+            // `begin` still finds the outcome.
+            finished = true
         } else {
             return
         }
@@ -487,10 +510,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         }
         guard let error else {
             if !headDelivered { return .failure(.protocolError("the server sent no complete response")) }
-            if case .receiving = phase, let expectedLength, received + Int64(heldBytes) < expectedLength {
-                return .failure(.partialBody("the body ended after \(received) of \(expectedLength) bytes"))
-            }
-            return .success(())
+            return .success(())  // (a body short of its length is caught in `complete`, after the held bytes)
         }
         let nsError = error as NSError
         let message = nsError.localizedDescription.isEmpty ? "\(error)" : nsError.localizedDescription
