@@ -1,5 +1,6 @@
 import Foundation
 import StitchTestSupport
+import Synchronization
 import Testing
 
 @testable import Stitch
@@ -48,6 +49,45 @@ import Testing
         #expect(starts == starts.sorted(), "a range asked before the last: \(starts)")
         #expect(requests.dropFirst().allSatisfy { $0.header("If-Range") == Self.etag })
         #expect(f.watch.retries.isEmpty, "letting go counted as a retry: \(f.watch.retries)")
+    }
+
+    /// A sink that always waits and whose rest can be asked for again.
+    final class WaitingSink: BodySink, @unchecked Sendable {
+        let offers = Atomic<Int>(0)
+        func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
+            offers.add(1, ordering: .relaxed)
+            return .wait(.milliseconds(5))
+        }
+        var canRequestRest: Bool { true }
+    }
+
+    /// On byte counts, at the transport: the server sends 1 MiB and then nothing until released; the sink takes
+    /// nothing. What arrived before the sink's first wait is already past `yieldLimit`, so the transfer lets go at
+    /// once — it does not wait for more bytes that a stalled server will not send — and says why.
+    @Test func aWaitingSinkPastTheYieldLimitLetsGoWithoutMoreBytes() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 4 << 20, seed: 0x5E57, etag: Self.etag)
+        server.serve("/file", file: file, faults: .always(.stallAfter(1 << 20, then: .close)))
+        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 8 << 20)
+        let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
+        guard case .success(let response) = await transport.start(request) else {
+            Issue.record("no head")
+            return
+        }
+        #expect(response.head.status == 200)
+        #expect(server.waitForStall(timeout: .seconds(60)), "the server never sent its first MiB")
+        let sink = WaitingSink()
+        let outcome = await response.receive(into: sink)
+        _ = server.releaseStalls()
+        guard case .failure(let error) = outcome else {
+            Issue.record("a sink that took nothing ended in \(outcome)")
+            return
+        }
+        #expect(error.code == .yielded, "\(error)")
+        #expect(error.message.contains("after 0 bytes"), "\(error.message)")
+        #expect(sink.offers.load(ordering: .relaxed) >= 1)
+        #expect(server.requests(for: "/file").count == 1)
     }
 
     @Test func aBodyWhoseRestCannotBeAskedForFailsPastTheHoldLimit() async throws {

@@ -355,6 +355,9 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
                 waiting = false
                 if stopReason == .yielded { complete() } else { offerHeld() }
             }
+            // What arrived before the wait may be past the limit already, with nothing more to come until the
+            // server sends more (or never, if it waits for us): judge it now, not only when more arrives.
+            limitMemory()
         case .abort:
             dropHeld()
             stop(.sinkAborted)
