@@ -1,4 +1,4 @@
-// swift-tools-version:6.0
+// swift-tools-version:6.1
 import PackageDescription
 
 // One settings list for every Swift target (as swift-log does).
@@ -13,6 +13,14 @@ let package = Package(
     products: [
         .library(name: "Stitch", targets: ["Stitch"]),
         .executable(name: "stitch", targets: ["StitchCLI"]),
+    ],
+    traits: [
+        .trait(
+            name: "Libcurl",
+            description: "The libcurl transport (needs libcurl's headers to build); without it downloads go over "
+                + "URLSession (FoundationNetworking on Linux)."
+        ),
+        .default(enabledTraits: ["Libcurl"]),
     ],
     targets: [
         .systemLibrary(
@@ -44,7 +52,10 @@ let package = Package(
         .target(name: "CStitchCRC"),
         .target(
             name: "Stitch",
-            dependencies: ["CCurl", "CCrypto", "CSQLite", "CStitchSystem", "CStitchCRC"],
+            dependencies: [
+                .target(name: "CCurl", condition: .when(traits: ["Libcurl"])),
+                "CCrypto", "CSQLite", "CStitchSystem", "CStitchCRC",
+            ],
             swiftSettings: swiftSettings
         ),
         // aria2's JSON-RPC over a DownloadManager, without networking: what `stitch serve` hands request bodies to.

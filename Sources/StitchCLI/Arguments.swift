@@ -38,6 +38,8 @@ struct GetOptions {
     var user: (name: String, password: String?)?
     /// `--netrc` / `--netrc-file FILE`: credentials from a netrc file (`file` nil: ~/.netrc).
     var netrc: TransportOptions.Netrc?
+    /// `--transport NAME`: the HTTP backend (libcurl, or URLSession; the build's default unless given).
+    var transport = TransportBackend.default
 
     static let reservedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]
 
@@ -147,6 +149,16 @@ struct GetOptions {
                 }
                 options.jobs = n
             case "--streams": options.streams = true
+            case "--transport":
+                let name = try take(argument)
+                guard let backend = TransportBackend(rawValue: name.lowercased()) else {
+                    let names = TransportBackend.allCases.map(\.rawValue).joined(separator: " or ")
+                    throw UsageError("--transport takes \(names), not '\(name)'")
+                }
+                guard backend.transport != nil else {
+                    throw UsageError("this stitch was built without the \(backend) transport; use --transport \(TransportBackend.default)")
+                }
+                options.transport = backend
             case "-k", "--insecure": options.insecure = true
             case "--overwrite": options.overwrite = true
             case "--adopt": options.adopt = true
@@ -200,6 +212,14 @@ struct GetOptions {
             if json { throw UsageError("--json writes to standard output, which -o - holds; use -o FILE") }
             if overwrite { throw UsageError("--overwrite has no file to replace with -o -") }
             if adopt { throw UsageError("--adopt takes over a partial FILE; -o - has none") }
+        }
+        if transport == .urlSession {
+            // What URLSession cannot do is refused before anything starts, not part-way through a batch.
+            let needsLibcurl: String? =
+                insecure ? "-k" : caCert != nil ? "--ca-cert" : netrc != nil ? "--netrc" : streams ? "--streams" : nil
+            if let needsLibcurl {
+                throw UsageError("\(needsLibcurl) needs the libcurl transport; the URLSession transport cannot do it")
+            }
         }
         if let output, output.isEmpty || output.hasSuffix("/") {
             throw UsageError("-o needs a file path, not '\(output)'")

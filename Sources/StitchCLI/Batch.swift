@@ -90,7 +90,7 @@ enum Batch {
 
         let manager: DownloadManager
         do {
-            manager = try DownloadManager(configuration: configuration)
+            manager = try DownloadManager(configuration: configuration, transport: options.transport.cliTransport)
         } catch {
             output.error("\(error)")
             return .io

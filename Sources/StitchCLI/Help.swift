@@ -67,6 +67,8 @@ enum Help {
                                     one when a first connection already brings 128 MiB/s; always one when the
                                     server gives no ranges or no strong validator)
               --streams             over HTTPS, carry the connections as HTTP/2 streams of one TCP connection
+              --transport NAME      libcurl (the default when built with it) or urlsession (Foundation's; no -k,
+                                    --ca-cert, --netrc or --streams)
               --limit-rate RATE     at most RATE bytes per second over all connections (500K, 2M, 1.5M; K = 1024)
               --retries N           give up after N failed attempts in a row that saved < 16 KiB in all (default 5)
               --timeout SECS        a transfer getting < 1 KiB in SECS seconds is retried (default 30)

@@ -198,7 +198,7 @@ struct StitchCommand {
         let signals = SignalCatcher()
         let task = Task { () -> Result<DownloadResult, any Error> in
             do {
-                let result = try await Downloader().download(request, options: downloadOptions) { event in
+                let result = try await Downloader(transport: options.transport.cliTransport).download(request, options: downloadOptions) { event in
                     report(event, to: output)
                 }
                 return .success(result)
@@ -340,7 +340,7 @@ func stream(_ options: GetOptions, output: Output) async -> ExitStatus {
     let task = Task { () -> Result<Int64, DownloadError> in
         do throws(DownloadError) {
             return .success(
-                try await Downloader().stream(url, headers: headers, options: downloadOptions, to: .fileDescriptor(STDOUT_FILENO)) {
+                try await Downloader(transport: options.transport.cliTransport).stream(url, headers: headers, options: downloadOptions, to: .fileDescriptor(STDOUT_FILENO)) {
                     event in StitchCommand.report(event, to: output)
                 })
         } catch {
@@ -362,6 +362,11 @@ func stream(_ options: GetOptions, output: Output) async -> ExitStatus {
         output.error(error.commandLineMessage)
         return ExitStatus(for: error)
     }
+}
+
+extension TransportBackend {
+    /// The transport of a backend that parsing has already found in this build.
+    var cliTransport: any HTTPTransport { transport ?? TransportBackend.defaultTransport }
 }
 
 extension GetOptions {

@@ -79,6 +79,12 @@ struct CLIBasicsTests {
         (["get", "URL", "--resume", "x"], "--resume"),
         (["get", "--resume", "x", "-o", "y"], "--resume"),
         (["get", "URL", "--ca-cert", "/nonexistent/ca.pem"], "/nonexistent/ca.pem"),
+        (["get", "URL", "--transport", "carrier-pigeon"], "--transport"),
+        (["get", "URL", "--transport"], "--transport"),
+        (["get", "URL", "--transport", "urlsession", "-k"], "-k needs the libcurl transport"),
+        (["get", "URL", "--transport=urlsession", "--netrc"], "--netrc needs the libcurl transport"),
+        (["get", "URL", "--transport", "urlsession", "--streams"], "--streams needs the libcurl transport"),
+        (["get", "URL", "URL", "--transport", "urlsession", "--ca-cert", "/etc/hostname"], "--ca-cert needs"),
     ])
     func usageErrors(_ arguments: [String], mentions: String) async throws {
         let server = try TestHTTPServer()
@@ -172,6 +178,33 @@ struct CLIBasicsTests {
             #expect(result.stderr.contains("missing"))
         }
         #expect(sandbox.entries().isEmpty)
+    }
+
+    /// `--transport` picks the HTTP backend, and the state a download leaves is the engine's, not the backend's: a
+    /// download cut over one backend resumes over the other with a validated range, byte-exact.
+    @Test(arguments: [(TransportBackend.libcurl, TransportBackend.urlSession), (.urlSession, .libcurl)])
+    func aDownloadCutOverOneTransportResumesOverTheOther(first: TransportBackend, then: TransportBackend)
+        async throws
+    {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 3 << 20, seed: 15, etag: "\"t15\"")
+        server.serve("/f.bin", file: file, faults: .onRequest(0, .dropAfter(1 << 20)))
+        let sandbox = try Sandbox()
+        defer { sandbox.cleanup() }
+        let cut = try await sandbox.run(
+            ["get", server.url("/f.bin"), "-o", "f.bin", "-q", "-c", "1", "--retries", "0", "--transport", "\(first)"])
+        #expect(cut.status != 0, "\(cut)")
+        #expect(readBytes(sandbox.path("f.bin")) == nil, "a cut download at the destination")
+        let resumed = try await sandbox.run(["get", server.url("/f.bin"), "-o", "f.bin", "-q", "--transport=\(then)"])
+        #expect(resumed.status == 0, "\(resumed)")
+        #expect(readBytes(sandbox.path("f.bin")) == file.data)
+        let requests = server.requests(for: "/f.bin")
+        #expect(requests.count == 2, "\(requests.map(\.range))")
+        let rangeStart = requests.last?.range.flatMap { Int($0.dropFirst(6).prefix { $0 != "-" }) }
+        #expect((rangeStart ?? 0) > 0, "the second run did not resume: \(requests.map(\.range))")
+        #expect(requests.last?.header("If-Range") == "\"t15\"")
+        #expect(sandbox.entries() == ["f.bin"])
     }
 
     @Test func goodHeaderIsSent() async throws {

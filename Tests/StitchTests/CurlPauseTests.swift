@@ -1,3 +1,5 @@
+// The libcurl backend's own tests: only in a build with it (the Libcurl trait).
+#if Libcurl
 import Foundation
 import StitchTestSupport
 import Synchronization
@@ -107,3 +109,4 @@ import Testing
         #expect(log.received == file.data)
     }
 }
+#endif  // Libcurl

@@ -919,7 +919,7 @@ final class ManagerFixture: Sendable {
 
     func open(_ change: (inout DownloadManager.Configuration) -> Void = { _ in }) throws -> DownloadManager {
         try DownloadManager(
-            directory: managerDirectory, configuration: configuration(change), transport: TestBackend.selected.transport)
+            directory: managerDirectory, configuration: configuration(change), transport: TestBackend.selected.testTransport)
     }
 }
 

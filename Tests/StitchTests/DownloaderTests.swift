@@ -1159,7 +1159,7 @@ final class Fixture: Sendable {
 
     func download(_ request: DownloadRequest, options: DownloadOptions = .testing) async throws -> DownloadResult {
         let watch = self.watch
-        return try await Downloader(transport: TestBackend.selected.transport, clock: clock).download(request, options: options) {
+        return try await Downloader(transport: TestBackend.selected.testTransport, clock: clock).download(request, options: options) {
             watch.record($0)
         }
     }

@@ -76,7 +76,7 @@ import Testing
         events: @escaping @Sendable (DownloadEvent) -> Void = { _ in }
     ) async throws -> DownloadResult {
         let request = DownloadRequest(url: url, destination: .file(path), checksum: nil, overwrite: overwrite)
-        return try await Downloader(transport: TestBackend.selected.transport, clock: f.clock).download(
+        return try await Downloader(transport: TestBackend.selected.testTransport, clock: f.clock).download(
             request, options: options, onEvent: events)
     }
 

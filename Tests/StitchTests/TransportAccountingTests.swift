@@ -1,3 +1,5 @@
+// The libcurl backend's own tests: only in a build with it (the Libcurl trait).
+#if Libcurl
 import CCurl
 import Foundation
 import Testing
@@ -112,3 +114,4 @@ import Testing
         #expect(!t.checkStall(), "a silent transfer after the decision is a stall")
     }
 }
+#endif  // Libcurl

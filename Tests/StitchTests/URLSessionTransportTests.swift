@@ -1,3 +1,4 @@
+import Dispatch
 import Foundation
 import StitchTestSupport
 import Synchronization
@@ -87,6 +88,55 @@ import Testing
         #expect(error.code == .yielded, "\(error)")
         #expect(error.message.contains("after 0 bytes"), "\(error.message)")
         #expect(sink.offers.load(ordering: .relaxed) >= 1)
+        #expect(server.requests(for: "/file").count == 1)
+    }
+
+    /// A sink that takes everything, and says whether its rest can be asked for again.
+    final class Collect: BodySink, @unchecked Sendable {
+        let canRequestRest: Bool
+        private let bytes = Mutex<[UInt8]>([])
+        init(canRequestRest: Bool) { self.canRequestRest = canRequestRest }
+        var taken: [UInt8] { bytes.withLock { $0 } }
+        func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {
+            bytes.withLock { $0.append(contentsOf: chunk) }
+            return .accepted
+        }
+    }
+
+    /// Past `holdLimit` while the engine still decides what the head means (a resume check hashing a large saved
+    /// prefix, say), the transfer stops reading and keeps what it held: a sink whose rest can be asked for gets
+    /// those bytes, in order, and then `yielded` (the engine asks for the rest); any other sink gets the hold
+    /// limit's failure and no byte. The let-go is awaited on its signal, not on time.
+    @Test(arguments: [true, false])
+    func aDecisionSlowerThanTheServerLetsGoAndKeepsWhatWasHeld(canRequestRest: Bool) async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 4 << 20, seed: 0x5E58, etag: Self.etag)
+        server.serve("/file", file: file)
+        let letGo = DispatchSemaphore(value: 0)
+        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 256 << 10, onLetGo: { letGo.signal() })
+        let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
+        guard case .success(let response) = await transport.start(request) else {
+            Issue.record("no head")
+            return
+        }
+        #expect(await blocking { letGo.wait(timeout: .now() + 60) == .success }, "never let go while undecided")
+        let sink = Collect(canRequestRest: canRequestRest)
+        let outcome = await response.receive(into: sink)
+        guard case .failure(let error) = outcome else {
+            Issue.record("a body let go of before the decision ended in \(outcome)")
+            return
+        }
+        let taken = sink.taken
+        if canRequestRest {
+            #expect(error.code == .yielded, "\(error)")
+            #expect(!taken.isEmpty && taken.count < file.data.count, "\(taken.count) bytes")
+            #expect(taken == Array(file.data.prefix(taken.count)), "the held bytes out of order")
+            #expect(error.message.contains("after \(taken.count) bytes"), "\(error.message)")
+        } else {
+            #expect(error.code == .unsupported, "\(error)")
+            #expect(taken.isEmpty)
+        }
         #expect(server.requests(for: "/file").count == 1)
     }
 

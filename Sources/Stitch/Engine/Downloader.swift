@@ -13,9 +13,9 @@ public struct Downloader: Sendable {
     let clock: any DownloadClock
 
     /// - Parameters:
-    ///   - transport: moves the bytes; the shared libcurl transport by default.
+    ///   - transport: moves the bytes; by default the shared transport of ``TransportBackend/default``.
     ///   - clock: waits between retries; inject a fake in tests.
-    public init(transport: any HTTPTransport = CurlTransport.shared, clock: any DownloadClock = SystemClock()) {
+    public init(transport: any HTTPTransport = TransportBackend.defaultTransport, clock: any DownloadClock = SystemClock()) {
         self.transport = transport
         self.clock = clock
     }

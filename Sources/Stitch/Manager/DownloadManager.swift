@@ -183,11 +183,11 @@ public actor DownloadManager {
     /// - Parameters:
     ///   - directory: where the manager keeps its catalog (created if missing).
     ///   - configuration: the download folder, caps and defaults; nil downloads into `directory` with the defaults.
-    ///   - transport: moves the bytes; the shared libcurl transport by default.
+    ///   - transport: moves the bytes; by default the shared transport of ``TransportBackend/default``.
     ///   - clock: time for retries and stall checks; the system's by default (tests inject their own).
     /// - Throws: ``DownloadManagerError`` when the catalog cannot be opened or created.
     public init(
-        directory: String, configuration: Configuration? = nil, transport: any HTTPTransport = CurlTransport.shared,
+        directory: String, configuration: Configuration? = nil, transport: any HTTPTransport = TransportBackend.defaultTransport,
         clock: any DownloadClock = SystemClock()
     ) throws {
         let configuration = configuration ?? Configuration(downloadDirectory: directory)
@@ -207,7 +207,7 @@ public actor DownloadManager {
     /// command line's list of URLs does).
     /// - Throws: ``DownloadManagerError`` when SQLite cannot make the in-memory catalog.
     public init(
-        configuration: Configuration, transport: any HTTPTransport = CurlTransport.shared,
+        configuration: Configuration, transport: any HTTPTransport = TransportBackend.defaultTransport,
         clock: any DownloadClock = SystemClock()
     ) throws {
         try? FileOperations.createDirectory(configuration.downloadDirectory)

@@ -28,7 +28,7 @@ final class BlockingPool: Sendable {
     /// Runs `work` on one of the pool's threads and returns its result.
     func run<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
         // The work's writes (an engine decision sets the download's fields) are ordered before the caller's reads
-        // by this lock as well as by the continuation: ThreadSanitizer sees the lock (see `CurlTransport.start`).
+        // by this lock as well as by the continuation: ThreadSanitizer sees the lock (as the libcurl transport's `start`).
         let handoff = Mutex(false)
         let result: Result<T, DownloadError> = await withCheckedContinuation { continuation in
             submit {

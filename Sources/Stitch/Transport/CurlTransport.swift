@@ -1,3 +1,4 @@
+#if Libcurl
 import CCurl
 import CStitchSystem
 import Foundation
@@ -627,3 +628,4 @@ final class CurlEventLoop: @unchecked Sendable {
 private let curlGlobalInit: Void = {
     curl_global_init(Int(CURL_GLOBAL_ALL))
 }()
+#endif  // Libcurl

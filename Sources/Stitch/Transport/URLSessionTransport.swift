@@ -50,6 +50,16 @@ public final class URLSessionTransport: HTTPTransport {
     public init(yieldLimit: Int = 4 << 20, holdLimit: Int = 64 << 20) {
         self.yieldLimit = max(1, yieldLimit)
         self.holdLimit = max(self.yieldLimit, holdLimit)
+        self.onLetGo = nil
+    }
+
+    /// For tests: called (on the transfer's queue) each time a transfer lets go of its connection.
+    let onLetGo: (@Sendable () -> Void)?
+
+    init(yieldLimit: Int, holdLimit: Int, onLetGo: @escaping @Sendable () -> Void) {
+        self.yieldLimit = max(1, yieldLimit)
+        self.holdLimit = max(self.yieldLimit, holdLimit)
+        self.onLetGo = onLetGo
     }
 
     public func start(_ request: TransportRequest) async -> Result<any TransportResponse, TransportError> {
@@ -59,7 +69,8 @@ public final class URLSessionTransport: HTTPTransport {
         else {
             return .failure(TransportError(.other, "not an http or https URL: \(request.url)"))
         }
-        let transfer = URLSessionTransfer(request: request, url: url, yieldLimit: yieldLimit, holdLimit: holdLimit)
+        let transfer = URLSessionTransfer(
+            request: request, url: url, yieldLimit: yieldLimit, holdLimit: holdLimit, onLetGo: onLetGo)
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 transfer.begin(continuation)
@@ -173,6 +184,9 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     /// Why we ended the task ourselves, if we did.
     private enum Stop { case cancelled, sinkAborted, stalled, discardCapped, yielded, overHoldLimit }
     private var stopReason: Stop?
+    /// Let go of while the engine decided, past `holdLimit`: the bytes held until then still go to a sink whose
+    /// rest can be asked for again (then the transfer ends `yielded`); any other sink gets the hold limit's failure.
+    private var keepsHeld = false
     private var discarded = 0
     /// Bytes the sink took.
     private var received: Int64 = 0
@@ -182,7 +196,10 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private var bytesSinceActivity = 0
     private var activityThreshold: Int
 
-    init(request: TransportRequest, url: URL, yieldLimit: Int, holdLimit: Int) {
+    let onLetGo: (@Sendable () -> Void)?
+
+    init(request: TransportRequest, url: URL, yieldLimit: Int, holdLimit: Int, onLetGo: (@Sendable () -> Void)?) {
+        self.onLetGo = onLetGo
         self.request = request
         self.url = url
         self.yieldLimit = yieldLimit
@@ -250,9 +267,24 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             self.phase = phase
             markActive()
             switch phase {
-            case .receiving:
+            case .receiving(let sink):
+                if keepsHeld && !sink.canRequestRest {
+                    keepsHeld = false
+                    dropHeld()
+                    stopReason = .overHoldLimit
+                    if outcome != nil { outcome = result(nil) }
+                }
                 offerHeld()
             default:
+                if keepsHeld {
+                    // A body to drop, let go of already: as a capped discard (the task's end completes it).
+                    keepsHeld = false
+                    stopReason = .discardCapped
+                    dropHeld()
+                    if outcome != nil { outcome = .success(()) }
+                    complete()
+                    return
+                }
                 discarded += heldBytes
                 dropHeld()
                 if discarded > Self.maximumDiscardedBytes {
@@ -340,7 +372,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
 
     /// Hands `data` to the sink (nothing held before it); refused bytes go back to the front of `held`.
     private func offer(_ data: Data) {
-        guard case .receiving(let sink) = phase, stopReason == nil else { return }
+        guard case .receiving(let sink) = phase, stopReason == nil || keepsHeld else { return }
         let decision = data.withUnsafeBytes { sink.receive($0) }
         switch decision {
         case .accepted:
@@ -353,7 +385,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             let delay = max(0.001, Double(seconds) + Double(attoseconds) * 1e-18)
             queue.asyncAfter(deadline: .now() + delay) { [self] in
                 waiting = false
-                if stopReason == .yielded { complete() } else { offerHeld() }
+                if stopReason == .yielded && !keepsHeld { complete() } else { offerHeld() }
             }
             // What arrived before the wait may be past the limit already, with nothing more to come until the
             // server sends more (or never, if it waits for us): judge it now, not only when more arrives.
@@ -368,11 +400,11 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     /// meanwhile once they are.
     private func offerHeld() {
         guard case .receiving = phase, !finished else { return }
-        if stopReason != nil {
+        if stopReason != nil && !keepsHeld {
             complete()  // stopped meanwhile: nothing more goes to the sink
             return
         }
-        while !held.isEmpty, !waiting, stopReason == nil {
+        while !held.isEmpty, !waiting, stopReason == nil || keepsHeld {
             let data = held.removeFirst()
             heldBytes -= data.count
             offer(data)
@@ -384,10 +416,18 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private func limitMemory() {
         guard stopReason == nil, outcome == nil else { return }
         let pending = heldBytes + max(0, operations.operationCount - 1) * largestChunk
-        if case .receiving(let sink) = phase, sink.canRequestRest {
+        switch phase {
+        case .receiving(let sink) where sink.canRequestRest:
             if pending > yieldLimit { stop(.yielded) }
-        } else if pending > holdLimit {
-            stop(.overHoldLimit)
+        case .awaitingHead, .awaitingDecision:
+            // Whether the rest can be asked for is the sink's to say, once the engine has decided: keep what is
+            // held for it, stop reading more.
+            if pending > holdLimit {
+                keepsHeld = true
+                stop(.yielded)
+            }
+        default:
+            if pending > holdLimit { stop(.overHoldLimit) }
         }
     }
 
@@ -424,7 +464,9 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     /// Ends the task from our side; `didCompleteWithError` follows (or, before there is a task, the end is now).
     private func stop(_ reason: Stop) {
         if reason == .cancelled, stopReason == .yielded, outcome != nil {
-            // Let go of already and waiting out a sink's wait: a cancel ends it now.
+            // Let go of already and waiting out a sink's wait (or offering what was held): a cancel ends it now.
+            keepsHeld = false
+            dropHeld()
             stopReason = .cancelled
             outcome = .failure(.cancelled)
             complete()
@@ -432,7 +474,8 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         }
         guard stopReason == nil else { return }
         stopReason = reason
-        if reason != .discardCapped { dropHeld() }
+        if reason == .yielded { onLetGo?() }
+        if reason != .discardCapped && !keepsHeld { dropHeld() }
         if let task, outcome == nil {
             task.cancel()  // `didCompleteWithError` follows
         } else {
@@ -445,8 +488,15 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
 
     /// The task has ended (`outcome` is set): whoever waits learns how, once the held bytes are gone.
     private func complete() {
-        guard let outcome, !finished else { return }
-        if case .receiving = phase, !held.isEmpty || waiting, case .success = outcome { return }  // after them
+        guard var outcome, !finished else { return }
+        if case .receiving = phase, !held.isEmpty || waiting {
+            if case .success = outcome { return }  // after them
+            if keepsHeld { return }  // let go of before the decision: the held bytes still go first
+        }
+        if keepsHeld, stopReason == .yielded {
+            outcome = result(nil)  // says how many bytes the sink took
+            self.outcome = outcome
+        }
         // Let go of during a sink's wait: the engine's next request comes when the wait is over, not at once.
         if waiting, stopReason == .yielded { return }
         // A clean end short of the announced length, once every held byte has been taken.
@@ -456,7 +506,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             self.outcome = .failure(.partialBody("the body ended after \(received) of \(expectedLength) bytes"))
         }
         // With nobody waiting the engine is still deciding: `decide` finds the outcome kept.
-        finish(self.outcome!)
+        finish(self.outcome ?? outcome)
     }
 
     /// Resumes whoever waits with `result`, once, and lets the session go.
