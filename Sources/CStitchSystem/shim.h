@@ -1,13 +1,28 @@
 #ifndef STITCH_SYSTEM_SHIM_H
 #define STITCH_SYSTEM_SHIM_H
-/* Linux interfaces Glibc's Swift module does not export. */
+/* Interfaces the platform's Swift module does not export. Linux is built and tested here; the other branches are
+   written to their documentation and have not been compiled on this project's machines. */
 #include <sys/xattr.h>
 #include <fcntl.h>
+#include <errno.h>
+#ifdef __linux__
 #include <linux/falloc.h>
+#endif
 
-/* Reserves blocks for [offset, offset+length) without changing the file size. */
+/* Reserves blocks for [offset, offset+length) without changing the file size; -1 with errno ENOTSUP where the
+   platform has no such call (the caller then writes without a reservation). */
 static inline int stitch_preallocate(int fd, long long offset, long long length) {
+#ifdef __linux__
     return fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length);
+#elif defined(__APPLE__)
+    fstore_t store = {F_ALLOCATEALL, F_PEOFPOSMODE, 0, length, 0};
+    (void)offset;
+    return fcntl(fd, F_PREALLOCATE, &store) == -1 ? -1 : 0;
+#else
+    (void)fd; (void)offset; (void)length;
+    errno = ENOTSUP;
+    return -1;
+#endif
 }
 
 /* Aligned 64-bit release store / acquire load, for the shared-memory written record (its words are read by

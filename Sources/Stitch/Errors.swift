@@ -1,4 +1,10 @@
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// A failed system call's `errno`, with its message.
 public struct Errno: Error, Sendable, Hashable, CustomStringConvertible {

@@ -1,5 +1,11 @@
 import Foundation
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// One thread that keeps the time for every download's periodic work (progress ticks, timed checkpoints), in
 /// place of a Dispatch timer and a sleeping task per download.

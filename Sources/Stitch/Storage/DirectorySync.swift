@@ -80,7 +80,7 @@ func syncDirectory(_ directory: String) throws(DownloadError) {
     let fd = retryingOnInterrupt { open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
     guard fd >= 0 else { throw .io("cannot open directory", path: directory, .current) }
     defer { close(fd) }
-    if fsync(fd) != 0 && errno != EINVAL {
+    if syncFile(fd) != 0 && errno != EINVAL {
         throw .io("cannot sync directory", path: directory, .current)
     }
 }

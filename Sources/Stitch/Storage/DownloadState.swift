@@ -262,7 +262,7 @@ enum StateFile {
                 done += n
             }
         }
-        if failure == nil && fsync(fd) != 0 { failure = .current }
+        if failure == nil && syncFile(fd) != 0 { failure = .current }
         close(fd)
         if let failure {
             unlink(temporary)

@@ -1,5 +1,11 @@
 import Foundation
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// A partial download another program left at a destination, as `--adopt` finds it (docs/adopt.md): the bytes
 /// that program claims to have, and how it says so.
@@ -148,7 +154,7 @@ struct ForeignPartial: Sendable, Hashable {
     static func takeOver(_ paths: DownloadPaths, state: DownloadState) throws(DownloadError) {
         let fd = retryingOnInterrupt { open(paths.destination, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
         guard fd >= 0 else { throw .io("cannot open", path: paths.destination, .current) }
-        let synced = fdatasync(fd) == 0
+        let synced = syncData(fd) == 0
         let syncError = Errno.current
         close(fd)
         guard synced else { throw .io("cannot sync", path: paths.destination, syncError) }

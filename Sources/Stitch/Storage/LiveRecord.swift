@@ -1,5 +1,11 @@
 import CStitchSystem
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// The cheap, frequent record of how far each segment of the part file has been *written* (not synced).
 ///

@@ -1,6 +1,12 @@
 import CStitchSystem
 import Foundation
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import Synchronization
 
 /// The files of one download: the destination and, beside it until the end, the part file, the state
@@ -470,7 +476,7 @@ final class PartStore: @unchecked Sendable {
                 }
             }
             if next.segments == state.segments && recorded.isEmpty && !force { return }
-            guard fdatasync(fd) == 0 else {
+            guard syncData(fd) == 0 else {
                 let error = Errno.current
                 broken.store(true, ordering: .releasing)
                 // Linux reports a failed writeback to one sync only: nothing written may be vouched for any more.
@@ -514,7 +520,9 @@ final class PartStore: @unchecked Sendable {
         for (old, new) in zip(before, after) where new.durable > old.durable {
             let start = max(kept, old.start, old.durable / folio * folio)
             guard new.durable > start else { continue }
+            #if os(Linux)
             _ = posix_fadvise(fd, off_t(start), off_t(new.durable - start), POSIX_FADV_DONTNEED)
+            #endif
         }
     }
 
@@ -620,7 +628,7 @@ final class PartStore: @unchecked Sendable {
             next.liveNonce = Self.newNonce()
             next.updatedAt = now()
             // Durable data first: the kept bytes may have been only written, not yet synced.
-            guard fdatasync(fd) == 0 else {
+            guard syncData(fd) == 0 else {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot sync", path: paths.part, .current)
             }
@@ -748,7 +756,7 @@ final class PartStore: @unchecked Sendable {
                 _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0) }
             }
             // fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes.
-            guard fsync(fd) == 0 else {
+            guard syncFile(fd) == 0 else {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot sync", path: paths.part, .current)
             }
@@ -794,9 +802,9 @@ func fileHoles(_ fd: Int32, before length: Int64) -> [Range<Int64>] {
     var found: [Range<Int64>] = []
     var at: Int64 = 0
     while at < length {
-        let hole = Int64(lseek(fd, off_t(at), 4 /* SEEK_HOLE */))
+        let hole = Int64(lseek(fd, off_t(at), seekHole))
         guard hole >= 0, hole < length else { break }
-        let data = Int64(lseek(fd, off_t(hole), 3 /* SEEK_DATA */))
+        let data = Int64(lseek(fd, off_t(hole), seekData))
         let end = data > hole ? min(data, length) : length
         found.append(hole..<end)
         at = end

@@ -1,5 +1,11 @@
 import Foundation
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// What an earlier run left for one destination: its state (or the previous generation standing in for a
 /// damaged one), whether a part file and a finished file are there, and the finished file's completion mark.

@@ -1,7 +1,13 @@
 // Compiled only with `-DSTITCH_TSAN` (scripts/tsan.sh). This file is the same in every target that uses
 // `Mutex` (Stitch, StitchTestSupport, StitchTests): symbolic links to Sources/Stitch/Support/SanitizerMutex.swift.
 #if STITCH_TSAN
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// Under ThreadSanitizer, a `pthread_mutex_t` in place of Synchronization's `Mutex`, shadowing it in this module.
 ///

@@ -2,7 +2,13 @@
 import CCurl
 import CStitchSystem
 import Foundation
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import Synchronization
 
 /// The libcurl transport: one multi handle driven by one event-loop thread.
@@ -477,13 +483,6 @@ private let curlProgressCallback: stitch_curl_xferinfo_callback = { userdata, _,
     guard let userdata else { return 0 }
     let transfer = Unmanaged<CurlTransfer>.fromOpaque(userdata).takeUnretainedValue()
     return transfer.checkStall() ? 0 : 1
-}
-
-@inline(__always)
-func monotonicNow() -> Double {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &now)
-    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
 }
 
 private let curlWriteCallback: stitch_curl_data_callback = { pointer, size, count, userdata in

@@ -1,6 +1,12 @@
 import CSQLite
 import Foundation
+#if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// The persistent list of a download manager's downloads: `DIRECTORY/catalog.sqlite3`, an SQLite database.
 ///
