@@ -54,7 +54,11 @@ let package = Package(
             name: "Stitch",
             dependencies: [
                 .target(name: "CCurl", condition: .when(traits: ["Libcurl"])),
-                "CCrypto", "CSQLite", "CStitchSystem", "CStitchCRC",
+                // Apple platforms have CommonCrypto and SQLite3 of their own (Support/DigestContext.swift and
+                // Storage/Catalog/Catalog.swift choose by `canImport`); not built on this project's machines.
+                .target(name: "CCrypto", condition: .when(platforms: [.linux])),
+                .target(name: "CSQLite", condition: .when(platforms: [.linux])),
+                "CStitchSystem", "CStitchCRC",
             ],
             swiftSettings: swiftSettings
         ),

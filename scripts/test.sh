@@ -34,14 +34,13 @@ if (($# > 0)); then
 else
     # The combination matrix (MatrixTests: 433 cases, about two minutes, many stitch processes at once) runs on its
     # own after the rest, so neither loads the machine under the other's timing-sensitive tests.
-    # URLSessionTransportTests runs with the URLSession stage below, on a quiet machine: it needs the loopback
+    # URLSessionTransportTests runs in the build without libcurl below, on a quiet machine: it needs the loopback
     # server to outrun a rate-limited sink, which the whole suite's load has prevented (one request in 30 s).
     swift test --skip-build --skip MatrixTests --skip URLSessionTransportTests
     swift test --skip-build --filter MatrixTests
-    # The engine's suites again over the URLSession backend (FoundationNetworking). The other engine suites do not
-    # all pass over it yet (see issue 15's note); a hang must not take the CI run's time.
-    STITCH_TEST_TRANSPORT=urlsession timeout 300 swift test --skip-build \
-        --filter 'StitchTests.DownloaderTests' --filter 'StitchTests.LocalFaultTests' --filter URLSessionTransportTests
+    # The build without the Libcurl trait (no libcurl headers; every download over URLSession) and its tests:
+    # the engine's suites over URLSession, then URLSessionTransportTests on a quiet machine.
+    bash scripts/test-without-libcurl.sh
     # The README's offline demo, with the network cut off (a namespace with only loopback) where that is allowed.
     if unshare -n true 2>/dev/null; then
         STITCH=.build/debug/stitch unshare -n sh -c 'ip link set lo up && bash scripts/demo.sh'

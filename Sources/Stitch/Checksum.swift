@@ -1,7 +1,5 @@
 // Checksums for verifying downloads: algorithm names, expected digests ("sha-256=<hex>") and incremental hashing
-// through OpenSSL's EVP interface.
-
-import CCrypto
+// through the platform's hash functions (Support/DigestContext.swift: OpenSSL's EVP interface on Linux).
 
 // MARK: - ChecksumAlgorithm
 
@@ -68,16 +66,6 @@ public struct ChecksumAlgorithm: Sendable, Hashable, CustomStringConvertible {
 
     /// Same as ``name``.
     public var description: String { name }
-
-    /// OpenSSL's static `EVP_MD` for this algorithm.
-    var evpMD: OpaquePointer? {
-        switch kind {
-        case .sha256: EVP_sha256()
-        case .sha1: EVP_sha1()
-        case .sha512: EVP_sha512()
-        case .md5: EVP_md5()
-        }
-    }
 }
 
 // MARK: - ChecksumParseError
@@ -220,37 +208,29 @@ public struct ExpectedChecksum: Sendable, Hashable, Codable, CustomStringConvert
 
 // MARK: - DigestHasher
 
-/// Incrementally hashes data with OpenSSL's EVP interface.
+/// Incrementally hashes data with the platform's hash functions: OpenSSL's EVP interface (libcrypto) on Linux,
+/// CommonCrypto on Apple platforms.
 ///
 /// Feed bytes with ``update(_:)-(UnsafeRawBufferPointer)`` as they arrive, then call ``finalize()``. Bytes are
-/// passed straight to OpenSSL without copying. Not thread-safe: use one hasher per download.
+/// passed straight to the hash functions without copying. Not thread-safe: use one hasher per download.
 ///
-/// The OpenSSL context is created in `init` and freed in `deinit`. Initialization traps only if OpenSSL cannot set
-/// the algorithm up at all (out of memory, or the algorithm disabled by a FIPS policy).
+/// The context is created in `init` and freed when the hasher goes. Initialization traps only if the platform
+/// cannot set the algorithm up at all (out of memory, or the algorithm disabled by a FIPS policy).
 public final class DigestHasher {
     /// The algorithm this hasher computes.
     public let algorithm: ChecksumAlgorithm
-    private let context: OpaquePointer
+    private let context: DigestContext
 
     /// Creates a hasher ready to receive data.
     public init(_ algorithm: ChecksumAlgorithm) {
-        guard let context = EVP_MD_CTX_new() else {
-            fatalError("EVP_MD_CTX_new failed: out of memory")
-        }
         self.algorithm = algorithm
-        self.context = context
-        start()
-    }
-
-    deinit {
-        EVP_MD_CTX_free(context)
+        self.context = DigestContext(algorithm.kind)
     }
 
     /// Adds bytes to the running digest. An empty buffer is a no-op.
     public func update(_ buffer: UnsafeRawBufferPointer) {
         guard let base = buffer.baseAddress, !buffer.isEmpty else { return }
-        let status = EVP_DigestUpdate(context, base, buffer.count)
-        precondition(status == 1, "EVP_DigestUpdate failed for \(algorithm)")
+        context.update(base, count: buffer.count)
     }
 
     /// Adds bytes to the running digest.
@@ -263,18 +243,16 @@ public final class DigestHasher {
     public func finalize() -> [UInt8] {
         let length = algorithm.digestLength
         let digest = [UInt8](unsafeUninitializedCapacity: length) { buffer, initializedCount in
-            var written: UInt32 = 0
-            let status = EVP_DigestFinal_ex(context, buffer.baseAddress, &written)
-            precondition(status == 1 && Int(written) == length, "EVP_DigestFinal_ex failed for \(algorithm)")
+            context.finish(into: buffer.baseAddress!, length: length)
             initializedCount = length
         }
-        start()
+        context.restart()
         return digest
     }
 
     /// Discards everything added so far.
     public func reset() {
-        start()
+        context.restart()
     }
 
     /// One-shot digest of `buffer`.
@@ -287,12 +265,6 @@ public final class DigestHasher {
     /// One-shot digest of `bytes`.
     public static func digest(_ algorithm: ChecksumAlgorithm, of bytes: [UInt8]) -> [UInt8] {
         bytes.withUnsafeBytes { digest(algorithm, of: $0) }
-    }
-
-    private func start() {
-        guard EVP_DigestInit_ex(context, algorithm.evpMD, nil) == 1 else {
-            fatalError("OpenSSL could not initialize \(algorithm) (disabled by a FIPS policy?)")
-        }
     }
 }
 

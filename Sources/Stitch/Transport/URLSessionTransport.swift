@@ -625,6 +625,12 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     /// server's.
     private func checkStall() {
         guard !finished, outcome == nil, stopReason == nil else { return }
+        if case .awaitingDecision = phase {
+            // The engine deciding (a resume check on a busy machine can take a while) is not the server stalling:
+            // the time starts again when the decision comes.
+            markActive()
+            return
+        }
         if monotonicNow() - lastActivity > request.options.stallTimeout { stop(.stalled) }
     }
 

@@ -1,4 +1,10 @@
+// The catalog store's one seam: SQLite's C interface, from Debian's libsqlite3 (the CSQLite module) on Linux and
+// from the system's SQLite3 module on Apple platforms (the same functions; not compiled here).
+#if canImport(SQLite3)
+import SQLite3
+#else
 import CSQLite
+#endif
 import Foundation
 #if canImport(Glibc)
 import Glibc

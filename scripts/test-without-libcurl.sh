@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The build without the package's Libcurl trait (issue 15): `swift build --disable-default-traits` has no CCurl
+# target, needs no libcurl headers, and sends every download over URLSession (FoundationNetworking, which loads its
+# own libcurl at run time). Builds it in .build-nocurl with libcurl's headers and pkg-config file hidden (a mount
+# namespace of its own, where one can be made: as root in CI), checks that no libcurl module went into it, then runs
+# its tests: every suite that does not depend on the transport, the engine's suites over URLSession, and the
+# combination matrix with this build's stitch (over URLSession).
+#
+# Left out for now, each for a reason (docs/urlsession.md, "Not yet"): HostileServerTests, SegmentedTests,
+# DownloadManagerTests and ManagerDaemonReadinessTests (some of their tests do not pass over URLSession yet, or
+# exceed their time bounds under load), and the CLI suites but the matrix (they test libcurl-only options and
+# keep-alive counts of the stitch binary; the default build runs them).
+#
+#   STITCH_NGINX_DIR=DIR bash scripts/test-without-libcurl.sh     # DIR: a running scripts/nginx.sh (test.sh starts one)
+set -euo pipefail
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+command -v swift >/dev/null || export PATH="$PATH:/opt/swift/usr/bin"
+build=.build-nocurl
+build_command="swift build --disable-default-traits --build-path $build --build-tests"
+
+log=$(mktemp)
+headers=$(dirname "$(find /usr/include -path '*/curl/curl.h' -print -quit 2>/dev/null || true)")
+pc=$(pkg-config --variable=pcfiledir libcurl 2>/dev/null || true)
+if [[ $headers != . && -n $pc ]] && unshare -m true 2>/dev/null; then
+    empty=$(mktemp -d)
+    echo "test-without-libcurl.sh: building with $headers and $pc/libcurl.pc hidden"
+    # The commands the namespace runs are fixed strings; the paths go in as arguments.
+    unshare -m bash -c 'mount --bind "$1" "$2" && mount --bind /dev/null "$3/libcurl.pc" && test ! -e "$2/curl.h" && shift 3 && "$@"' \
+        hide "$empty" "$headers" "$pc" $build_command 2>&1 | tee "$log"
+    rmdir "$empty"
+else
+    echo "test-without-libcurl.sh: cannot hide libcurl's headers here (no mount namespace); building as it is" >&2
+    $build_command 2>&1 | tee "$log"
+fi
+if grep -E '^/.*: warning:' "$log" | grep -v "/$build/" >/dev/null; then
+    echo "test-without-libcurl.sh: the build has warnings (see above)" >&2
+    exit 1
+fi
+rm -f "$log"
+if grep -q 'CCurl' "$build/debug/description.json"; then
+    echo "test-without-libcurl.sh: the build without the Libcurl trait still has the CCurl module" >&2
+    exit 1
+fi
+
+# Over URLSession by default in this build (TransportBackend.default); the CLI suites and the suites named above
+# are left out. A hang must not take the CI run's time.
+timeout 900 swift test --skip-build --build-path "$build" --filter 'StitchTests\.' \
+    --skip HostileServerTests --skip SegmentedTests --skip DownloadManagerTests --skip ManagerDaemonReadinessTests \
+    --skip URLSessionTransportTests
+# On its own: it needs the loopback server to outrun a rate-limited sink, which other tests' load can prevent.
+timeout 300 swift test --skip-build --build-path "$build" --filter URLSessionTransportTests
+# Rule 6's combination matrix (433 cases) with this build's stitch binary, so every download goes over URLSession:
+# the same checks as over libcurl (byte-exact, If-Range, connection counts, nothing saved fetched again, the
+# bytes sent within docs/overlap.md's bound, the achieved rate). Needs STITCH_NGINX_DIR.
+timeout 900 swift test --skip-build --build-path "$build" --filter MatrixTests
