@@ -70,7 +70,7 @@ run_one() {
     sleep 0.2
     local counted
     counted=$(tail -n +$((lines_before + 1)) "$access_log" | grep " /$file " |
-        awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^HTTP\/1\.[01]"$/) { n++; b += $(i + 2) } } END { printf "%d %d", n, b }')
+        awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^HTTP\/1\.[01]"$/) { n++; b += $(i + 2) } } END { printf "%d %.0f", n, b }')
     local wall user sys maxrss key=$part/$tool
     read -r wall user sys maxrss <<<"$times"
     walls[$key]+="$wall "
