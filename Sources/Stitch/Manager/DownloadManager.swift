@@ -729,6 +729,13 @@ public actor DownloadManager {
     /// Every download, in queue order (priority, then position).
     public func downloads() -> [DownloadSnapshot] { order.compactMap { snapshot(of: $0) } }
 
+    /// The progress of every download together: bytes and lengths, the share done, the summed speed and the
+    /// downloads by status, counted as ``AggregateProgress`` says (failed downloads are counted but leave the bytes
+    /// out; paused and completed ones are in).
+    public func aggregateProgress() -> AggregateProgress {
+        AggregateProgress(statuses: table.values.lazy.map { ($0.status, $0.progress) })
+    }
+
     /// Events about every download, from now on. The stream ends when the manager closes.
     ///
     /// Progress is sent at most about ten times a second per download. A consumer that falls more than

@@ -196,6 +196,14 @@ public struct TransferProgress: Sendable, Hashable {
         self.bytesPerSecond = bytesPerSecond
         self.secondsLeft = secondsLeft
     }
+
+    /// The share of the file done, from 0 to 1 (`bytes / total`, clamped): nil while the length is unknown, 1 for
+    /// a zero-byte file. For a progress bar; bytes beyond a wrong `total` never make it more than 1.
+    public var fractionCompleted: Double? {
+        guard let total, total >= 0 else { return nil }
+        guard total > 0 else { return 1 }
+        return min(1, max(0, Double(bytes) / Double(total)))
+    }
 }
 
 /// One download as the manager sees it at a moment.
