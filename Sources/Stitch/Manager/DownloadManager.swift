@@ -736,6 +736,12 @@ public actor DownloadManager {
         AggregateProgress(statuses: table.values.lazy.map { ($0.status, $0.progress) })
     }
 
+    /// Download `id`'s events from now on and its snapshot at that same moment (nil when the manager has no such
+    /// download), for ``observe(_:isolation:progress:completion:)``.
+    func subscribeWithSnapshot(_ id: DownloadID) -> (AsyncStream<DownloadManagerEvent>, DownloadSnapshot?) {
+        (subscribe(id), snapshot(of: id))
+    }
+
     /// Events about every download, from now on. The stream ends when the manager closes.
     ///
     /// Progress is sent at most about ten times a second per download. A consumer that falls more than
@@ -749,7 +755,8 @@ public actor DownloadManager {
     public func events(for id: DownloadID) -> AsyncStream<DownloadManagerEvent> { subscribe(id) }
 
     /// Calls `handler` with each progress report of download `id` until it completes, fails or is removed —
-    /// across pauses and resumes. Cancel the returned task to stop early.
+    /// across pauses and resumes. Cancel the returned task to stop early. `handler` runs on no particular actor;
+    /// ``observe(_:isolation:progress:completion:)`` calls its closures on the caller's (the main actor, say).
     @discardableResult
     public func onProgress(_ id: DownloadID, _ handler: @escaping @Sendable (TransferProgress) -> Void)
         -> Task<Void, Never>
