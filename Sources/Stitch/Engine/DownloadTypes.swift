@@ -1,3 +1,5 @@
+public import Foundation
+
 /// Where a download goes.
 public enum Destination: Sendable, Hashable {
     /// Exactly this path (`-o PATH`).
@@ -43,6 +45,18 @@ public struct DownloadRequest: Sendable {
         self.headers = headers
         self.checksum = checksum
         self.overwrite = overwrite
+    }
+
+    /// A request for `url` (its `absoluteString`) into `destination`, with no former URLs and no ``choosePath``.
+    /// As with a `String`, a URL that is not http or https with a host (a `file:` URL) is refused when downloaded,
+    /// with ``DownloadError/Code/unsupportedScheme`` or ``DownloadError/Code/invalidURL``.
+    public init(
+        url: URL, destination: Destination, headers: HTTPHeaders = HTTPHeaders(),
+        checksum: ExpectedChecksum? = nil, overwrite: Bool = false
+    ) {
+        self.init(
+            url: url.absoluteString, destination: destination, headers: headers, checksum: checksum,
+            overwrite: overwrite)
     }
 
     /// Whether a partial or finished download of `other` belongs to this request.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import Synchronization
 
 /// Downloads one URL to one file, resuming whatever an earlier run left, and never putting anything but
@@ -107,6 +107,12 @@ public struct Downloader: Sendable {
     /// - Throws: ``DownloadError`` with code `.invalidURL` or `.unsupportedScheme`.
     public static func validate(url: String) throws(DownloadError) {
         _ = try validateURL(url)
+    }
+
+    /// Checks that `url` (its `absoluteString`) is one the engine can download (http or https, with a host).
+    /// - Throws: ``DownloadError`` with code `.invalidURL` or `.unsupportedScheme`.
+    public static func validate(url: URL) throws(DownloadError) {
+        _ = try validateURL(url.absoluteString)
     }
 
     /// Splits "Name: value", rejecting what would smuggle another header or request line.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import Synchronization
 
 /// Many downloads, one queue: started in order under a concurrency cap and a per-host connection cap, paused,
@@ -84,10 +84,18 @@ public actor DownloadManager {
         public var reuseExisting = false
         /// Other URLs of the same file (aria2's several URIs in one `addUri`): when the download fails from one,
         /// it goes on from the next, each tried once in turn, its partial data kept only where the new server
-        /// proves the file is the same (as ``DownloadManager/updateSource(_:url:headers:)``).
+        /// proves the file is the same (as ``DownloadManager/updateSource(_:url:headers:)-(_,String,_)``).
         public var mirrors: [String] = []
         /// Engine settings for this download instead of the manager's.
         public var tuning = Tuning()
+
+        /// ``mirrors`` as `URL`s: set, each is kept by its `absoluteString` (checked by
+        /// ``DownloadManager/add(_:options:)-(String,_)`` as the strings are); read, the mirrors that parse as a
+        /// `URL`.
+        public var mirrorURLs: [URL] {
+            get { mirrors.compactMap { URL(string: $0) } }
+            set { mirrors = newValue.map(\.absoluteString) }
+        }
 
         /// Options with this path and folder; the others are the defaults.
         public init(out: String? = nil, directory: String? = nil) {
@@ -276,6 +284,21 @@ public actor DownloadManager {
     @discardableResult
     public func add(_ url: String, options: AddOptions = AddOptions()) throws -> DownloadID {
         try add([(url, options)])[0]
+    }
+
+    /// Adds a download of `url` (its `absoluteString`) and starts it when a slot is free; as
+    /// ``add(_:options:)-(String,_)``, which refuses what is not http or https with a host (a `file:` URL).
+    /// - Returns: its id, stable across restarts.
+    /// - Throws: ``DownloadManagerError``: `.invalidRequest` for a bad URL or option, `.pathInUse` when another
+    ///   download of this manager already writes to the path.
+    @discardableResult
+    public func add(_ url: URL, options: AddOptions = AddOptions()) throws -> DownloadID {
+        try add(url.absoluteString, options: options)
+    }
+
+    /// Adds several downloads of `URL`s at once (one catalog transaction): all or none, as the `String` form.
+    public func add(_ items: [(url: URL, options: AddOptions)]) throws -> [DownloadID] {
+        try add(items.map { (url: $0.url.absoluteString, options: $0.options) })
     }
 
     /// Adds several downloads at once (one catalog transaction): all or none.
@@ -712,6 +735,11 @@ public actor DownloadManager {
         if managed.restartAfterRun { stopRun(id) }
     }
 
+    /// ``updateSource(_:url:headers:)-(_,String,_)`` with a `URL` (its `absoluteString`).
+    public func updateSource(_ id: DownloadID, url: URL, headers: HTTPHeaders? = nil) throws {
+        try updateSource(id, url: url.absoluteString, headers: headers)
+    }
+
     // MARK: Looking
 
     /// The download with this id.
@@ -725,6 +753,9 @@ public actor DownloadManager {
             return snapshot(of: id)
         }
     }
+
+    /// Every download with this `URL` (its `absoluteString`, current or former), in queue order.
+    public func downloads(url: URL) -> [DownloadSnapshot] { downloads(url: url.absoluteString) }
 
     /// Every download, in queue order (priority, then position).
     public func downloads() -> [DownloadSnapshot] { order.compactMap { snapshot(of: $0) } }
@@ -1170,8 +1201,8 @@ public actor DownloadManager {
 
     /// Edits every URL of download `id`'s file (aria2's `changeUri`) in one step of the actor: `edit` gets the
     /// list (the current URL among them) and changes it; the current URL stays if still listed, otherwise the
-    /// download goes on from the first (a running one at once), as ``updateSource(_:url:headers:)``. One catalog
-    /// write. Returns what `edit` returned.
+    /// download goes on from the first (a running one at once), as ``updateSource(_:url:headers:)-(_,String,_)``.
+    /// One catalog write. Returns what `edit` returned.
     public func editMirrors<T: Sendable>(
         _ id: DownloadID, _ edit: @Sendable (inout [String]) throws -> T
     ) throws -> T {

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 /// A case-insensitive, order-preserving list of HTTP header fields.
 public struct HTTPHeaders: Sendable, Hashable, Sequence {
     /// One header field.
@@ -114,6 +114,11 @@ public struct TransportOptions: Sendable, Hashable {
             self.user = user
             self.password = password
             self.origins = Set(urls.compactMap(Self.origin(of:)))
+        }
+
+        /// Credentials for the origins of `urls` (those without a host are left out).
+        public init(user: String, password: String, for urls: [URL]) {
+            self.init(user: user, password: password, for: urls.map(\.absoluteString))
         }
 
         /// `scheme://host:port`, lowercased, the port filled in for http and https; nil without a host.
