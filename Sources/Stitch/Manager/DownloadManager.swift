@@ -773,6 +773,12 @@ public actor DownloadManager {
         (subscribe(id), snapshot(of: id))
     }
 
+    /// Every download's events from now on and the downloads at that same moment, in queue order, for
+    /// ``DownloadList``.
+    func subscribeWithSnapshots() -> (AsyncStream<DownloadManagerEvent>, [DownloadSnapshot]) {
+        (subscribe(nil), downloads())
+    }
+
     /// Events about every download, from now on. The stream ends when the manager closes.
     ///
     /// Progress is sent at most about ten times a second per download. A consumer that falls more than
