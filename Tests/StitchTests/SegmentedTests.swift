@@ -244,7 +244,7 @@ import Testing
             #expect(retired != (f.watch.retries.count == 1), "\(f.watch.notices), \(f.watch.retries)")
             if !retired { #expect(f.clock.sleeps == [2], "Retry-After honoured") }
         } else {
-            #expect(f.watch.retries.count <= 1)
+            #expect(f.watch.retries.count <= 1, "\(f.watch.retries)")
         }
         #expect(f.clock.sleeps.count <= 1)
         #expect(f.watch.restarts.isEmpty)

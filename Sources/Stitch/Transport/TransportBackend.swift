@@ -37,6 +37,7 @@ public enum TransportBackend: String, Sendable, Hashable, CaseIterable, CustomSt
         }
     }
 
+    /// The backend's name, as `stitch get --transport` takes it: `libcurl` or `urlsession`.
     public var description: String { rawValue }
 
     /// The transport a download or a manager uses unless given one: the shared transport of the default backend.
