@@ -10,6 +10,9 @@ let swiftSettings: [SwiftSetting] = [
 
 let package = Package(
     name: "Stitch",
+    // Linux needs no entry. On Apple platforms `Synchronization.Mutex` (and Observation) set the floor; those builds
+    // are written for but never compiled on this project's machines (README, "Platforms and transports").
+    platforms: [.macOS(.v15), .iOS(.v18), .tvOS(.v18), .watchOS(.v11), .visionOS(.v2)],
     products: [
         .library(name: "Stitch", targets: ["Stitch"]),
         .executable(name: "stitch", targets: ["StitchCLI"]),
@@ -54,7 +57,7 @@ let package = Package(
             name: "Stitch",
             dependencies: [
                 .target(name: "CCurl", condition: .when(traits: ["Libcurl"])),
-                // Apple platforms have CommonCrypto and SQLite3 of their own (Support/DigestContext.swift and
+                // Apple platforms have CryptoKit and SQLite3 of their own (Support/DigestContext.swift and
                 // Storage/Catalog/Catalog.swift choose by `canImport`); not built on this project's machines.
                 .target(name: "CCrypto", condition: .when(platforms: [.linux])),
                 .target(name: "CSQLite", condition: .when(platforms: [.linux])),

@@ -5,6 +5,7 @@
 #include <sys/xattr.h>
 #include <fcntl.h>
 #include <errno.h>
+#include <sys/stat.h>
 #ifdef __linux__
 #include <linux/falloc.h>
 #endif
@@ -15,8 +16,15 @@ static inline int stitch_preallocate(int fd, long long offset, long long length)
 #ifdef __linux__
     return fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length);
 #elif defined(__APPLE__)
-    fstore_t store = {F_ALLOCATEALL, F_PEOFPOSMODE, 0, length, 0};
-    (void)offset;
+    /* F_PEOFPOSMODE reserves fst_length bytes past the blocks already allocated, so only what [0, offset+length)
+       still lacks is asked for (a resumed download has most of its blocks already). */
+    struct stat info;
+    if (fstat(fd, &info) != 0) return -1;
+    long long want = offset + length - (long long)info.st_blocks * 512;
+    if (want <= 0) return 0;
+    fstore_t store = {F_ALLOCATECONTIG | F_ALLOCATEALL, F_PEOFPOSMODE, 0, want, 0};
+    if (fcntl(fd, F_PREALLOCATE, &store) == 0) return 0;
+    store.fst_flags = F_ALLOCATEALL;
     return fcntl(fd, F_PREALLOCATE, &store) == -1 ? -1 : 0;
 #else
     (void)fd; (void)offset; (void)length;

@@ -209,7 +209,7 @@ public struct ExpectedChecksum: Sendable, Hashable, Codable, CustomStringConvert
 // MARK: - DigestHasher
 
 /// Incrementally hashes data with the platform's hash functions: OpenSSL's EVP interface (libcrypto) on Linux,
-/// CommonCrypto on Apple platforms.
+/// CryptoKit on Apple platforms.
 ///
 /// Feed bytes with ``update(_:)-(UnsafeRawBufferPointer)`` as they arrive, then call ``finalize()``. Bytes are
 /// passed straight to the hash functions without copying. Not thread-safe: use one hasher per download.

@@ -140,6 +140,67 @@ import Testing
         #expect(server.requests(for: "/file").count == 1)
     }
 
+    /// A sink that answers every offer the same way (counting them); its rest can be asked for again.
+    final class Answer: BodySink, @unchecked Sendable {
+        let decision: ReceiveDecision
+        let offers = Atomic<Int>(0)
+        init(_ decision: ReceiveDecision) { self.decision = decision }
+        func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {
+            offers.add(1, ordering: .relaxed)
+            return decision
+        }
+        var canRequestRest: Bool { true }
+    }
+
+    /// Starts a 4 MiB download over a transport with a 256 KiB hold limit and waits (on its signal) until it has let
+    /// go of the connection while the engine had not decided yet.
+    static func letGoBeforeTheDecision() async throws -> (TestHTTPServer, any TransportResponse)? {
+        let server = try TestHTTPServer()
+        server.serve("/file", file: ServedFile.random(size: 4 << 20, seed: 0x5E59, etag: Self.etag))
+        let letGo = DispatchSemaphore(value: 0)
+        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 256 << 10, onLetGo: { letGo.signal() })
+        let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
+        guard case .success(let response) = await transport.start(request) else {
+            Issue.record("no head")
+            server.stop()
+            return nil
+        }
+        #expect(await blocking { letGo.wait(timeout: .now() + 60) == .success }, "never let go while undecided")
+        return (server, response)
+    }
+
+    /// A sink that aborts the bytes held for it after a let-go ends the body as aborted, not as let go of (which
+    /// the engine would take as "ask for the rest" and count as no retry), and is not offered more.
+    @Test func aSinksAbortOfHeldBytesIsNotALetGo() async throws {
+        guard let (server, response) = try await Self.letGoBeforeTheDecision() else { return }
+        defer { server.stop() }
+        let sink = Answer(.abort)
+        let outcome = await response.receive(into: sink)
+        guard case .failure(let error) = outcome else {
+            Issue.record("an aborted body ended in \(outcome)")
+            return
+        }
+        #expect(error.code == .abortedBySink, "\(error)")
+        #expect(sink.offers.load(ordering: .relaxed) == 1)
+    }
+
+    /// Cancelling the task while its sink waits out a long wait over bytes held after a let-go ends the body as
+    /// cancelled at once, whether or not the let-go task's own end has come yet.
+    @Test func aCancelDuringAWaitAfterALetGoEndsAtOnce() async throws {
+        guard let (server, response) = try await Self.letGoBeforeTheDecision() else { return }
+        defer { server.stop() }
+        let sink = Answer(.wait(.seconds(120)))
+        let receiving = Task { await response.receive(into: sink) }
+        #expect(await blocking { waitUntil(timeout: 60) { sink.offers.load(ordering: .relaxed) >= 1 } })
+        receiving.cancel()
+        let outcome = await receiving.value
+        guard case .failure(let error) = outcome else {
+            Issue.record("a cancelled body ended in \(outcome)")
+            return
+        }
+        #expect(error.code == .cancelled, "\(error)")
+    }
+
     @Test func aBodyWhoseRestCannotBeAskedForFailsPastTheHoldLimit() async throws {
         let f = try Fixture()
         // No validator: the rest of the body cannot be asked for without risking another version's bytes.

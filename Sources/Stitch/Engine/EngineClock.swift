@@ -64,7 +64,9 @@ final class EngineClock: @unchecked Sendable {
         condition.initialize(to: pthread_cond_t())
         var attributes = pthread_condattr_t()
         pthread_condattr_init(&attributes)
+        #if !canImport(Darwin)
         pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        #endif
         pthread_cond_init(condition, &attributes)
         pthread_condattr_destroy(&attributes)
     }
@@ -153,8 +155,16 @@ final class EngineClock: @unchecked Sendable {
             if next == .max {
                 pthread_cond_wait(condition, mutex)
             } else {
+                #if canImport(Darwin)
+                // Darwin's conditions wait on the wall clock only: wait for the time left instead (unbuilt here).
+                let now = Self.now()
+                let left = next > now ? next - now : 0
+                var relative = timespec(tv_sec: Int(left / 1_000_000_000), tv_nsec: Int(left % 1_000_000_000))
+                _ = pthread_cond_timedwait_relative_np(condition, mutex, &relative)
+                #else
                 var deadline = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
                 _ = pthread_cond_timedwait(condition, mutex, &deadline)
+                #endif
             }
             sleepsUntil = nil
         }

@@ -44,7 +44,11 @@ struct CompletionMark: Codable, Hashable {
 
     static func read(at path: String) -> CompletionMark? {
         var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+        #if canImport(Darwin)
+        let n = buffer.withUnsafeMutableBytes { getxattr(path, attributeName, $0.baseAddress, $0.count, 0, 0) }
+        #else
         let n = buffer.withUnsafeMutableBytes { getxattr(path, attributeName, $0.baseAddress, $0.count) }
+        #endif
         guard n > 0 else { return nil }
         return try? JSONDecoder().decode(CompletionMark.self, from: Data(buffer[0..<n]))
     }
@@ -753,7 +757,11 @@ final class PartStore: @unchecked Sendable {
             let mark = CompletionMark(url: url, length: length, etag: state.validators.etag)
             if let data = try? JSONEncoder().encode(mark) {
                 // Best effort: a file system without user xattrs only loses the "already complete" message.
+                #if canImport(Darwin)
+                _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0, 0) }
+                #else
                 _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0) }
+                #endif
             }
             // fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes.
             guard syncFile(fd) == 0 else {

@@ -1,58 +1,71 @@
 // The seam between `DigestHasher` and the platform's hash functions: OpenSSL's EVP interface (libcrypto, the CCrypto
-// module) wherever the package links it, CommonCrypto on Apple platforms. Linux is built and tested here; the
-// CommonCrypto branch is written to Apple's documentation and has not been compiled on this project's machines.
+// module) on Linux, CryptoKit on Apple platforms (incremental, and without CommonCrypto's deprecation warnings for
+// MD5 and SHA-1). Linux is built and tested here; the CryptoKit branch is written to Apple's documentation and has
+// not been compiled on this project's machines.
 
-#if canImport(CommonCrypto)
-import CommonCrypto
+#if canImport(CryptoKit)
+import CryptoKit
 
-/// One running digest in CommonCrypto's context for its algorithm.
+/// One running digest in CryptoKit's hash function for its algorithm.
 final class DigestContext {
+    private enum State {
+        case sha256(SHA256)
+        case sha512(SHA512)
+        case sha1(Insecure.SHA1)
+        case md5(Insecure.MD5)
+    }
+
     private let kind: ChecksumAlgorithm.Kind
-    /// Room for the largest of CommonCrypto's contexts, bound to the algorithm's context type when used.
-    private let state: UnsafeMutableRawPointer
+    private var state: State
 
     init(_ kind: ChecksumAlgorithm.Kind) {
         self.kind = kind
-        let size = max(
-            MemoryLayout<CC_SHA256_CTX>.size, MemoryLayout<CC_SHA512_CTX>.size, MemoryLayout<CC_SHA1_CTX>.size,
-            MemoryLayout<CC_MD5_CTX>.size)
-        state = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 16)
-        restart()
+        state = Self.fresh(kind)
     }
 
-    deinit { state.deallocate() }
-
-    func restart() {
+    private static func fresh(_ kind: ChecksumAlgorithm.Kind) -> State {
         switch kind {
-        case .sha256: _ = CC_SHA256_Init(state.assumingMemoryBound(to: CC_SHA256_CTX.self))
-        case .sha512: _ = CC_SHA512_Init(state.assumingMemoryBound(to: CC_SHA512_CTX.self))
-        case .sha1: _ = CC_SHA1_Init(state.assumingMemoryBound(to: CC_SHA1_CTX.self))
-        case .md5: _ = CC_MD5_Init(state.assumingMemoryBound(to: CC_MD5_CTX.self))
+        case .sha256: .sha256(SHA256())
+        case .sha512: .sha512(SHA512())
+        case .sha1: .sha1(Insecure.SHA1())
+        case .md5: .md5(Insecure.MD5())
         }
     }
 
+    func restart() { state = Self.fresh(kind) }
+
     func update(_ bytes: UnsafeRawPointer, count: Int) {
-        // CommonCrypto takes a 32-bit length: larger buffers go in pieces.
-        var offset = 0
-        while offset < count {
-            let piece = CC_LONG(min(count - offset, Int(Int32.max)))
-            let at = bytes + offset
-            switch kind {
-            case .sha256: _ = CC_SHA256_Update(state.assumingMemoryBound(to: CC_SHA256_CTX.self), at, piece)
-            case .sha512: _ = CC_SHA512_Update(state.assumingMemoryBound(to: CC_SHA512_CTX.self), at, piece)
-            case .sha1: _ = CC_SHA1_Update(state.assumingMemoryBound(to: CC_SHA1_CTX.self), at, piece)
-            case .md5: _ = CC_MD5_Update(state.assumingMemoryBound(to: CC_MD5_CTX.self), at, piece)
-            }
-            offset += Int(piece)
+        let buffer = UnsafeRawBufferPointer(start: bytes, count: count)
+        switch state {
+        case .sha256(var hash):
+            hash.update(bufferPointer: buffer)
+            state = .sha256(hash)
+        case .sha512(var hash):
+            hash.update(bufferPointer: buffer)
+            state = .sha512(hash)
+        case .sha1(var hash):
+            hash.update(bufferPointer: buffer)
+            state = .sha1(hash)
+        case .md5(var hash):
+            hash.update(bufferPointer: buffer)
+            state = .md5(hash)
         }
     }
 
     func finish(into digest: UnsafeMutablePointer<UInt8>, length: Int) {
-        switch kind {
-        case .sha256: _ = CC_SHA256_Final(digest, state.assumingMemoryBound(to: CC_SHA256_CTX.self))
-        case .sha512: _ = CC_SHA512_Final(digest, state.assumingMemoryBound(to: CC_SHA512_CTX.self))
-        case .sha1: _ = CC_SHA1_Final(digest, state.assumingMemoryBound(to: CC_SHA1_CTX.self))
-        case .md5: _ = CC_MD5_Final(digest, state.assumingMemoryBound(to: CC_MD5_CTX.self))
+        func copy(_ bytes: some Sequence<UInt8>) {
+            var at = 0
+            for byte in bytes where at < length {
+                digest[at] = byte
+                at += 1
+            }
+            precondition(at == length, "a \(kind) digest of \(at) bytes, not \(length)")
+        }
+        switch state {
+        case .sha256(let hash): copy(hash.finalize())
+        case .sha512(let hash): copy(hash.finalize())
+        case .sha1(let hash): copy(hash.finalize())
+        case .md5(let hash): copy(hash.finalize())
         }
     }
 }

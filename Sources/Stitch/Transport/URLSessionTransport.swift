@@ -463,13 +463,17 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
 
     /// Ends the task from our side; `didCompleteWithError` follows (or, before there is a task, the end is now).
     private func stop(_ reason: Stop) {
-        if reason == .cancelled, stopReason == .yielded, outcome != nil {
-            // Let go of already and waiting out a sink's wait (or offering what was held): a cancel ends it now.
+        if stopReason == .yielded, reason != .yielded, reason == .cancelled || keepsHeld {
+            // Let go of already — the task's end still on its way, or come while a sink's wait runs out or the
+            // bytes held for it are offered: a cancel, or the sink's abort of those bytes, is what the transfer
+            // ends with, now or (no outcome yet) when the task's end comes (`result` maps it).
             keepsHeld = false
             dropHeld()
-            stopReason = .cancelled
-            outcome = .failure(.cancelled)
-            complete()
+            stopReason = reason
+            if outcome != nil {
+                outcome = result(nil)
+                complete()
+            }
             return
         }
         guard stopReason == nil else { return }

@@ -2,6 +2,16 @@
 // from the system's SQLite3 module on Apple platforms (the same functions; not compiled here).
 #if canImport(SQLite3)
 import SQLite3
+
+// What Debian's build takes from the CSQLite shim (macros Swift does not import), for the system's SQLite3.
+private let sqliteTransient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+private let stitch_sqlite_constraint_primarykey: Int32 = SQLITE_CONSTRAINT | (6 << 8)
+private func stitch_sqlite3_bind_text_count_transient(
+    _ statement: OpaquePointer?, _ index: Int32, _ text: UnsafePointer<CChar>?, _ count: Int32
+) -> Int32 {
+    guard let text else { return sqlite3_bind_text(statement, index, "", 0, sqliteTransient) }
+    return sqlite3_bind_text(statement, index, text, count, sqliteTransient)
+}
 #else
 import CSQLite
 #endif
