@@ -244,7 +244,8 @@ import Testing
             #expect(retired != (f.watch.retries.count == 1), "\(f.watch.notices), \(f.watch.retries)")
             if !retired { #expect(f.clock.sleeps == [2], "Retry-After honoured") }
         } else {
-            #expect(f.watch.retries.count <= 1, "\(f.watch.retries)")
+            let reasons = f.watch.events.compactMap { if case .retrying(_, _, _, let why) = $0 { why } else { nil } }
+            #expect(f.watch.retries.count <= 1, "retried because: \(reasons)")
         }
         #expect(f.clock.sleeps.count <= 1)
         #expect(f.watch.restarts.isEmpty)
