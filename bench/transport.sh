@@ -83,22 +83,20 @@ run_one() {
 
 run() { run_one "$part" "$1" "$2"; }
 
-stat_of() { rounds_stats "$1"; }
-
 table() { # table PART MIB
     local part=$1 mib=$2 base_w base_c base_r tool
-    read -r base_w _ _ <<<"$(stat_of "${walls[$part/libcurl]}")"
-    read -r base_c _ _ <<<"$(stat_of "${cpus[$part/libcurl]}")"
-    read -r base_r _ _ <<<"$(stat_of "${rss[$part/libcurl]}")"
+    read -r base_w _ _ <<<"$(rounds_stats "${walls[$part/libcurl]}")"
+    read -r base_c _ _ <<<"$(rounds_stats "${cpus[$part/libcurl]}")"
+    read -r base_r _ _ <<<"$(rounds_stats "${rss[$part/libcurl]}")"
     echo "| tool | wall s | MB/s | CPU s per GiB | peak RSS MiB | requests | MiB sent | speed vs libcurl | CPU vs libcurl | RSS vs libcurl |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
     for tool in "${tools[@]}"; do
         local k=$part/$tool w wmin wmax c cmin cmax r rmin rmax q qmin qmax s smin smax
-        read -r w wmin wmax <<<"$(stat_of "${walls[$k]}")"
-        read -r c cmin cmax <<<"$(stat_of "${cpus[$k]}")"
-        read -r r rmin rmax <<<"$(stat_of "${rss[$k]}")"
-        read -r q qmin qmax <<<"$(stat_of "${requests[$k]}")"
-        read -r s smin smax <<<"$(stat_of "${sent[$k]}")"
+        read -r w wmin wmax <<<"$(rounds_stats "${walls[$k]}")"
+        read -r c cmin cmax <<<"$(rounds_stats "${cpus[$k]}")"
+        read -r r rmin rmax <<<"$(rounds_stats "${rss[$k]}")"
+        read -r q qmin qmax <<<"$(rounds_stats "${requests[$k]}")"
+        read -r s smin smax <<<"$(rounds_stats "${sent[$k]}")"
         local name=$tool
         [[ $tool == curl ]] || name="stitch over $tool"
         awk -v t="$name" -v w="$w" -v wmin="$wmin" -v wmax="$wmax" -v c="$c" -v cmin="$cmin" -v cmax="$cmax" \
