@@ -28,3 +28,30 @@ extension TransportBackend {
         return backend
     }()
 }
+
+extension TransportBackend {
+    /// The window the backend's shared transport asks for a whole file or an open range in (``URLSessionTransport``;
+    /// Stitch's `RangeWindow`), or nil when it sends every request as the engine made it.
+    public var requestWindow: Int? {
+        switch self {
+        case .urlSession: return URLSessionTransport.shared.window
+        case .libcurl: return nil
+        }
+    }
+}
+
+extension RecordedRequest {
+    /// The `Range` the engine asked for, seen through the window of the backend under test
+    /// (``TransportBackend/selected``): over URLSession a request for the whole file, or for a range to the end,
+    /// goes out as its first window, `bytes=A-(A+W-1)`; that stands for `bytes=A-`, or for no `Range` at all at
+    /// `A = 0` without `If-Range`. Over libcurl this is ``range``. Meant for files no larger than a window: the
+    /// windows after the first, and a lane's range longer than a window, are not told apart from the engine's own.
+    public var askedRange: String? {
+        guard let range, let window = TransportBackend.selected.requestWindow, range.hasPrefix("bytes="),
+            let dash = range.firstIndex(of: "-"),
+            let first = Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]),
+            let last = Int(range[range.index(after: dash)...]), last - first + 1 == window
+        else { return range }
+        return first == 0 && header("If-Range") == nil ? nil : "bytes=\(first)-"
+    }
+}

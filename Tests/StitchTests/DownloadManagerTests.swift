@@ -233,7 +233,7 @@ import Testing
             f.server.serve(
                 "/" + name, file: file,
                 faults: FaultPolicy { request, _ in
-                    name == "big.bin" && request.range != nil && holding.load(ordering: .acquiring)
+                    name == "big.bin" && request.askedRange != nil && holding.load(ordering: .acquiring)
                         ? .stallAfter(100_000) : .none
                 })
         }
@@ -249,7 +249,7 @@ import Testing
         let server = f.server
         for lane in 0..<4 {
             let stalled = await blocking { server.waitForStall(timeout: .seconds(120)) }  // a bound, not a pace
-            #expect(stalled, "lane \(lane) of big.bin never came: \(server.requests(for: "/big.bin").map(\.range))")
+            #expect(stalled, "lane \(lane) of big.bin never came: \(server.requests(for: "/big.bin").map(\.askedRange))")
             if !stalled { await printDiagnostics(server) }
         }
         holding.store(false, ordering: .releasing)
@@ -279,7 +279,7 @@ import Testing
             print("\(name): \(progress.count) progress events in \(String(format: "%.2f", seconds)) s")
         }
         // The big one really was split: ranges with If-Range, several at once.
-        let ranged = f.server.requests(for: "/big.bin").filter { $0.range != nil }
+        let ranged = f.server.requests(for: "/big.bin").filter { $0.askedRange != nil }
         #expect(ranged.count >= 4)
         #expect(ranged.allSatisfy { $0.header("If-Range") == "\"big\"" })
         #expect(f.server.maxActiveRequests(for: "/big.bin") == 4)
@@ -369,7 +369,7 @@ import Testing
             f.server.serve(
                 "/h\(index).bin", file: file,
                 faults: FaultPolicy { request, _ in
-                    index == 0 && request.range != nil && holding.load(ordering: .acquiring)
+                    index == 0 && request.askedRange != nil && holding.load(ordering: .acquiring)
                         ? .stallAfter(100_000) : .none
                 })
         }
@@ -388,7 +388,7 @@ import Testing
         // Its three lanes' requests, each held at its stall: three in flight at once.
         for lane in 0..<3 {
             let stalled = await blocking { server.waitForStall(timeout: .seconds(120)) }  // a bound, not a pace
-            let seen = server.requests.map { "\($0.path) \($0.range ?? "whole")" }
+            let seen = server.requests.map { "\($0.path) \($0.askedRange ?? "whole")" }
             let status = await manager.download(first).map { "\($0.status)" } ?? "gone"
             let pools = "decisions: \(BlockingPool.decisions.occupancy); blocking: \(BlockingPool.shared.occupancy)"
             #expect(stalled, "lane \(lane) never came; requests \(seen); the download is \(status); \(pools)")
@@ -518,7 +518,7 @@ import Testing
         #expect(f.server.requests(for: "/a.bin").count == 1, "the completed download was fetched again")
         #expect(f.server.requests(for: "/b.bin").isEmpty, "the paused download was started")
         let resumed = try #require(f.server.requests(for: "/c.bin").last)
-        #expect(resumed.range == "bytes=\(PersistenceSetup.cutAt)-", "the interrupted download continued")
+        #expect(resumed.askedRange == "bytes=\(PersistenceSetup.cutAt)-", "the interrupted download continued")
         #expect(resumed.header("If-Range") == "\"c\"")
         // D (priority 2) and E (moved to the front) started before anything else of the new manager.
         let firstTwo = Set(f.server.requests.filter { $0.serial >= p.serialsBefore }.prefix(2).map(\.path))
@@ -548,7 +548,7 @@ import Testing
         #expect(await manager.download(p.c)?.status == .completed)
         expectFile(f.path("c.bin"), p.files["c"]!.data)
         #expect(f.server.requests.count == p.serialsBefore + 1)
-        #expect(f.server.requests.last?.range == "bytes=\(PersistenceSetup.cutAt)-")
+        #expect(f.server.requests.last?.askedRange == "bytes=\(PersistenceSetup.cutAt)-")
         for id in [p.b, p.d, p.e] { #expect(await manager.download(id)?.status == .paused) }
         await manager.resumeAll()
         await manager.waitUntilIdle()
@@ -606,8 +606,8 @@ import Testing
         #expect(await manager.downloads(url: newURL).map(\.id) == [id])
         #expect(server.requests(for: "/old.bin").count == 1)
         let requests = server.requests(for: "/new.bin")
-        #expect(requests.count == 1, "\(requests.map(\.range))")
-        #expect(requests.first?.range == "bytes=\(cut)-")
+        #expect(requests.count == 1, "\(requests.map(\.askedRange))")
+        #expect(requests.first?.askedRange == "bytes=\(cut)-")
         #expect(requests.first?.header("If-Range") == "\"v1\"")
         #expect(server.waitUntilIdle())
         let starting = log.restarts(of: id)
@@ -795,7 +795,7 @@ import Testing
         await manager.waitUntilIdle()
         #expect(await manager.download(again)?.status == .completed)
         expectFile(f.path("partial.bin"), file.data)
-        #expect(server.requests(for: "/partial.bin").last?.range == (deletingFiles ? nil : "bytes=300000-"))
+        #expect(server.requests(for: "/partial.bin").last?.askedRange == (deletingFiles ? nil : "bytes=300000-"))
         await manager.close()
     }
 
@@ -965,7 +965,7 @@ struct AskedRange: Hashable {
     var end: Int?
 
     init?(_ request: RecordedRequest) {
-        guard let value = request.range, value.hasPrefix("bytes=") else { return nil }
+        guard let value = request.askedRange, value.hasPrefix("bytes=") else { return nil }
         let parts = value.dropFirst(6).split(separator: "-", omittingEmptySubsequences: false)
         guard parts.count == 2, let start = Int(parts[0]) else { return nil }
         self.start = start

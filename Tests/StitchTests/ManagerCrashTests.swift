@@ -121,7 +121,7 @@ import Testing
         }
         let requests = server.requests
         print(
-            "\(kills) kills; \(requests.count) requests, \(requests.filter { $0.range != nil }.count) ranged; "
+            "\(kills) kills; \(requests.count) requests, \(requests.filter { $0.askedRange != nil }.count) ranged; "
                 + "\(server.bodyBytesSent) body bytes sent for \(total)")
         await manager.close()
     }

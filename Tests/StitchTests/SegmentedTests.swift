@@ -44,10 +44,10 @@ import Testing
         #expect(result.resumedFrom == 0)
         #expect(await Self.settle(f.server))
         let requests = f.server.requests
-        try #require(requests.first?.range == nil, "the first request asks for the whole file")
+        try #require(requests.first?.askedRange == nil, "the first request asks for the whole file")
         let ranged = Array(requests.dropFirst())
         let asked = ranged.compactMap(AskedRange.init)
-        #expect(asked.count == ranged.count, "every request after the first is ranged: \(ranged.map(\.range))")
+        #expect(asked.count == ranged.count, "every request after the first is ranged: \(ranged.map(\.askedRange))")
         #expect(asked.count >= lanes)
         for request in ranged {
             #expect(request.header("If-Range") == Self.etag, "request \(request.serial) If-Range")
@@ -268,7 +268,7 @@ import Testing
         try f.expectComplete(result, file.data)
         #expect(f.watch.restarts.isEmpty, "\(f.watch.restarts)")
         let requests = f.server.requests
-        #expect(requests.filter { $0.range == nil }.count == 1, "no restart: \(requests.map(\.range))")
+        #expect(requests.filter { $0.askedRange == nil }.count == 1, "no restart: \(requests.map(\.askedRange))")
         // Segment 2 is asked for again (by its lane's successor), with the same validator.
         #expect(requests.filter { AskedRange($0)?.start == segments[2].start }.count >= 2)
         #expect(requests.dropFirst().allSatisfy { $0.header("If-Range") == Self.etag })
@@ -286,16 +286,16 @@ import Testing
         let restarted = Once()
         f.serve(file) { request, _ in
             // Ranges are ignored until the download asks for the whole file a second time.
-            if request.range == nil, request.index > 0 { restarted.disarm() }
-            return restarted.isArmed && request.range != nil ? .ignoreRange : .none
+            if request.askedRange == nil, request.index > 0 { restarted.disarm() }
+            return restarted.isArmed && request.askedRange != nil ? .ignoreRange : .none
         }
         let result = try await f.download(f.request(), options: Self.options(lanes: 4))
 
         try f.expectComplete(result, file.data)
         #expect(f.watch.restarts == [.rangeIgnored])
         let requests = f.server.requests
-        let whole = requests.indices.filter { requests[$0].range == nil }
-        try #require(whole.count == 2, "the first request and the one after the restart: \(requests.map(\.range))")
+        let whole = requests.indices.filter { requests[$0].askedRange == nil }
+        try #require(whole.count == 2, "the first request and the one after the restart: \(requests.map(\.askedRange))")
         // A server that ignored ranges is not split again in this run: the whole file comes on one connection.
         let after = requests[(whole[1] + 1)...].compactMap(AskedRange.init)
         #expect(after.isEmpty, "after the restart: \(after)")
@@ -320,8 +320,8 @@ import Testing
         try f.expectComplete(result, new.data)
         #expect(f.watch.restarts == [validator.change(from: old, to: new)])
         let requests = f.server.requests
-        let whole = requests.indices.filter { requests[$0].range == nil }
-        try #require(whole.count == 2, "\(requests.map(\.range))")
+        let whole = requests.indices.filter { requests[$0].askedRange == nil }
+        try #require(whole.count == 2, "\(requests.map(\.askedRange))")
         let newIfRange = new.etag ?? new.lastModified
         #expect(
             requests[..<whole[1]].dropFirst().allSatisfy { $0.header("If-Range") == (old.etag ?? old.lastModified) })
@@ -371,7 +371,7 @@ import Testing
         let edge = Mutex<(seen: Set<Int>, other: Int?)>(([], nil))
         f.serve(a) { request, _ in
             let other = edge.withLock { edge -> Bool in
-                if edge.other == nil, request.range != nil, !edge.seen.contains(request.connectionID) {
+                if edge.other == nil, request.askedRange != nil, !edge.seen.contains(request.connectionID) {
                     edge.seen.insert(request.connectionID)
                     if edge.seen.count == 2 { edge.other = request.connectionID }
                 }
@@ -388,7 +388,7 @@ import Testing
         let otherEdge = try #require(edge.withLock { $0.other })
         #expect(requests.filter { $0.connectionID == otherEdge }.count == 1, "one response from the other edge")
         #expect(requests.dropFirst().allSatisfy { $0.header("If-Range") == (a.etag ?? a.lastModified) })
-        #expect(requests.filter { $0.range == nil }.count == 1, "no restart: one request for the whole file")
+        #expect(requests.filter { $0.askedRange == nil }.count == 1, "no restart: one request for the whole file")
     }
 
     /// The file changes between two requests of one lane: lane 1 stalls after 300 000 bytes (the others finish with
@@ -416,7 +416,7 @@ import Testing
         // continuation; the stall is a byte count, the wait only a bound.
         let stalled = await blocking { server.waitForStall(timeout: .seconds(120)) }
         let pools = "decisions: \(BlockingPool.decisions.occupancy); blocking: \(BlockingPool.shared.occupancy)"
-        #expect(stalled, "requests \(server.requests.map { $0.range ?? "whole" }); notices \(f.watch.notices); \(pools)")
+        #expect(stalled, "requests \(server.requests.map { $0.askedRange ?? "whole" }); notices \(f.watch.notices); \(pools)")
         if !stalled { await printDiagnostics(server) }
         // Every lane has asked (with the old file) before it changes: only lane 1's retry can see the new one.
         #expect(await blocking { server.waitForRequests(5, timeout: .seconds(30)) })
@@ -427,14 +427,14 @@ import Testing
         try f.expectComplete(result, new.data)
         #expect(f.watch.restarts == [.etagChanged(old: old.etag!, new: new.etag!)])
         let requests = f.server.requests
-        print("SegmentedTests.fileChangingBetweenTwoRequestsOfALane: \(requests.map { $0.range ?? "whole" })")
-        let whole = requests.indices.filter { requests[$0].range == nil }
-        try #require(whole.count == 2, "\(requests.map(\.range))")
+        print("SegmentedTests.fileChangingBetweenTwoRequestsOfALane: \(requests.map { $0.askedRange ?? "whole" })")
+        let whole = requests.indices.filter { requests[$0].askedRange == nil }
+        try #require(whole.count == 2, "\(requests.map(\.askedRange))")
         // Between the change and the restart: requests still with the old validator — the lane's retry from where
         // it stopped, an end-game takeover, a lane's next range on a slow machine — the ones that met the new file
         // (dropped unread while other lanes were left, the restart by the last); never a splice.
         let between = requests[5..<whole[1]]
-        #expect(!between.isEmpty && between.allSatisfy { $0.header("If-Range") == old.etag }, "\(between.map(\.range))")
+        #expect(!between.isEmpty && between.allSatisfy { $0.header("If-Range") == old.etag }, "\(between.map(\.askedRange))")
         #expect(requests[(whole[1] + 1)...].allSatisfy { $0.header("If-Range") == new.etag })
     }
 
@@ -452,7 +452,7 @@ import Testing
 
         try f.expectComplete(result, file.data)
         #expect(f.server.requests.count == 1)
-        #expect(f.server.requests.first?.range == nil)
+        #expect(f.server.requests.first?.askedRange == nil)
         let notices = f.watch.notices
         #expect(notices.count == 1 && notices.first?.contains(kind.notice) == true, "notices: \(notices)")
         #expect(f.watch.restarts.isEmpty && f.watch.retries.isEmpty)
@@ -472,7 +472,7 @@ import Testing
         let ranged = f.server.requests.dropFirst()
         #expect(ranged.count >= 4, "four segments, and on a slow machine steals of their ends")
         Self.expectNested(ranged.compactMap(AskedRange.init), total: 8 << 20)
-        #expect(ranged.allSatisfy { $0.range != nil && $0.header("If-Range") == modified })
+        #expect(ranged.allSatisfy { $0.askedRange != nil && $0.header("If-Range") == modified })
         // No fallback to one connection; a slow connection replaced on a loaded machine (seen under AddressSanitizer)
         // is the engine at work, not a notice about the validator.
         #expect(f.watch.notices.allSatisfy { $0 == "replacing a slow connection" }, "notices: \(f.watch.notices)")
@@ -501,9 +501,9 @@ import Testing
         try f.expectComplete(result, file.data)
         #expect(await Self.settle(f.server))
         let requests = f.server.requests
-        #expect(requests.first?.range == nil, "the first request asks for the whole file")
+        #expect(requests.first?.askedRange == nil, "the first request asks for the whole file")
         if fastEnough {
-            #expect(requests.count == 1, "\(requests.map(\.range))")
+            #expect(requests.count == 1, "\(requests.map(\.askedRange))")
             #expect(f.watch.notices.contains { $0.contains("not splitting") }, "\(f.watch.notices)")
             #expect(f.server.bodyBytesSent == Int(size))
         } else {
@@ -535,7 +535,7 @@ import Testing
 
         try f.expectComplete(result, file.data)
         #expect(f.server.requests.count == 1)
-        #expect(f.server.requests.first?.range == nil)
+        #expect(f.server.requests.first?.askedRange == nil)
         print("SegmentedTests.\(kind): one connection; notices \(f.watch.notices)")
     }
 
@@ -577,13 +577,13 @@ import Testing
         // steal lies within one asked range and costs at most the steal slack.
         var steals = 0
         if saved.count == 1 && after == 1 {
-            #expect(resumed.map(\.range) == ["bytes=\(stops[0])-"])
+            #expect(resumed.map(\.askedRange) == ["bytes=\(stops[0])-"])
         } else if saved.count == 1 {
             // Split again: the ranges start at the saved offset and tile the rest of the file, none re-asked.
             let all = resumed.compactMap(AskedRange.init)
-            #expect(all.count == resumed.count, "\(resumed.map(\.range))")
+            #expect(all.count == resumed.count, "\(resumed.map(\.askedRange))")
             let asked = Array(all.prefix(after)).sorted { $0.start < $1.start }
-            #expect(asked.count == after, "\(resumed.map(\.range))")
+            #expect(asked.count == after, "\(resumed.map(\.askedRange))")
             #expect(asked.first?.start == stops[0])
             #expect(asked.last?.last.map { $0 + 1 } == size)
             #expect(zip(asked, asked.dropFirst()).allSatisfy { $0.last.map { $0 + 1 } == $1.start }, "\(asked)")
@@ -592,7 +592,7 @@ import Testing
         } else {
             let expected = saved.map { AskedRange(start: $0.durable, last: $0.end! - 1) }
             let asked = resumed.compactMap(AskedRange.init)
-            #expect(asked.count == resumed.count, "\(resumed.map(\.range))")
+            #expect(asked.count == resumed.count, "\(resumed.map(\.askedRange))")
             #expect(Set(asked.filter(expected.contains)) == Set(expected), "resumed \(asked), saved \(expected)")
             #expect(asked.filter(expected.contains).count == expected.count, "a rest asked twice: \(asked)")
             for steal in asked where !expected.contains(steal) {
@@ -616,7 +616,7 @@ import Testing
         #expect(f.watch.restarts.isEmpty)
         print(
             "SegmentedTests.resume \(before)→\(after): \(resumed.count) request(s) on "
-                + "\(Set(resumed.map(\.connectionID)).count) connection(s): \(resumed.map { $0.range ?? "whole" })")
+                + "\(Set(resumed.map(\.connectionID)).count) connection(s): \(resumed.map { $0.askedRange ?? "whole" })")
     }
 
     /// Cancelled after the split but before any lane received a byte: the split is made durable before the lanes
@@ -642,13 +642,13 @@ import Testing
         try f.expectComplete(result, file.data)
         #expect(f.watch.restarts.isEmpty, "\(f.watch.restarts)")
         let resumed = f.server.requests[requestsBefore...]
-        #expect(resumed.allSatisfy { $0.range != nil && $0.header("If-Range") == Self.etag })
+        #expect(resumed.allSatisfy { $0.askedRange != nil && $0.header("If-Range") == Self.etag })
         // Each empty segment is asked for exactly once; on a loaded machine the end game may also steal the tail of
         // a slow lane's segment (seen in CI), and then the tail of what that lane still had (a second steal ends
         // where the first began: seen under two busy loops) — always a range inside one segment, past its start,
         // never a whole-file request.
         let asked = resumed.compactMap(AskedRange.init)
-        #expect(asked.count == resumed.count, "\(resumed.map(\.range))")
+        #expect(asked.count == resumed.count, "\(resumed.map(\.askedRange))")
         #expect(asked.filter(segments.contains).count == segments.count, "\(asked)")
         #expect(Set(asked.filter(segments.contains)) == Set(segments), "\(asked)")
         for steal in asked where !segments.contains(steal) {
@@ -942,7 +942,7 @@ extension SegmentedTests {
         }
 
         init?(_ request: RecordedRequest) {
-            guard let header = request.range, header.hasPrefix("bytes="), let dash = header.firstIndex(of: "-"),
+            guard let header = request.askedRange, header.hasPrefix("bytes="), let dash = header.firstIndex(of: "-"),
                 let start = Int64(header[header.index(header.startIndex, offsetBy: 6)..<dash])
             else { return nil }
             let tail = header[header.index(after: dash)...]
@@ -1037,7 +1037,7 @@ extension SegmentedTests {
     static func lanesOnly(
         _ lanes: @escaping @Sendable (RecordedRequest, Int) -> Fault
     ) -> @Sendable (RecordedRequest, Int) -> Fault {
-        { request, index in request.range == nil ? .stallAfter(0, then: .close) : lanes(request, index) }
+        { request, index in request.askedRange == nil ? .stallAfter(0, then: .close) : lanes(request, index) }
     }
 
     static func settle(_ server: TestHTTPServer) async -> Bool {

@@ -27,7 +27,7 @@ import Testing
         let f = try Fixture()
         let file = ServedFile.random(size: Self.size, seed: 0x5E55, etag: Self.etag)
         f.serve(file)
-        let transport = URLSessionTransport(yieldLimit: 16 << 10, holdLimit: 8 << 20)
+        let transport = URLSessionTransport(window: nil, yieldLimit: 16 << 10, holdLimit: 8 << 20)
         let result = try await Downloader(transport: transport, clock: f.clock).download(
             f.request(), options: Self.options(rate: 128 << 10)
         ) { f.watch.record($0) }
@@ -70,7 +70,7 @@ import Testing
         defer { server.stop() }
         let file = ServedFile.random(size: 4 << 20, seed: 0x5E57, etag: Self.etag)
         server.serve("/file", file: file, faults: .always(.stallAfter(1 << 20, then: .close)))
-        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 8 << 20)
+        let transport = URLSessionTransport(window: nil, yieldLimit: 64 << 10, holdLimit: 8 << 20)
         let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
         guard case .success(let response) = await transport.start(request) else {
             Issue.record("no head")
@@ -114,7 +114,7 @@ import Testing
         let file = ServedFile.random(size: 4 << 20, seed: 0x5E58, etag: Self.etag)
         server.serve("/file", file: file)
         let letGo = DispatchSemaphore(value: 0)
-        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 256 << 10, onLetGo: { letGo.signal() })
+        let transport = URLSessionTransport(window: nil, yieldLimit: 64 << 10, holdLimit: 256 << 10, onLetGo: { letGo.signal() })
         let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
         guard case .success(let response) = await transport.start(request) else {
             Issue.record("no head")
@@ -158,7 +158,7 @@ import Testing
         let server = try TestHTTPServer()
         server.serve("/file", file: ServedFile.random(size: 4 << 20, seed: 0x5E59, etag: Self.etag))
         let letGo = DispatchSemaphore(value: 0)
-        let transport = URLSessionTransport(yieldLimit: 64 << 10, holdLimit: 256 << 10, onLetGo: { letGo.signal() })
+        let transport = URLSessionTransport(window: nil, yieldLimit: 64 << 10, holdLimit: 256 << 10, onLetGo: { letGo.signal() })
         let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
         guard case .success(let response) = await transport.start(request) else {
             Issue.record("no head")
@@ -206,7 +206,7 @@ import Testing
         // No validator: the rest of the body cannot be asked for without risking another version's bytes.
         let file = ServedFile.random(size: Self.size, seed: 0x5E56)
         f.serve(file)
-        let transport = URLSessionTransport(yieldLimit: 16 << 10, holdLimit: 256 << 10)
+        let transport = URLSessionTransport(window: nil, yieldLimit: 16 << 10, holdLimit: 256 << 10)
         let outcome = await Result(catching: {
             try await Downloader(transport: transport, clock: f.clock).download(
                 f.request(), options: Self.options(rate: 256 << 10)

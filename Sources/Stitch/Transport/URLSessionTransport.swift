@@ -9,23 +9,31 @@ import FoundationNetworking
 /// A transport over `URLSession` data tasks: Foundation's HTTP client (FoundationNetworking on Linux), for builds
 /// and platforms without the libcurl backend.
 ///
-/// Each request runs as one data task in a session of its own, whose delegate callbacks arrive on one serial queue
+/// Each request runs as data tasks in a session of its own, whose delegate callbacks arrive on one serial queue
 /// that also holds all of the transfer's state.
 ///
 /// A data task cannot be paused: in swift-corelibs-foundation `suspend()` takes the transfer off libcurl's multi
 /// handle, which ends it, and `resume()` sends the request again from its start (Apple documents the same for data
-/// tasks: "all other tasks must start over when resumed"). A resumed task would deliver the body from its first
-/// byte a second time. So this backend never suspends a task, and instead:
+/// tasks: "all other tasks must start over when resumed"). Nor can it be stopped promptly: `cancel()` waits behind
+/// the reading on the session's queue (measured: 150 MB more arrived after a cancel at 1.6 MB; docs/urlsession.md).
+/// So this backend never suspends a task, and instead:
+/// - **Windows.** A request whose rest can be proven to be of one version of the file is asked for at most
+///   `window` bytes at a time, and the rest window by window with `If-Range` under the first answer's strong
+///   validator, on the same session (so over the same connection); each later answer must be exactly the next
+///   bytes of the same version, or the body ends as a failure (``RangeWindow`` has the rules). The engine sees the
+///   one response it asked for. So no response brings more than a window, whatever the server and the sink do: this
+///   is what keeps memory flat. A server that ignores ranges, or a file without a strong validator, is asked as the
+///   engine asked, and the next two points bound it instead.
 /// - **Head before body.** The bytes that arrive while the engine decides what the head means are held, and given
 ///   to the sink (or dropped) once it has. (On Apple platforms the response callback's completion handler also
 ///   holds the body back; FoundationNetworking ignores it.)
 /// - **Back-pressure.** Bytes a sink refuses (`.wait`, a rate limit) or cannot take fast enough (a slow disk) are
-///   held in memory, up to `yieldLimit`. Beyond it the transfer is let go of and the body ends with
+///   held in memory: within a window, up to the window (and the next window is asked for once at most half of one
+///   is held). Without windows, up to `yieldLimit`; beyond it the transfer is let go of and the body ends with
 ///   `TransportError` `yielded`: the engine asks for the rest with a validated range request, as after any
 ///   interruption, and counts it as no retry. It does so only when the sink says the rest can be asked for
 ///   (``BodySink/canRequestRest``); otherwise the body is held up to `holdLimit` and then the transfer fails with
-///   a message saying why. Either way memory stays bounded; the cost is a new request per `yieldLimit` bytes the
-///   sink falls behind by.
+///   a message saying why.
 /// - **Redirects** are never followed here (the engine follows them under its own rules): the 3xx response is the
 ///   response.
 /// - **Stalls** (fewer than `stallMinimumBytes` in `stallTimeout`) are timed here, as the libcurl backend does.
@@ -35,31 +43,49 @@ import FoundationNetworking
 /// or read a netrc file. It keeps no connections between requests (one session per request), and it cannot bound
 /// the body of a redirect it does not follow (the session reads it whole before the engine sees the 3xx). TLS
 /// failures are recognised from the session's message, as FoundationNetworking on Linux reports them with no code
-/// of their own.
+/// of their own. A server's log shows the windows: `Range: bytes=0-8388607` where the engine asked for the whole
+/// file.
 public final class URLSessionTransport: HTTPTransport {
     /// The process-wide instance.
     public static let shared = URLSessionTransport()
 
+    /// The most bytes one request asks for (see the type's notes), or nil to send every request as the engine made
+    /// it.
+    public let window: Int?
     /// Body bytes held for a sink that the rest can be asked for again, before the transfer is let go of.
     public let yieldLimit: Int
     /// Body bytes held for any other sink (or while the engine decides on the head) before the transfer fails.
     public let holdLimit: Int
 
-    /// A transport that holds at most `yieldLimit` body bytes in memory for a sink that is slower than the
-    /// server, or `holdLimit` for one whose rest cannot be asked for again (see the type's notes).
-    public init(yieldLimit: Int = 4 << 20, holdLimit: Int = 64 << 20) {
+    /// A transport that asks for at most `window` bytes per request where the rest can be proven to be of the same
+    /// file, and otherwise holds at most `yieldLimit` body bytes in memory for a sink that is slower than the
+    /// server, or `holdLimit` for one whose rest cannot be asked for again (see the type's notes). A window larger
+    /// than `holdLimit` is cut to it.
+    public init(window: Int? = 8 << 20, yieldLimit: Int = 4 << 20, holdLimit: Int = 64 << 20) {
+        let holdLimit = max(max(1, yieldLimit), holdLimit)
         self.yieldLimit = max(1, yieldLimit)
-        self.holdLimit = max(self.yieldLimit, holdLimit)
+        self.holdLimit = holdLimit
+        self.window = window.map { max(1, min($0, holdLimit)) }
         self.onLetGo = nil
+        self.onWindowEnd = nil
     }
 
     /// For tests: called (on the transfer's queue) each time a transfer lets go of its connection.
     let onLetGo: (@Sendable () -> Void)?
+    /// For tests: called (on the transfer's queue) when a window's task has brought all its bytes and more are to
+    /// be asked for, with the bytes then held for the sink; the next window is asked for (or not) right after.
+    let onWindowEnd: (@Sendable (_ heldBytes: Int) -> Void)?
 
-    init(yieldLimit: Int, holdLimit: Int, onLetGo: @escaping @Sendable () -> Void) {
+    init(
+        window: Int? = nil, yieldLimit: Int, holdLimit: Int, onLetGo: (@Sendable () -> Void)? = nil,
+        onWindowEnd: (@Sendable (_ heldBytes: Int) -> Void)? = nil
+    ) {
+        let holdLimit = max(max(1, yieldLimit), holdLimit)
         self.yieldLimit = max(1, yieldLimit)
-        self.holdLimit = max(self.yieldLimit, holdLimit)
+        self.holdLimit = holdLimit
+        self.window = window.map { max(1, min($0, holdLimit)) }
         self.onLetGo = onLetGo
+        self.onWindowEnd = onWindowEnd
     }
 
     public func start(_ request: TransportRequest) async -> Result<any TransportResponse, TransportError> {
@@ -70,7 +96,8 @@ public final class URLSessionTransport: HTTPTransport {
             return .failure(TransportError(.other, "not an http or https URL: \(request.url)"))
         }
         let transfer = URLSessionTransfer(
-            request: request, url: url, yieldLimit: yieldLimit, holdLimit: holdLimit, onLetGo: onLetGo)
+            request: request, url: url, windowSize: window, yieldLimit: yieldLimit, holdLimit: holdLimit,
+            onLetGo: onLetGo, onWindowEnd: onWindowEnd)
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 transfer.begin(continuation)
@@ -157,6 +184,26 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
 
     let request: TransportRequest
     let url: URL
+    /// The window the request is first asked for in, until its response says it cannot be (then nil: asked as made).
+    private var window: RangeWindow?
+    /// The rest of a windowed body, to be asked for window by window; nil once nothing more is to be asked for.
+    private var rest: RangeWindow.Rest?
+    /// The bytes the running task of a windowed body asks for, and how many of them it has brought.
+    private var taskWindow: (first: Int64, last: Int64)?
+    private var taskBytes: Int64 = 0
+    /// Whether the running task's answer has been judged (the engine's head, or a later window's).
+    private var taskHeadSeen = false
+    /// A window's task ended with all its bytes, and the next is not asked for yet (the engine has not decided, or
+    /// too many bytes are still held for the sink).
+    private var betweenWindows = false
+    /// Whether the running task has ended (its completion came): cancelling it does nothing, and no callback follows.
+    private var taskDone = false
+    /// Whether the response can bring at most a window (or is no longer than one): then nothing is let go of.
+    private var bounded = false
+    /// Why a later window's answer was refused.
+    private var windowProblem: String?
+    /// The transport's window size, if it windows requests.
+    let windowSize: Int?
     let yieldLimit: Int
     let holdLimit: Int
     let queue = DispatchQueue(label: "stitch.urlsession")
@@ -182,7 +229,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private var largestChunk = 0
 
     /// Why we ended the task ourselves, if we did.
-    private enum Stop { case cancelled, sinkAborted, stalled, discardCapped, yielded, overHoldLimit }
+    private enum Stop { case cancelled, sinkAborted, stalled, discardCapped, yielded, overHoldLimit, windowRefused }
     private var stopReason: Stop?
     /// Let go of while the engine decided, past `holdLimit`: the bytes held until then still go to a sink whose
     /// rest can be asked for again (then the transfer ends `yielded`); any other sink gets the hold limit's failure.
@@ -197,11 +244,19 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private var activityThreshold: Int
 
     let onLetGo: (@Sendable () -> Void)?
+    let onWindowEnd: (@Sendable (Int) -> Void)?
 
-    init(request: TransportRequest, url: URL, yieldLimit: Int, holdLimit: Int, onLetGo: (@Sendable () -> Void)?) {
+    init(
+        request: TransportRequest, url: URL, windowSize: Int?, yieldLimit: Int, holdLimit: Int,
+        onLetGo: (@Sendable () -> Void)?, onWindowEnd: (@Sendable (Int) -> Void)?
+    ) {
+        self.onWindowEnd = onWindowEnd
+        self.windowSize = windowSize
+        let window = windowSize.flatMap { RangeWindow(requestHeaders: request.headers, size: $0) }
         self.onLetGo = onLetGo
         self.request = request
         self.url = url
+        self.window = window
         self.yieldLimit = yieldLimit
         self.holdLimit = holdLimit
         activityThreshold = max(1, request.options.stallMinimumBytes)
@@ -219,42 +274,86 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
                 finish(.failure(.cancelled))
                 return
             }
-            let options = request.options
-            let configuration = URLSessionConfiguration.ephemeral
-            configuration.urlCache = nil
-            configuration.requestCachePolicy = .reloadIgnoringLocalAndRemoteCacheData
-            configuration.httpCookieAcceptPolicy = .never
-            configuration.httpShouldSetCookies = false
-            configuration.httpCookieStorage = nil
-            configuration.urlCredentialStorage = nil
-            // A backstop only: the session's request timeout restarts with every byte; stalls are timed below.
-            configuration.timeoutIntervalForRequest = max(options.connectTimeout, options.stallTimeout) + 1
-            configuration.timeoutIntervalForResource = 365 * 86_400
-            configuration.httpMaximumConnectionsPerHost = 1
-            let session = URLSession(configuration: configuration, delegate: self, delegateQueue: operations)
-            var urlRequest = URLRequest(url: url)
-            urlRequest.httpMethod = "GET"
-            urlRequest.setValue(options.userAgent, forHTTPHeaderField: "User-Agent")
-            for field in request.headers {
-                if urlRequest.value(forHTTPHeaderField: field.name) == nil || field.name.lowercased() == "user-agent" {
-                    urlRequest.setValue(field.value, forHTTPHeaderField: field.name)
-                } else {
-                    urlRequest.addValue(field.value, forHTTPHeaderField: field.name)
-                }
-            }
-            if let credentials = options.credentials, !request.headers.contains("Authorization"),
-                let origin = TransportOptions.Credentials.origin(of: request.url), credentials.origins.contains(origin)
-            {
-                let token = Data("\(credentials.user):\(credentials.password)".utf8).base64EncodedString()
-                urlRequest.setValue("Basic \(token)", forHTTPHeaderField: "Authorization")
-            }
-            let task = session.dataTask(with: urlRequest)
-            self.session = session
-            self.task = task
-            markActive()
-            startTimer()
-            task.resume()
+            startTask()
         }
+    }
+
+    /// A task for the request: in its first window, if it has one, or as the engine made it; or, with `range` and
+    /// `ifRange`, for a later window. One session serves the request's tasks, so a later window reuses the
+    /// connection.
+    private func startTask(range: String? = nil, ifRange: String? = nil) {
+        let options = request.options
+        let session = self.session ?? makeSession()
+        var urlRequest = URLRequest(url: url)
+        urlRequest.httpMethod = "GET"
+        urlRequest.setValue(options.userAgent, forHTTPHeaderField: "User-Agent")
+        for field in request.headers {
+            if urlRequest.value(forHTTPHeaderField: field.name) == nil || field.name.lowercased() == "user-agent" {
+                urlRequest.setValue(field.value, forHTTPHeaderField: field.name)
+            } else {
+                urlRequest.addValue(field.value, forHTTPHeaderField: field.name)
+            }
+        }
+        if let credentials = options.credentials, !request.headers.contains("Authorization"),
+            let origin = TransportOptions.Credentials.origin(of: request.url), credentials.origins.contains(origin)
+        {
+            let token = Data("\(credentials.user):\(credentials.password)".utf8).base64EncodedString()
+            urlRequest.setValue("Basic \(token)", forHTTPHeaderField: "Authorization")
+        }
+        if let range {
+            urlRequest.setValue(range, forHTTPHeaderField: "Range")
+            urlRequest.setValue(ifRange, forHTTPHeaderField: "If-Range")
+        } else if let window {
+            urlRequest.setValue(window.rangeValue, forHTTPHeaderField: "Range")
+        }
+        taskBytes = 0
+        taskHeadSeen = false
+        taskDone = false
+        let task = session.dataTask(with: urlRequest)
+        self.session = session
+        self.task = task
+        markActive()
+        if timer == nil { startTimer() }
+        task.resume()
+    }
+
+    private func makeSession() -> URLSession {
+        let options = request.options
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.urlCache = nil
+        configuration.requestCachePolicy = .reloadIgnoringLocalAndRemoteCacheData
+        configuration.httpCookieAcceptPolicy = .never
+        configuration.httpShouldSetCookies = false
+        configuration.httpCookieStorage = nil
+        configuration.urlCredentialStorage = nil
+        // A backstop only: the session's request timeout restarts with every byte; stalls are timed below.
+        configuration.timeoutIntervalForRequest = max(options.connectTimeout, options.stallTimeout) + 1
+        configuration.timeoutIntervalForResource = 365 * 86_400
+        configuration.httpMaximumConnectionsPerHost = 1
+        return URLSession(configuration: configuration, delegate: self, delegateQueue: operations)
+    }
+
+    /// Drops the windowed request whose answer cannot stand for the engine's, and sends the engine's as it made it
+    /// (on a session of its own: the dropped task's bytes may still be arriving on its connection).
+    private func sendAsAsked() {
+        window = nil
+        task?.cancel()
+        session?.invalidateAndCancel()
+        session = nil
+        startTask()
+    }
+
+    /// Asks for the next window of the body once the engine takes the body and at most half a window waits for the
+    /// sink: memory stays within one and a half windows, and the next window's bytes come while the sink takes the
+    /// held ones.
+    private func askForNextWindow() {
+        guard betweenWindows, let rest, case .receiving = phase, stopReason == nil, !finished,
+            Int64(heldBytes) <= rest.size / 2
+        else { return }
+        betweenWindows = false
+        let window = rest.nextWindow
+        taskWindow = window
+        startTask(range: "bytes=\(window.first)-\(window.last)", ifRange: rest.validator)
     }
 
     func decide(_ phase: Phase, _ continuation: CheckedContinuation<Result<Void, TransportError>, Never>) {
@@ -275,7 +374,14 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
                     if outcome != nil { outcome = result(nil) }
                 }
                 offerHeld()
+                askForNextWindow()
             default:
+                if betweenWindows {
+                    // A windowed body to drop: what its first window brought is all that is read.
+                    betweenWindows = false
+                    rest = nil
+                    outcome = .success(())
+                }
                 if keepsHeld {
                     // A body to drop, let go of already: as a capped discard (the task's end completes it).
                     keepsHeld = false
@@ -316,21 +422,31 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         _ session: URLSession, dataTask: URLSessionDataTask, didReceive response: URLResponse,
         completionHandler: @escaping @Sendable (URLSession.ResponseDisposition) -> Void
     ) {
-        guard !finished, let http = response as? HTTPURLResponse else {
+        guard !finished, dataTask === task, let http = response as? HTTPURLResponse else {
             completionHandler(.cancel)
             return
         }
-        deliverHead(http)
+        guard acceptTaskHead(http) else {
+            completionHandler(.cancel)
+            return
+        }
         // Apple's Foundation holds the body until this is called; FoundationNetworking does not wait for it, so
         // the body is held here instead (see the type's notes).
         completionHandler(.allow)
     }
 
     func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-        guard !finished, stopReason == nil else { return }
+        guard !finished, stopReason == nil, dataTask === task else { return }
+        if !taskHeadSeen, let http = dataTask.response as? HTTPURLResponse, !acceptTaskHead(http) { return }
+        taskBytes += Int64(data.count)
+        if let taskWindow, taskBytes > taskWindow.last - taskWindow.first + 1 {
+            // (A chunked answer can run past its Content-Range; its extra bytes are not the next ones.)
+            windowProblem = "the server sent more than the bytes \(taskWindow.first)-\(taskWindow.last) it announced"
+            stop(.windowRefused)
+            return
+        }
         noteReceived(data.count)
         largestChunk = max(largestChunk, data.count)
-        if !headDelivered, let http = dataTask.response as? HTTPURLResponse { deliverHead(http) }
         switch phase {
         case .awaitingHead, .awaitingDecision:
             hold(data)
@@ -348,11 +464,31 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     }
 
     func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
-        guard !finished else { return }
-        if !headDelivered, error == nil, let http = task.response as? HTTPURLResponse {
+        guard !finished, task === self.task else { return }
+        taskDone = true
+        if !taskHeadSeen, error == nil, let http = task.response as? HTTPURLResponse {
             // A 3xx the session read to its end before asking about the redirect comes without the response
             // callback.
-            deliverHead(http)
+            guard acceptTaskHead(http) else { return }
+        }
+        if error == nil, stopReason == nil, let rest, let taskWindow,
+            taskBytes == taskWindow.last - taskWindow.first + 1
+        {
+            // A window's end: the next window comes (once the engine takes the body), or the body is complete.
+            if taskWindow.last < rest.last {
+                self.rest?.next = taskWindow.last + 1
+                switch phase {
+                case .awaitingDecision, .receiving:
+                    betweenWindows = true
+                    onWindowEnd?(heldBytes)
+                    askForNextWindow()
+                    return
+                default:
+                    break
+                }
+            } else {
+                self.rest = nil
+            }
         }
         outcome = result(error)
         complete()
@@ -410,11 +546,13 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             offer(data)
         }
         if held.isEmpty && !waiting { complete() }
+        askForNextWindow()
     }
 
     /// Keeps what the sink has not taken — held here or waiting on the delegate queue — within the limits.
     private func limitMemory() {
-        guard stopReason == nil, outcome == nil else { return }
+        // A window's response brings at most the window (no larger than `holdLimit`), whatever the sink does.
+        guard stopReason == nil, outcome == nil, !bounded else { return }
         let pending = heldBytes + max(0, operations.operationCount - 1) * largestChunk
         switch phase {
         case .receiving(let sink) where sink.canRequestRest:
@@ -433,9 +571,60 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
 
     // MARK: The head and the end
 
-    private func deliverHead(_ http: HTTPURLResponse) {
-        guard !headDelivered else { return }
+    /// Judges the answer of the running task: the engine's head, or a later window's, which must be exactly the
+    /// next bytes of the same version of the file. False when the task's bytes are not to be taken.
+    private func acceptTaskHead(_ http: HTTPURLResponse) -> Bool {
+        guard !taskHeadSeen else { return true }
+        taskHeadSeen = true
+        guard headDelivered else { return deliverHead(http) }
+        guard let rest, let taskWindow else { return true }
+        if let problem = rest.problem(with: Self.head(of: http), window: taskWindow) {
+            windowProblem = problem
+            stop(.windowRefused)
+            return false
+        }
+        markActive()
+        return true
+    }
+
+    /// Shows the engine the head of `http` (or what it stands for, in a window); false when the response is dropped
+    /// and the request sent again as the engine made it.
+    @discardableResult
+    private func deliverHead(_ http: HTTPURLResponse) -> Bool {
+        guard !headDelivered else { return true }
+        var head = Self.head(of: http)
+        if let window {
+            switch window.adapt(head) {
+            case .pass:
+                break
+            case .sendAsAsked:
+                sendAsAsked()
+                return false
+            case .rewrite(let shown, let bodyLength, let rest):
+                head = shown
+                bounded = true
+                self.rest = rest
+                taskWindow = (window.start, window.start + bodyLength - 1)
+            }
+        }
         headDelivered = true
+        if let length = head.headers["Content-Length"].flatMap({ Int64($0) }), length >= 0 {
+            expectedLength = length
+            activityThreshold = max(1, min(activityThreshold, Int(clamping: length)))
+            // No longer than a window: nothing to let go of (what a slow sink has not taken stays within it).
+            if let windowSize, length <= windowSize { bounded = true }
+        }
+        markActive()
+        phase = .awaitingDecision
+        if let continuation = headContinuation {
+            headContinuation = nil
+            continuation.resume(returning: .success(head))
+        }
+        return true
+    }
+
+    /// The status and header fields of `http`, as the engine reads them.
+    private static func head(of http: HTTPURLResponse) -> ResponseHead {
         var headers = HTTPHeaders()
         let fields = http.allHeaderFields.compactMap { key, value -> (String, String)? in
             guard let name = key as? String else { return nil }
@@ -449,16 +638,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
                 headers.add(name: name, value: value)
             }
         }
-        if let length = headers["Content-Length"].flatMap({ Int64($0) }), length >= 0 {
-            expectedLength = length
-            activityThreshold = max(1, min(activityThreshold, Int(clamping: length)))
-        }
-        markActive()
-        phase = .awaitingDecision
-        if let continuation = headContinuation {
-            headContinuation = nil
-            continuation.resume(returning: .success(ResponseHead(status: http.statusCode, headers: headers)))
-        }
+        return ResponseHead(status: http.statusCode, headers: headers)
     }
 
     /// Ends the task from our side; `didCompleteWithError` follows (or, before there is a task, the end is now).
@@ -480,7 +660,8 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         stopReason = reason
         if reason == .yielded { onLetGo?() }
         if reason != .discardCapped && !keepsHeld { dropHeld() }
-        if let task, outcome == nil {
+        betweenWindows = false
+        if let task, outcome == nil, !taskDone {
             task.cancel()  // `didCompleteWithError` follows
         } else {
             // No task yet, or it has ended already (its completion ran: cancelling it now does nothing and no
@@ -553,6 +734,10 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             return .success(())
         case .cancelled:
             return .failure(.cancelled)
+        case .windowRefused:
+            // The engine's next request (a range under its validator) finds out what changed, and says so.
+            return .failure(.partialBody(
+                "the body ended after \(received) bytes: \(windowProblem ?? "a later window was refused")"))
         case .yielded:
             return .failure(TransportError(
                 .yielded, "let go of the connection after \(received) bytes: the sink is slower than the server"))
@@ -629,6 +814,10 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     /// server's.
     private func checkStall() {
         guard !finished, outcome == nil, stopReason == nil else { return }
+        if betweenWindows {
+            markActive()  // nothing asked of the server: the sink is taking the held bytes
+            return
+        }
         if case .awaitingDecision = phase {
             // The engine deciding (a resume check on a busy machine can take a while) is not the server stalling:
             // the time starts again when the decision comes.
