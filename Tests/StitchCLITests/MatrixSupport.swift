@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Stitch
 import StitchTestSupport
 import Synchronization
 import Testing
@@ -301,6 +302,7 @@ struct ServedRecord: Sendable, CustomStringConvertible {
         self.sent = status == 200 || status == 206 ? sent : 0
         self.raw = line
         (start, length) = Self.slice(status: status, range: range, size: size)
+        range = Self.asked(range, hasIfRange: hasIfRange)
     }
 
     init(served: ServedResponse) {
@@ -313,6 +315,22 @@ struct ServedRecord: Sendable, CustomStringConvertible {
         order = served.request.serial
         raw = "#\(served.request.index) \(served.status) range=\(range ?? "-") if-range=\(ifRange ?? "-") "
             + "body \(start)+\(length) sent \(sent) conn=\(served.request.connectionID)"
+        range = Self.asked(range, hasIfRange: hasIfRange)
+    }
+
+    /// The window the `stitch` under test asks in: this build's default transport's (URLSession's, in a build without
+    /// the Libcurl trait), or nil.
+    static let window = TransportBackend.default.requestWindow
+
+    /// The `Range` the engine asked for, behind the transport's window: a first window `bytes=A-(A+W-1)` stands for
+    /// `bytes=A-`, or for the whole file at 0 without `If-Range` (StitchTestSupport's `askedRange`, on a log line).
+    /// The bytes served (`start`, `length`) stay those of the range sent.
+    static func asked(_ range: String?, hasIfRange: Bool) -> String? {
+        guard let range, let window, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-"),
+            let first = Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]),
+            let last = Int(range[range.index(after: dash)...]), last - first + 1 == window
+        else { return range }
+        return first == 0 && !hasIfRange ? nil : "bytes=\(first)-"
     }
 
     /// The body slice a static-file server sends for `range` with this status.
