@@ -4,10 +4,10 @@
 #
 #   1. As fast as each goes: SIZE_MIB (1024) of random bytes; wall time, CPU (user + system) per GiB, peak RSS.
 #   2. A deliberately slow sink: `--limit-rate SLOW_RATE` (32M) on SLOW_MIB (256); the sink refuses what comes
-#      faster than that. libcurl pauses the transfer; a URLSession data task cannot be paused, so that backend holds
-#      up to 4 MiB and then lets go of the connection and asks for the rest with Range + If-Range
-#      (docs/urlsession.md). Reports peak RSS, CPU, and what the server sent: requests and body bytes (from nginx's
-#      access log), against the file's size.
+#      faster than that. libcurl pauses the transfer; a URLSession data task can be neither paused nor promptly
+#      cancelled, so that backend asks in windows of 8 MiB (Range + If-Range, one connection) and holds at most a
+#      window and a half for the sink (docs/urlsession.md). Reports peak RSS, CPU, and what the server sent: requests
+#      and body bytes (from nginx's access log), against the file's size.
 #
 # Every run: previous output removed, `sync`; tools alternate within each round (rounds_run). Reports the median and
 # the spread (min–max) of each figure; ratios are against stitch over libcurl (speed above 1: faster than it; CPU

@@ -55,3 +55,52 @@ extension RecordedRequest {
         return first == 0 && header("If-Range") == nil ? nil : "bytes=\(first)-"
     }
 }
+
+extension TransportBackend {
+    /// Whether the backend keeps a connection for the next request of a download (libcurl's keep-alive). Over
+    /// URLSession every request the engine makes gets a session, and so a connection, of its own.
+    public var keepsConnections: Bool { self == .libcurl }
+
+    /// A stall timeout short enough for a test to wait out, yet not tripped by the backend's own latency: 1 s, or
+    /// 4 s over URLSession, whose delegate callbacks can come seconds late while the rest of the suite's transfers
+    /// keep dispatch's worker threads busy (each session has a work queue of its own; measured on two cores with
+    /// the suite and two busy loops: a response head reached the delegate 2 s after the server sent it).
+    public var shortStallTimeout: Double { self == .urlSession ? 4 : 1 }
+}
+
+extension Sequence where Element == RecordedRequest {
+    /// The requests as the engine made them, behind the windows of the backend under test
+    /// (``TransportBackend/selected``). Over URLSession each request the engine makes has a connection of its own,
+    /// and the windows after its first follow on that connection: they are folded into one request whose `Range`
+    /// runs from the first window's start to the last one's end (no `Range` where the first window stands for the
+    /// whole file), so a lane's or a probe's chain of windows reads as its one request. A lone first window is
+    /// read through ``RecordedRequest/askedRange``. Over libcurl: the requests as they are.
+    public var engineRequests: [RecordedRequest] {
+        guard let window = TransportBackend.selected.requestWindow else { return Array(self) }
+        var order: [Int] = []
+        var chains: [Int: [RecordedRequest]] = [:]
+        for request in self {
+            if chains[request.connectionID] == nil { order.append(request.connectionID) }
+            chains[request.connectionID, default: []].append(request)
+        }
+        func bounds(_ request: RecordedRequest) -> (Int, Int)? {
+            guard let range = request.range, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-"),
+                let first = Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]),
+                let last = Int(range[range.index(after: dash)...])
+            else { return nil }
+            return (first, last)
+        }
+        return order.flatMap { id -> [RecordedRequest] in
+            let chain = chains[id] ?? []
+            guard chain.count > 1, let first = chain.first, let (start, firstLast) = bounds(first),
+                firstLast - start + 1 == window, let (_, end) = chain.last.flatMap(bounds)
+            else { return chain }  // one request, or (never seen) several that are not one request's windows
+            var headers = first.headers.filter { $0.name.lowercased() != "range" }
+            if start != 0 || first.header("If-Range") != nil { headers.append((name: "Range", value: "bytes=\(start)-\(end)")) }
+            return [RecordedRequest(
+                serial: first.serial, index: first.index, method: first.method, target: first.target, path: first.path,
+                query: first.query, version: first.version, headers: headers, connectionID: first.connectionID,
+                indexOnConnection: first.indexOnConnection)]
+        }
+    }
+}

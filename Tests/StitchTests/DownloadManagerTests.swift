@@ -464,7 +464,7 @@ import Testing
         #expect(await manager.download(id)?.status == .completed)
         expectFile(paths.destination, file.data)
 
-        let requests = server.requests(for: "/big.bin")
+        let requests = server.requests(for: "/big.bin").engineRequests
         #expect(requests.count == cycles + 1)
         // Each run asked for exactly what the previous ones had not written, so nothing was fetched twice.
         let expectedStarts = stallPoints.reduce(into: [0]) { $0.append($0.last! + $1) }

@@ -177,7 +177,7 @@ import Testing
     /// either, and the download gives up keeping the byte it got.
     @Test func dripOneByteThenStallGivesUpKeepingThePartial() async throws {
         var options = DownloadOptions.testing
-        options.transport.stallTimeout = 1
+        options.transport.stallTimeout = TestBackend.selected.shortStallTimeout
         options.retry.maxRetries = 1
         let c = HostileCase("drip one byte, then stall", .fails(.retriesExhausted, part: .exactly(1)), options: options) { _ in
             FaultPolicy { _, index in index == 0 ? .stallAfter(1, then: .close) : .stallBeforeHeaders(then: .close) }
@@ -195,7 +195,7 @@ import Testing
     func dripOneByteAtATimeStalls(stallMinimumBytes: Int) async throws {
         var options = DownloadOptions.testing
         options.connections = 1
-        options.transport.stallTimeout = 1
+        options.transport.stallTimeout = TestBackend.selected.shortStallTimeout
         options.transport.stallMinimumBytes = stallMinimumBytes
         options.retry.maxRetries = 1
         let f = try Fixture()
@@ -214,7 +214,8 @@ import Testing
             #expect(!fileExists(f.dest))
         } else {
             // Dripping for longer than two stall timeouts and two attempts' worth: still on its first request.
-            #expect(await blocking { waitUntil(timeout: 60) { server.bodyBytesSent >= 60 } })
+            let bytes = Int(3 * TestBackend.selected.shortStallTimeout * 20)
+            #expect(await blocking { waitUntil(timeout: 60) { server.bodyBytesSent >= bytes } })
             #expect(server.requests.count == 1)
             task.cancel()
             _ = try? await task.value

@@ -332,6 +332,43 @@ import Testing
         #expect(server.bodyBytesSent(for: "/file") == Self.window)
     }
 
+    /// A sink that wants fewer bytes than its response promises (a segment whose end another lane took over).
+    final class Wanting: BodySink, @unchecked Sendable {
+        let limit: Int
+        private let bytes = Mutex<[UInt8]>([])
+        init(_ limit: Int) { self.limit = limit }
+        var taken: [UInt8] { bytes.withLock { $0 } }
+        func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {
+            bytes.withLock {
+                let room = limit - $0.count
+                $0.append(contentsOf: chunk.prefix(max(0, room)))
+                return chunk.count <= room ? .accepted : .abort
+            }
+        }
+        var bytesWanted: Int64? { Int64(limit - taken.count) }
+    }
+
+    /// The next window asks for no more than the sink still wants and one byte, which shows the sink where its
+    /// bytes end: the sink stops there, and the server sent nothing beyond that byte.
+    @Test func aLaterWindowAsksNoMoreThanTheSinkWants() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 4 * Self.window, seed: 0xA8, etag: Self.etag)
+        server.serve("/file", file: file)
+        let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
+        guard case .success(let response) = await Self.transport().start(request) else {
+            Issue.record("no head")
+            return
+        }
+        let wanted = Self.window + 37_856
+        let sink = Wanting(wanted)
+        let outcome = await response.receive(into: sink)
+        #expect(outcome.failure?.isAbortedBySink == true, "\(outcome)")
+        #expect(Self.same(sink.taken, Array(file.data.prefix(wanted))))
+        #expect(Self.ranges(server) == ["bytes=0-\(Self.window - 1)", "bytes=\(Self.window)-\(wanted)"])
+        #expect(server.bodyBytesSent(for: "/file") == wanted + 1)
+    }
+
     /// The file changes between two windows: the server answers the next window's `If-Range` with the new file
     /// whole. The transport takes none of it and ends the body after the first window's bytes (all of the old
     /// version), saying why.

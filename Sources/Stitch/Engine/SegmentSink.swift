@@ -93,6 +93,14 @@ final class SegmentSink: BodySink, @unchecked Sendable {
         compareBuffer?.deallocate()
     }
 
+    /// Up to the segment's end as the store has it now (a split moves it closer), or nil for a body bounded by the
+    /// file's length. On the transport's thread, as ``receive(_:)``.
+    var bytesWanted: Int64? {
+        guard case .segmentEnd = bound, !closed else { return closed ? 0 : nil }
+        guard let end = store.end(slot) else { return 0 }
+        return max(0, end - offset)
+    }
+
     func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
         if closed { return .abort }
         if shouldStop() {

@@ -173,11 +173,19 @@ public protocol BodySink: AnyObject, Sendable {
     /// letting go of the connection (``TransportError`` `yielded`) only when this is true. False unless a sink says
     /// otherwise.
     var canRequestRest: Bool { get }
+
+    /// How many more bytes this sink takes before it has all it wants (a segment whose end another connection took
+    /// over wants less than its response brings), or nil for the body to its end. Asked on the transport's thread,
+    /// between chunks. A transport that asks for a body in parts (the URLSession backend's windows) asks for no more
+    /// than this and one byte, so that the sink still sees where its bytes end, as over one response.
+    var bytesWanted: Int64? { get }
 }
 
 extension BodySink {
     /// False: a sink says when the rest of its body can be asked for again.
     public var canRequestRest: Bool { false }
+    /// Nil: the body to its end.
+    public var bytesWanted: Int64? { nil }
 }
 
 /// What a sink did with a chunk of body bytes.

@@ -347,11 +347,18 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     /// sink: memory stays within one and a half windows, and the next window's bytes come while the sink takes the
     /// held ones.
     private func askForNextWindow() {
-        guard betweenWindows, let rest, case .receiving = phase, stopReason == nil, !finished,
+        guard betweenWindows, let rest, case .receiving(let sink) = phase, stopReason == nil, !finished,
             Int64(heldBytes) <= rest.size / 2
         else { return }
+        var window = rest.nextWindow
+        if let wanted = sink.bytesWanted {
+            // No further than one byte past what the sink still wants (beyond the bytes held for it): the byte
+            // shows the sink where its bytes end, as one response would. None at all when the held bytes reach it.
+            let beyondHeld = wanted - Int64(heldBytes)
+            if beyondHeld < 0 { return }  // the sink stops within what is held; its abort ends the body
+            window.last = min(window.last, window.first + beyondHeld)
+        }
         betweenWindows = false
-        let window = rest.nextWindow
         taskWindow = window
         startTask(range: "bytes=\(window.first)-\(window.last)", ifRange: rest.validator)
     }
