@@ -50,8 +50,8 @@ if grep -q 'CCurl' "$description"; then
 fi
 
 # Over URLSession by default in this build (TransportBackend.default). A hang must not take the CI run's time.
-# In two processes: every suite in one, at once, runs hundreds of sessions side by side, each with a work queue on
-# dispatch's threads (600 threads seen), and transfers then wait far beyond the tests' limits.
+# In two processes: every suite in one, at once, puts hundreds of transfers' callbacks on the URLSession backend's
+# one queue, and a few of the tests' one-second stall timeouts then fire (docs/urlsession.md, "Not yet").
 heavy='--skip SegmentedTests --skip DownloadManagerTests --skip HostileServerTests --skip ManagerDaemonReadinessTests'
 # shellcheck disable=SC2086 # $heavy is a list of options
 timeout 1200 swift test --skip-build --disable-default-traits --build-path "$build" --filter 'StitchTests\.' \

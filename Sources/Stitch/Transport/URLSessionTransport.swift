@@ -9,8 +9,8 @@ import FoundationNetworking
 /// A transport over `URLSession` data tasks: Foundation's HTTP client (FoundationNetworking on Linux), for builds
 /// and platforms without the libcurl backend.
 ///
-/// Each request runs as data tasks in a session of its own, whose delegate callbacks arrive on one serial queue
-/// that also holds all of the transfer's state.
+/// Each request runs as data tasks in a session of its own, whose delegate callbacks arrive on one serial queue,
+/// shared by every transfer of the process, that also holds all of the transfers' state.
 ///
 /// A data task cannot be paused: in swift-corelibs-foundation `suspend()` takes the transfer off libcurl's multi
 /// handle, which ends it, and `resume()` sends the request again from its start (Apple documents the same for data
@@ -206,7 +206,15 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     let windowSize: Int?
     let yieldLimit: Int
     let holdLimit: Int
-    let queue = DispatchQueue(label: "stitch.urlsession")
+    /// One serial queue for every transfer of the process: the delegate callbacks, the transfers' state, and the
+    /// calls into FoundationNetworking that wait on a session's own work queue (`dataTask(with:)`, `resume()`,
+    /// `cancel()`, `invalidateAndCancel()`). With a queue per transfer, a burst of transfers starting at once held
+    /// every dispatch worker thread (255 on Linux) in those waits while the work queues they waited for needed a
+    /// worker to run, and the process stopped (seen in CI: 121 threads in `resume()`, 109 in `dataTask(with:)`, 24
+    /// in `cancel()`). One queue blocks at most one worker; the libcurl backend likewise runs every transfer on one
+    /// thread.
+    static let sharedQueue = DispatchQueue(label: "stitch.urlsession")
+    let queue = URLSessionTransfer.sharedQueue
     private let operations = OperationQueue()
     private var session: URLSession?
     private var task: URLSessionDataTask?
@@ -336,6 +344,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     /// Drops the windowed request whose answer cannot stand for the engine's, and sends the engine's as it made it
     /// (on a session of its own: the dropped task's bytes may still be arriving on its connection).
     private func sendAsAsked() {
+        guard stopReason == nil else { return }
         window = nil
         task?.cancel()
         session?.invalidateAndCancel()
@@ -444,7 +453,13 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
 
     func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
         guard !finished, stopReason == nil, dataTask === task else { return }
-        if !taskHeadSeen, let http = dataTask.response as? HTTPURLResponse, !acceptTaskHead(http) { return }
+        if !taskHeadSeen {
+            if let http = dataTask.response as? HTTPURLResponse {
+                guard acceptTaskHead(http) else { return }
+            } else if headDelivered {
+                return  // a later window's bytes before its head (never seen): not taken unjudged; it ends short
+            }
+        }
         taskBytes += Int64(data.count)
         if let taskWindow, taskBytes > taskWindow.last - taskWindow.first + 1 {
             // (A chunked answer can run past its Content-Range; its extra bytes are not the next ones.)
@@ -476,7 +491,13 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         if !taskHeadSeen, error == nil, let http = task.response as? HTTPURLResponse {
             // A 3xx the session read to its end before asking about the redirect comes without the response
             // callback.
-            guard acceptTaskHead(http) else { return }
+            guard acceptTaskHead(http) else {
+                // Refused: sent again as the engine asked (a task of its own follows), or the end is now.
+                guard task === self.task, outcome == nil else { return }
+                outcome = result(nil)
+                complete()
+                return
+            }
         }
         if error == nil, stopReason == nil, let rest, let taskWindow,
             taskBytes == taskWindow.last - taskWindow.first + 1
@@ -583,6 +604,9 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private func acceptTaskHead(_ http: HTTPURLResponse) -> Bool {
         guard !taskHeadSeen else { return true }
         taskHeadSeen = true
+        // Stopped already (a cancel, a stall) while this answer was on its way: nothing of it is taken, and no
+        // request is sent in its place.
+        guard stopReason == nil else { return false }
         guard headDelivered else { return deliverHead(http) }
         guard let rest, let taskWindow else { return true }
         if let problem = rest.problem(with: Self.head(of: http), window: taskWindow) {
@@ -618,8 +642,11 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         if let length = head.headers["Content-Length"].flatMap({ Int64($0) }), length >= 0 {
             expectedLength = length
             activityThreshold = max(1, min(activityThreshold, Int(clamping: length)))
-            // No longer than a window: nothing to let go of (what a slow sink has not taken stays within it).
-            if let windowSize, length <= windowSize { bounded = true }
+            // No longer than a window, and framed by that length (no transfer coding; no content coding, which
+            // FoundationNetworking may undo into more bytes): nothing to let go of.
+            let coded = head.headers["Transfer-Encoding"] != nil
+                || head.headers["Content-Encoding"].map { $0.trimming(" \t").lowercased() != "identity" } == true
+            if let windowSize, length <= windowSize, !coded { bounded = true }
         }
         markActive()
         phase = .awaitingDecision
@@ -792,6 +819,10 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             } else {
                 code = .network
             }
+        }
+        // A later window's connection that cannot be made: the body was cut, not the download's start refused.
+        if headDelivered, code == .resolve || code == .connect || code == .connectTimeout {
+            return .failure(.partialBody("the body ended after \(received) bytes: asking for the next bytes: \(message)"))
         }
         var shown = message
         if code == .tls, let host = url.host { shown += " (server \(host)\(url.port.map { ":\($0)" } ?? ""))" }
