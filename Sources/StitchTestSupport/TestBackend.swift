@@ -47,12 +47,17 @@ extension RecordedRequest {
     /// `A = 0` without `If-Range`. Over libcurl this is ``range``. Meant for files no larger than a window: the
     /// windows after the first, and a lane's range longer than a window, are not told apart from the engine's own.
     public var askedRange: String? {
-        guard let range, let window = TransportBackend.selected.requestWindow, range.hasPrefix("bytes="),
-            let dash = range.firstIndex(of: "-"),
+        Self.askedRange(range, hasIfRange: header("If-Range") != nil, window: TransportBackend.selected.requestWindow)
+    }
+
+    /// ``askedRange`` of a `Range` value sent with or without `If-Range` by a transport asking in `window`s (nil:
+    /// none); for logs other than the test server's (the matrix reads nginx's).
+    public static func askedRange(_ range: String?, hasIfRange: Bool, window: Int?) -> String? {
+        guard let range, let window, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-"),
             let first = Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]),
             let last = Int(range[range.index(after: dash)...]), last - first + 1 == window
         else { return range }
-        return first == 0 && header("If-Range") == nil ? nil : "bytes=\(first)-"
+        return first == 0 && !hasIfRange ? nil : "bytes=\(first)-"
     }
 }
 

@@ -326,11 +326,7 @@ struct ServedRecord: Sendable, CustomStringConvertible {
     /// `bytes=A-`, or for the whole file at 0 without `If-Range` (StitchTestSupport's `askedRange`, on a log line).
     /// The bytes served (`start`, `length`) stay those of the range sent.
     static func asked(_ range: String?, hasIfRange: Bool) -> String? {
-        guard let range, let window, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-"),
-            let first = Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]),
-            let last = Int(range[range.index(after: dash)...]), last - first + 1 == window
-        else { return range }
-        return first == 0 && !hasIfRange ? nil : "bytes=\(first)-"
+        RecordedRequest.askedRange(range, hasIfRange: hasIfRange, window: window)
     }
 
     /// The body slice a static-file server sends for `range` with this status.

@@ -61,9 +61,29 @@ struct MatrixKnownIssue: Sendable {
     let name: String
     let matches: @Sendable (MatrixCase, MatrixFailure) -> Bool
 
-    /// None now. (The automatic count's 10 ms probe measuring nginx's unthrottled first chunk and keeping one
-    /// connection on the capped port was one, until the re-probe at 2 s: SplitPolicy.reprobeSeconds.)
-    static let all: [MatrixKnownIssue] = []
+    /// Two, both of the URLSession backend's windows (the build without the Libcurl trait; docs/urlsession.md, "Not
+    /// yet"), recorded as known issues there so that a regression elsewhere still fails the run. (The automatic
+    /// count's 10 ms probe measuring nginx's unthrottled first chunk and keeping one connection on the capped port
+    /// was one, until the re-probe at 2 s: SplitPolicy.reprobeSeconds.)
+    static let all: [MatrixKnownIssue] = [
+        // The rate is judged from the process's `wchar`, which over URLSession also counts dispatch's eventfd
+        // wake-ups (8 bytes each) that FoundationNetworking's socket and timer sources cause while bytes arrive:
+        // measured 9.46 MB written for an 8,000,000-byte file with `--limit-rate 1M` from the capped port, the
+        // extra 1.46 MB in the 3 s the server was sending. The file's own bytes keep to the limit (8 MB in 7.58 s).
+        MatrixKnownIssue(name: "URLSession: wchar counts dispatch's wake-ups, so the achieved rate reads high") {
+            _, failure in ServedRecord.window != nil && failure.kind == .rate
+        },
+        // A file larger than a window with automatic connections: the probe's first window (8 MiB) arrives whole
+        // though the split keeps about 1 MiB of it (the transfer cannot be stopped promptly), and a connection the
+        // engine replaces drops up to a window and a half it held, which is fetched again. nginx logs these
+        // responses as complete, so the bound's per-cut-request slack does not cover them (seen in CI: 49.5 MB sent
+        // for the 40 MB case, bound 48.4 MB).
+        MatrixKnownIssue(name: "URLSession: a probe's or replaced connection's window is read whole") {
+            matrixCase, failure in
+            guard let window = ServedRecord.window else { return false }
+            return failure.kind == .overfetch && matrixCase.bytes > window
+        },
+    ]
 }
 
 enum MatrixReport {
