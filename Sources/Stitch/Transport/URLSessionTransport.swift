@@ -20,7 +20,7 @@ import FoundationNetworking
 /// - **Windows.** A request whose rest can be proven to be of one version of the file is asked for at most
 ///   `window` bytes at a time, and the rest window by window with `If-Range` under the first answer's strong
 ///   validator, on the same session (so over the same connection); each later answer must be exactly the next
-///   bytes of the same version, or the body ends as a failure (``RangeWindow`` has the rules). The engine sees the
+///   bytes of the same version, or the body ends as a failure (`RangeWindow` has the rules). The engine sees the
 ///   one response it asked for. So no response brings more than a window, whatever the server and the sink do: this
 ///   is what keeps memory flat. A server that ignores ranges, or a file without a strong validator, is asked as the
 ///   engine asked, and the next two points bound it instead.
