@@ -53,11 +53,17 @@ extension RecordedRequest {
     /// ``askedRange`` of a `Range` value sent with or without `If-Range` by a transport asking in `window`s (nil:
     /// none); for logs other than the test server's (the matrix reads nginx's).
     public static func askedRange(_ range: String?, hasIfRange: Bool, window: Int?) -> String? {
-        guard let range, let window, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-"),
-            let first = Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]),
-            let last = Int(range[range.index(after: dash)...]), last - first + 1 == window
-        else { return range }
+        guard let window, let (first, last) = bounds(of: range), last - first + 1 == window else { return range }
         return first == 0 && !hasIfRange ? nil : "bytes=\(first)-"
+    }
+
+    /// The first and last byte of a `bytes=A-B` value; nil for any other form.
+    static func bounds(of range: String?) -> (Int, Int)? {
+        guard let range, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-"),
+            let first = Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]),
+            let last = Int(range[range.index(after: dash)...])
+        else { return nil }
+        return (first, last)
     }
 }
 
@@ -88,13 +94,7 @@ extension Sequence where Element == RecordedRequest {
             if chains[request.connectionID] == nil { order.append(request.connectionID) }
             chains[request.connectionID, default: []].append(request)
         }
-        func bounds(_ request: RecordedRequest) -> (Int, Int)? {
-            guard let range = request.range, range.hasPrefix("bytes="), let dash = range.firstIndex(of: "-"),
-                let first = Int(range[range.index(range.startIndex, offsetBy: 6)..<dash]),
-                let last = Int(range[range.index(after: dash)...])
-            else { return nil }
-            return (first, last)
-        }
+        func bounds(_ request: RecordedRequest) -> (Int, Int)? { RecordedRequest.bounds(of: request.range) }
         return order.flatMap { id -> [RecordedRequest] in
             let chain = chains[id] ?? []
             guard chain.count > 1, let first = chain.first, let (start, firstLast) = bounds(first),
