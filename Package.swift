@@ -53,10 +53,34 @@ let package = Package(
         ),
         .systemLibrary(name: "CStitchSystem"),
         .target(name: "CStitchCRC"),
+        // What the engine asks of a transport (the two-phase HTTPTransport protocol, its requests, responses and
+        // errors), with nothing of any backend: the seam both backends and the engine build on.
+        .target(
+            name: "StitchTransport",
+            swiftSettings: swiftSettings
+        ),
+        // The libcurl backend (one multi handle on one event-loop thread). Empty without the Libcurl trait, so a
+        // build without it needs no libcurl headers.
+        .target(
+            name: "StitchCurl",
+            dependencies: [
+                "StitchTransport", "CStitchSystem",
+                .target(name: "CCurl", condition: .when(traits: ["Libcurl"])),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The URLSession backend: data tasks with a delegate, asked for in windows (FoundationNetworking on Linux).
+        .target(
+            name: "StitchURLSession",
+            dependencies: ["StitchTransport"],
+            swiftSettings: swiftSettings
+        ),
+        // The engine, storage and the manager; re-exports the transport protocol and the backends this build has.
         .target(
             name: "Stitch",
             dependencies: [
-                .target(name: "CCurl", condition: .when(traits: ["Libcurl"])),
+                "StitchTransport", "StitchURLSession",
+                .target(name: "StitchCurl", condition: .when(traits: ["Libcurl"])),
                 // Apple platforms have CryptoKit and SQLite3 of their own (Support/DigestContext.swift and
                 // Storage/Catalog/Catalog.swift choose by `canImport`); not built on this project's machines.
                 .target(name: "CCrypto", condition: .when(platforms: [.linux])),
@@ -111,7 +135,10 @@ let package = Package(
         ),
         .testTarget(
             name: "StitchTests",
-            dependencies: ["Stitch", "StitchTestSupport", "StitchRPC", "StitchServer"],
+            dependencies: [
+                "Stitch", "StitchTransport", "StitchURLSession", "StitchTestSupport", "StitchRPC", "StitchServer",
+                .target(name: "StitchCurl", condition: .when(traits: ["Libcurl"])),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -43,12 +43,15 @@ mkdir -p "$bin"
 includes=()
 for module in CCurl CCrypto CSQLite CStitchSystem; do includes+=(-I "Sources/$module"); done
 includes+=(-Xcc -fmodule-map-file="$build/CStitchCRC.build/module.modulemap" -Xcc -I -Xcc Sources/CStitchCRC/include)
-objects=("$build"/Stitch.build/*.o "$build"/StitchRPC.build/*.o "$build"/CStitchCRC.build/*.o)
+# The library's Swift modules: the engine, the transport protocol and both backends (Stitch re-exports them).
+modules=(Stitch StitchTransport StitchURLSession StitchCurl StitchRPC)
+objects=("$build"/CStitchCRC.build/*.o)
+for module in "${modules[@]}"; do objects+=("$build/$module.build"/*.o); done
 pids=()
 for target in "${targets[@]}"; do
     # Relink only when the target, the shared helpers or the library changed.
     if [[ -x $bin/$target && $bin/$target -nt Fuzz/Targets/$target.swift && $bin/$target -nt Fuzz/Targets/Common.swift
-        && -z $(find "$build/Stitch.build" "$build/StitchRPC.build" -name '*.o' -newer "$bin/$target" -print -quit) ]]; then
+        && -z $(for module in "${modules[@]}"; do find "$build/$module.build" -name '*.o' -newer "$bin/$target" -print -quit; done) ]]; then
         continue
     fi
     swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name "Fuzz$target" \

@@ -4,6 +4,7 @@
 // Input: the header value (first line); the text after the first LF, if any, is used as a Content-Length.
 
 @testable import Stitch
+@testable import StitchTransport
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzContentRange(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {

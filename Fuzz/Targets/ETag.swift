@@ -1,11 +1,12 @@
 // Fuzz target: the validators a response carries (ETag, Last-Modified + Date → If-Range) and header lines:
-// `Downloader.parseHeaderLine`, `ResumePolicy.validators(from:)`, `echoable`, `change(from:to:)`, `evaluate`,
+// `Downloader.parseHeaderLine`, `Validators(from:)`, `echoable`, `change(from:to:)`, `evaluate`,
 // `requestHeaders`, `Validators.strongETag` / `strongLastModified` / `ifRange`.
 //
 // Input: byte 0 picks the status, byte 1 the request plan; the rest is a response head, one "Name: value" line
 // per LF, taken as a hostile server would send it (CR and other control characters kept).
 
 @testable import Stitch
+@testable import StitchTransport
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzETag(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
@@ -34,7 +35,7 @@ public func fuzzETag(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     }
 
     let head = ResponseHead(status: status, headers: headers)
-    let fresh = ResumePolicy.validators(from: head)
+    let fresh = Validators(from: head)
     checkValidators(fresh)
     check(ResumePolicy.change(from: fresh, to: fresh) == nil, "validators differ from themselves")
 

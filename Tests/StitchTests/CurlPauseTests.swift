@@ -6,6 +6,8 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCurl
+@testable import StitchTransport
 
 /// The libcurl transport's pause (rate limiting) against the loopback test server: the bytes a delegate
 /// refuses with `.wait` come again, in order, and a delegate that aborts is never called again.

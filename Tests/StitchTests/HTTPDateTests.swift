@@ -1,6 +1,7 @@
 import Testing
 
 @testable import Stitch
+@testable import StitchTransport
 
 @Suite struct HTTPDateTests {
     /// 2023-11-14T22:13:20Z.

@@ -5,6 +5,8 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchTransport
+@testable import StitchURLSession
 
 /// The URLSession backend's windows (``RangeWindow``): no response brings more than a window, the engine sees the
 /// response it asked for, and bytes of two versions of a file are never joined. First the rules over headers, then

@@ -2,6 +2,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchTransport
 
 /// Table-driven tests of the pure resume rules (DEVELOPERS.md rule 3): request planning, response-head verdicts,
 /// `Content-Range` parsing, `If-Range` validator strength and retry spacing. No sockets, no files.
@@ -266,22 +267,22 @@ import Testing
                 == .fail(status: status))
     }
 
-    // MARK: validators(from:) and change(from:to:)
+    // MARK: Validators(from:) and change(from:to:)
 
     @Test func validatorsFromHead() {
-        let ranged = ResumePolicy.validators(
+        let ranged = Validators(
             from: Self.head(206, [("Content-Range", "bytes 5-9/10"), ("Content-Length", "5")]))
         #expect(ranged.totalLength == 10)
         #expect(ranged.acceptRanges)  // a 206 proves ranges work
-        let whole = ResumePolicy.validators(from: Self.head(200, [("Content-Length", "42")]))
+        let whole = Validators(from: Self.head(200, [("Content-Length", "42")]))
         #expect(whole.totalLength == 42)
         #expect(!whole.acceptRanges)
-        #expect(ResumePolicy.validators(from: Self.head(200, [("Content-Length", "-1")])).totalLength == nil)
-        #expect(ResumePolicy.validators(from: Self.head(200, [("Content-Length", "x")])).totalLength == nil)
+        #expect(Validators(from: Self.head(200, [("Content-Length", "-1")])).totalLength == nil)
+        #expect(Validators(from: Self.head(200, [("Content-Length", "x")])).totalLength == nil)
         #expect(
-            ResumePolicy.validators(from: Self.head(200, [("Accept-Ranges", "none")])).acceptRanges == false)
+            Validators(from: Self.head(200, [("Accept-Ranges", "none")])).acceptRanges == false)
         #expect(
-            ResumePolicy.validators(from: Self.head(200, [("accept-ranges", "Bytes")])).acceptRanges == true)
+            Validators(from: Self.head(200, [("accept-ranges", "Bytes")])).acceptRanges == true)
     }
 
     struct ChangeCase: Sendable, CustomTestStringConvertible {

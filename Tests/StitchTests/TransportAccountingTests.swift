@@ -5,6 +5,8 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCurl
+@testable import StitchTransport
 
 /// The per-transfer bookkeeping in `CurlTransfer` that decides a stall, an oversized head and a discarded body,
 /// fed header lines and body chunks directly (no network, no clock: `lastActivity` is compared, not waited for).

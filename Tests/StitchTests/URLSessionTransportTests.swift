@@ -5,6 +5,8 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchTransport
+@testable import StitchURLSession
 
 /// The URLSession backend cannot pause a data task (FoundationNetworking's `suspend()` ends the transfer and
 /// `resume()` sends the request again from its first byte), so it holds what a slow sink has not taken and, past

@@ -114,35 +114,11 @@ enum ResumePolicy {
         return headers
     }
 
-    static func validators(from head: ResponseHead) -> Validators {
-        let headers = head.headers
-        var total: Int64?
-        if head.status == 206 {
-            total = headers["Content-Range"].flatMap(ContentRange.init(parsing:))?.completeLength
-        } else if head.status == 200, headers["Transfer-Encoding"] == nil {
-            // Digits only, as for Content-Range: no sign, and no length so large that offsets could overflow.
-            total = headers["Content-Length"].flatMap { ContentRange.number(Substring($0)) }
-        }
-        let acceptRanges = headers["Accept-Ranges"]?.lowercased().contains("bytes") ?? (head.status == 206)
-        return Validators(
-            etag: echoable(headers["ETag"]), lastModified: echoable(headers["Last-Modified"]), date: headers["Date"],
-            totalLength: total, acceptRanges: acceptRanges)
-    }
-
-    /// A validator that may be sent back in `If-Range`, or nil: one with control characters (a bare CR would split
-    /// the request's header lines) is treated as absent.
-    static func echoable(_ value: String?) -> String? {
-        guard let value, !value.isEmpty,
-            !value.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
-        else { return nil }
-        return value
-    }
-
     /// Judges a final response head against the plan and the known validators.
     static func evaluate(_ head: ResponseHead, plan: RequestPlan, known: Validators?) -> HeadVerdict {
         let status = head.status
         // Checked first: an encoded or ambiguously framed body is never taken as the file's bytes.
-        if status == 200 || status == 206, let problem = bodyFramingProblem(head.headers) {
+        if status == 200 || status == 206, let problem = head.headers.bodyFramingProblem {
             return .refused(problem)
         }
         switch status {
@@ -164,7 +140,7 @@ enum ResumePolicy {
             if let length = head.headers["Content-Length"].flatMap({ Int64($0) }), length != last - first + 1 {
                 return .malformed("Content-Length \(length) does not match Content-Range \(header)")
             }
-            var fresh = validators(from: head)
+            var fresh = Validators(from: head)
             if let change = change(from: known, to: fresh) { return .restart(change) }
             // Keep what we knew where the partial response is silent.
             fresh.etag = fresh.etag ?? known?.etag
@@ -173,7 +149,7 @@ enum ResumePolicy {
             fresh.acceptRanges = true
             return .accept(bodyStart: start, validators: fresh)
         case 200:
-            let fresh = validators(from: head)
+            let fresh = Validators(from: head)
             if plan.isRanged {
                 return .restartWithBody(change(from: known, to: fresh) ?? .rangeIgnored, validators: fresh)
             }
@@ -191,30 +167,6 @@ enum ResumePolicy {
         }
     }
 
-    /// Why a 200/206 body cannot be the file's bytes as sent: an encoding despite `Accept-Encoding: identity`
-    /// (libcurl does not decode, so the encoded bytes would be saved as the file), a transfer coding other than
-    /// chunked, or conflicting `Content-Length` fields (RFC 9112 §6.3: the framing cannot be trusted).
-    static func bodyFramingProblem(_ headers: HTTPHeaders) -> String? {
-        func codings(_ name: String) -> [String] {
-            headers.filter { $0.name.lowercased() == name }
-                .flatMap { $0.value.lowercased().split(separator: ",") }
-                .map { String($0).trimming(" \t") }.filter { !$0.isEmpty && $0 != "identity" }
-        }
-        let content = codings("content-encoding")
-        if !content.isEmpty {
-            let coding = content.joined(separator: ", ").debugDescription
-            return "the server sent an encoded body (Content-Encoding: \(coding)) despite Accept-Encoding: identity"
-        }
-        let transfer = codings("transfer-encoding").filter { $0 != "chunked" }
-        if !transfer.isEmpty {
-            let coding = transfer.joined(separator: ", ").debugDescription
-            return "the server sent an encoded body (Transfer-Encoding: \(coding))"
-        }
-        let lengths = Set(headers.filter { $0.name.lowercased() == "content-length" }.map { $0.value })
-        if lengths.count > 1 { return "the server sent conflicting Content-Length headers" }
-        return nil
-    }
-
     /// The first difference between what we knew and what the server says now, if any.
     static func change(from known: Validators?, to fresh: Validators) -> RestartReason? {
         guard let known else { return nil }
@@ -226,51 +178,5 @@ enum ResumePolicy {
             return .lengthChanged(old: old, new: new)
         }
         return nil
-    }
-}
-
-/// A parsed `Content-Range: bytes first-last/complete` (or `bytes */complete`).
-struct ContentRange: Sendable, Hashable {
-    var first: Int64?
-    var last: Int64?
-    var completeLength: Int64?
-
-    init?(parsing header: String) {
-        let trimmed = header.trimming(" \t")
-        guard trimmed.lowercased().hasPrefix("bytes ") else { return nil }
-        let spec = String(trimmed.dropFirst(6)).trimming(" \t")
-        let halves = spec.split(separator: "/", omittingEmptySubsequences: false)
-        guard halves.count == 2 else { return nil }
-        if halves[1] == "*" {
-            completeLength = nil
-        } else {
-            guard let value = Self.number(halves[1]) else { return nil }
-            completeLength = value
-        }
-        if halves[0] == "*" {
-            guard completeLength != nil else { return nil }
-            first = nil
-            last = nil
-        } else {
-            let ends = halves[0].split(separator: "-", omittingEmptySubsequences: false)
-            guard ends.count == 2, let a = Self.number(ends[0]), let b = Self.number(ends[1]), a <= b else { return nil }
-            first = a
-            last = b
-        }
-    }
-
-    /// A non-negative decimal of at most 18 digits (below 10^18, so sums of offsets cannot overflow), else nil.
-    static func number(_ text: Substring) -> Int64? {
-        guard !text.isEmpty, text.count <= 18, text.allSatisfy({ $0.isASCII && $0.isNumber }) else { return nil }
-        return Int64(text)
-    }
-}
-
-extension String {
-    func trimming(_ set: String) -> String {
-        var s = Substring(self)
-        while let f = s.first, set.contains(f) { s.removeFirst() }
-        while let l = s.last, set.contains(l) { s.removeLast() }
-        return String(s)
     }
 }

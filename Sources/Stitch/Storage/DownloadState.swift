@@ -1,37 +1,5 @@
 import Foundation
 
-/// What a response told us about the resource: the evidence a resume is checked against.
-struct Validators: Codable, Sendable, Hashable {
-    var etag: String?
-    var lastModified: String?
-    /// The `Date` of the response that carried `lastModified` (RFC 9110 §8.8.2.2 needs it to call a date strong).
-    var date: String?
-    /// The complete length, when the server said it.
-    var totalLength: Int64?
-    var acceptRanges: Bool
-
-    static let none = Validators(etag: nil, lastModified: nil, date: nil, totalLength: nil, acceptRanges: false)
-
-    var strongETag: String? {
-        guard let etag, !etag.hasPrefix("W/"), etag.hasPrefix("\"") else { return nil }
-        return etag
-    }
-
-    /// Last-Modified counts as strong only if it is at least one second older than the response's Date.
-    var strongLastModified: String? {
-        guard let lastModified, let modified = HTTPDate.parse(lastModified),
-            let date, let sent = HTTPDate.parse(date), sent - modified >= 1
-        else { return nil }
-        return lastModified
-    }
-
-    /// The `If-Range` value to send, if any validator is strong enough for it.
-    var ifRange: String? { strongETag ?? strongLastModified }
-
-    /// Whether the rest of the resource can be asked for with a validated range request.
-    var canResume: Bool { acceptRanges && ifRange != nil && totalLength != nil }
-}
-
 /// The state file beside a partial download (`NAME.stitch`): versioned JSON, rewritten atomically at each
 /// durable checkpoint. Documented in docs/state-file.md.
 struct DownloadState: Codable, Sendable, Hashable {

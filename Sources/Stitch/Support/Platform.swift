@@ -9,18 +9,6 @@ import Musl
 import Darwin
 #endif
 
-/// Seconds on a monotonic clock, cheaply (a coarse clock where there is one: it is read per chunk of body).
-@inline(__always)
-func monotonicNow() -> Double {
-    var now = timespec()
-    #if os(Linux)
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &now)
-    #else
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    #endif
-    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
-}
-
 /// `lseek`'s whence values for holes and data: their numbers differ (Linux: data 3, hole 4; Darwin: hole 3, data 4).
 #if canImport(Darwin)
 let seekHole: Int32 = SEEK_HOLE

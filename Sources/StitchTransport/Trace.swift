@@ -11,14 +11,14 @@ import Synchronization
 /// A diagnostic record of what the engine and the transport did, kept in memory only when `STITCH_TRACE` is set
 /// in the environment (tests that wait on the engine print it when they fail). Off, each call site costs one load
 /// of a constant: the message is never built.
-enum Trace {
-    static let enabled = getenv("STITCH_TRACE") != nil
+package enum Trace {
+    package static let enabled = getenv("STITCH_TRACE") != nil
     private static let lines = Mutex<[String]>([])
     /// The newest lines kept.
-    static let capacity = 200_000
+    package static let capacity = 200_000
 
     @inline(__always)
-    static func note(_ message: @autoclosure () -> String) {
+    package static func note(_ message: @autoclosure () -> String) {
         guard enabled else { return }
         let line = String(format: "%.3f", monotonicNow()) + " [\(UInt(pthread_self()) % 1_000_000)] " + message()
         lines.withLock { lines in
@@ -28,7 +28,7 @@ enum Trace {
     }
 
     /// The lines that contain `text` (a download's URL, say).
-    static func lines(containing text: String) -> [String] {
+    package static func lines(containing text: String) -> [String] {
         lines.withLock { $0.filter { $0.contains(text) } }
     }
 }

@@ -229,7 +229,7 @@ public protocol HTTPTransport: Sendable {
 
 /// Why a transfer ended without success.
 public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible {
-    enum Code: Sendable, Hashable {
+    package enum Code: Sendable, Hashable {
         case cancelled
         case abortedBySink
         case resolve
@@ -252,13 +252,13 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
         case other
     }
 
-    let code: Code
+    package let code: Code
     /// A message for people, e.g. libcurl's error buffer.
     public let message: String
     /// The underlying library's error number (a `CURLcode`), where there is one.
     public let underlyingCode: Int?
 
-    init(_ code: Code, _ message: String, underlyingCode: Int? = nil) {
+    package init(_ code: Code, _ message: String, underlyingCode: Int? = nil) {
         self.code = code
         self.message = message
         self.underlyingCode = underlyingCode

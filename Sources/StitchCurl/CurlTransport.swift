@@ -1,6 +1,7 @@
 #if Libcurl
 import CCurl
 import CStitchSystem
+public import StitchTransport
 import Foundation
 #if canImport(Glibc)
 import Glibc

@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Synchronization
+public import StitchTransport
 
 #if canImport(FoundationNetworking)
 import FoundationNetworking

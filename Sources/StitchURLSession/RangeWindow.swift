@@ -1,3 +1,5 @@
+import StitchTransport
+
 /// How a transport that cannot stop a transfer promptly (URLSession: `cancel()` runs behind the reading) bounds what
 /// one response can bring: it asks for at most a *window* of bytes per request, shows the engine the response the
 /// engine asked for, and fetches the rest window by window with `If-Range` under the first response's strong
@@ -98,7 +100,7 @@ struct RangeWindow: Sendable, Hashable {
             headers.add(name: field.name, value: field.value)
         }
         let askedLast = end.map { min($0, complete - 1) } ?? (complete - 1)
-        let validators = ResumePolicy.validators(from: head)
+        let validators = Validators(from: head)
         let validator = wholeFile ? validators.ifRange : ifRange
         let rest = last < askedLast ? validator.map {
             Rest(next: last + 1, last: askedLast, size: size, validator: $0, completeLength: complete,
@@ -142,7 +144,7 @@ struct RangeWindow: Sendable, Hashable {
                     ? "the server answered a request for the next bytes with the whole file (did the file change?)"
                     : "the server answered a request for the next bytes with HTTP \(head.status)"
             }
-            if let problem = ResumePolicy.bodyFramingProblem(head.headers) { return problem }
+            if let problem = head.headers.bodyFramingProblem { return problem }
             let contentRanges = head.headers.filter { $0.name.lowercased() == "content-range" }
             let lengths = head.headers.filter { $0.name.lowercased() == "content-length" }
             let header = contentRanges.first?.value ?? ""
@@ -159,7 +161,7 @@ struct RangeWindow: Sendable, Hashable {
                 let now = range.completeLength.map(String.init) ?? "unknown"
                 return "the file changed on the server (length \(completeLength) → \(now) bytes)"
             }
-            let fresh = ResumePolicy.validators(from: head)
+            let fresh = Validators(from: head)
             if let old = etag, let new = fresh.etag, old != new {
                 return "the file changed on the server (ETag \(old) → \(new))"
             }

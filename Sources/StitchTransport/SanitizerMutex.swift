@@ -1,0 +1,1 @@
+../Stitch/Support/SanitizerMutex.swift
