@@ -7,8 +7,10 @@
 # combination matrix with this build's stitch (over URLSession).
 #
 # Every StitchTests suite runs over URLSession (the hostile server's scenarios, the segmented transfers, the manager
-# included); of the CLI suites only the matrix (the others test libcurl-only options, such as --ca-cert, -k and
-# netrc, and keep-alive counts; the default build runs them). docs/urlsession.md, "What is tested over it".
+# included), and every StitchCLITests suite with this build's stitch: the tests of libcurl-only options (--ca-cert,
+# -k, netrc, --streams) check instead that they are refused plainly, and the keep-alive counts are the libcurl
+# backend's own (StitchUnderTest in Tests/StitchCLITests/CLITestSupport.swift). docs/urlsession.md, "What is tested
+# over it".
 #
 #   STITCH_NGINX_DIR=DIR bash scripts/test-without-libcurl.sh     # DIR: a running scripts/nginx.sh (test.sh starts one)
 set -euo pipefail
@@ -60,6 +62,9 @@ timeout 1200 swift test --skip-build --disable-default-traits --build-path "$bui
     --filter 'SegmentedTests|DownloadManagerTests|HostileServerTests|ManagerDaemonReadinessTests'
 # On its own: it needs the loopback server to outrun a rate-limited sink, which other tests' load can prevent.
 timeout 300 swift test --skip-build --disable-default-traits --build-path "$build" --filter URLSessionTransportTests
+# The CLI suites with this build's stitch (the daemon's included); the matrix on its own below. Needs STITCH_NGINX_DIR.
+timeout 900 swift test --skip-build --disable-default-traits --build-path "$build" --filter 'StitchCLITests\.' \
+    --skip MatrixTests
 # Rule 6's combination matrix (433 cases) with this build's stitch binary, so every download goes over URLSession:
 # the same checks as over libcurl (byte-exact, If-Range, connection counts, nothing saved fetched again, the
 # bytes sent within docs/overlap.md's bound, the achieved rate). Needs STITCH_NGINX_DIR.

@@ -32,6 +32,8 @@ struct GetOptions {
     var connections: Int?
     var limitRate: Int64?
     var streams = false
+    /// The first option given that only the libcurl transport has, as the user spelled it (`--insecure` or `-k`).
+    var libcurlOnlyOption: String?
     /// What the parser assumed or ignored, for the user (printed before anything starts).
     var notes: [String] = []
     /// `-u USER[:PASSWORD]`: the user and, if given, the password (else asked for on the terminal).
@@ -105,6 +107,7 @@ struct GetOptions {
             case "--ca-cert", "--cacert":
                 let path = try take(argument)
                 options.caCert = path
+                options.libcurlOnlyOption = options.libcurlOnlyOption ?? argument
             case "-c", "--connections":
                 let text = try take(argument)
                 if argument == "-c", inlineValue == nil, Int(text) == nil, CommandLineURL.looksLikeURL(text) {
@@ -136,11 +139,14 @@ struct GetOptions {
                     throw UsageError("-u takes USER or USER:PASSWORD (a user name, no control characters)")
                 }
                 options.user = (String(name), parts.count > 1 ? String(parts[1]) : nil)
-            case "--netrc": options.netrc = TransportOptions.Netrc()
+            case "--netrc":
+                options.netrc = TransportOptions.Netrc()
+                options.libcurlOnlyOption = options.libcurlOnlyOption ?? argument
             case "--netrc-file":
                 let path = try take(argument)
                 guard !path.isEmpty else { throw UsageError("--netrc-file needs a file path") }
                 options.netrc = TransportOptions.Netrc(file: path)
+                options.libcurlOnlyOption = options.libcurlOnlyOption ?? argument
             case "-i", "--input-file": options.inputFile = try take(argument)
             case "-j", "--jobs", "--max-concurrent-downloads":
                 let text = try take(argument)
@@ -148,7 +154,9 @@ struct GetOptions {
                     throw UsageError("--jobs takes a whole number from 1 to 256, not '\(text)'")
                 }
                 options.jobs = n
-            case "--streams": options.streams = true
+            case "--streams":
+                options.streams = true
+                options.libcurlOnlyOption = options.libcurlOnlyOption ?? argument
             case "--transport":
                 let name = try take(argument)
                 guard let backend = TransportBackend(rawValue: name.lowercased()) else {
@@ -159,7 +167,9 @@ struct GetOptions {
                     throw UsageError("this stitch was built without the \(backend) transport; use --transport \(TransportBackend.default)")
                 }
                 options.transport = backend
-            case "-k", "--insecure": options.insecure = true
+            case "-k", "--insecure":
+                options.insecure = true
+                options.libcurlOnlyOption = options.libcurlOnlyOption ?? argument
             case "--overwrite": options.overwrite = true
             case "--adopt": options.adopt = true
             case "-q", "--quiet": options.quiet = true
@@ -215,9 +225,7 @@ struct GetOptions {
         }
         if transport == .urlSession {
             // What URLSession cannot do is refused before anything starts, not part-way through a batch.
-            let needsLibcurl: String? =
-                insecure ? "-k" : caCert != nil ? "--ca-cert" : netrc != nil ? "--netrc" : streams ? "--streams" : nil
-            if let needsLibcurl {
+            if let needsLibcurl = libcurlOnlyOption {
                 throw UsageError("\(needsLibcurl) needs the libcurl transport; the URLSession transport cannot do it")
             }
         }

@@ -826,6 +826,9 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             return .failure(.partialBody("the body ended after \(received) bytes: asking for the next bytes: \(message)"))
         }
         var shown = message
+        // FoundationNetworking passes on libcurl's words ("Failed to connect to H port P after 0 ms: Couldn't
+        // connect to server"), which repeat the host the engine names and lose the system's reason.
+        if code == .connect { shown = "refused, or the host cannot be reached" }
         if code == .tls, let host = url.host { shown += " (server \(host)\(url.port.map { ":\($0)" } ?? ""))" }
         return .failure(TransportError(code, shown, underlyingCode: nsError.code))
     }

@@ -9,6 +9,20 @@ import Testing
 // `AssertExecuteCommand`: run it with arguments, environment and working directory, capture stdout,
 // stderr and the exit status, and never leave a child behind.
 
+/// What the `stitch` under test can do that depends on its transport. It is built with the same package traits as
+/// these tests, so its default backend is this process's ``TransportBackend/default``; every download it makes goes
+/// over that backend (the tests never pass `--transport`, except to test `--transport`).
+enum StitchUnderTest {
+    /// Whether it has the libcurl transport (the `Libcurl` trait), which its libcurl-only options need: `--ca-cert`,
+    /// `--insecure`/`-k`, `--netrc`/`--netrc-file`, `--streams`. Without it they are usage errors (exit 64).
+    static let hasLibcurl = TransportBackend.available.contains(.libcurl)
+    /// Whether its downloads go over URLSession, which has none of the options above, asks in windows (the logs read
+    /// through `askedRange` and `engineRequests`), and keeps no connection from one download to the next.
+    static let isURLSession = TransportBackend.default == .urlSession
+    /// Why a test that needs the libcurl transport is not run here.
+    static let libcurlOnly: Comment = "needs the libcurl transport (a build without the Libcurl trait has none)"
+}
+
 /// Locates the `stitch` executable built alongside the test bundle.
 enum StitchBinary {
     /// `STITCH_BINARY` if set, else the first regular executable file named `stitch` found by walking

@@ -25,8 +25,13 @@ struct NginxIntegrationTests {
         let netrc = "machine 127.0.0.1\n  login \(nginx.authUser)\n  password \(nginx.authPassword)\n"
         try Data(netrc.utf8).write(to: URL(fileURLWithPath: sandbox.path("netrc")))
         let withNetrc = try await sandbox.run(["get", url, "--netrc-file", sandbox.path("netrc"), "-o", "b.bin"])
-        #expect(withNetrc.status == 0, "\(withNetrc)")
-        #expect(readBytes(sandbox.path("b.bin")) == expected)
+        if StitchUnderTest.hasLibcurl {
+            #expect(withNetrc.status == 0, "\(withNetrc)")
+            #expect(readBytes(sandbox.path("b.bin")) == expected)
+        } else {
+            // Only libcurl reads netrc: said plainly, before any request.
+            #expect(withNetrc.status == 64 && withNetrc.stderr.contains("--netrc-file needs the libcurl"), "\(withNetrc)")
+        }
 
         let wrong = try await sandbox.run(["get", url, "-u", "\(nginx.authUser):wrong", "-o", "c.bin"])
         let without = try await sandbox.run(["get", url, "-o", "c.bin"])
@@ -34,7 +39,7 @@ struct NginxIntegrationTests {
             #expect(result.status == 1, "\(result)")
             #expect(errorLines(result).count == 1 && result.stderr.contains("401"), "\(result)")
         }
-        #expect(sandbox.entries() == ["a.bin", "b.bin", "netrc"])
+        #expect(sandbox.entries() == (StitchUnderTest.hasLibcurl ? ["a.bin", "b.bin", "netrc"] : ["a.bin", "netrc"]))
     }
 
     @Test func cleanDownloadWithChecksum() async throws {
@@ -57,8 +62,8 @@ struct NginxIntegrationTests {
 
     /// Several connections against nginx, over HTTP and over HTTPS with HTTP/2: byte-exact; nginx logs ranged
     /// requests with If-Range that tile the file; over HTTPS, N separate TCP connections unless --streams asks
-    /// for streams of one.
-    @Test(arguments: [("http", false), ("https", false), ("https", true)])
+    /// for streams of one. (HTTPS here needs `--ca-cert`, which only the libcurl transport has.)
+    @Test(arguments: StitchUnderTest.hasLibcurl ? [("http", false), ("https", false), ("https", true)] : [("http", false)])
     func severalConnections(_ scheme: String, _ streams: Bool) async throws {
         let nginx = try await sharedNginx()
         let name = "segmented-\(UUID().uuidString).bin"
@@ -74,9 +79,12 @@ struct NginxIntegrationTests {
         #expect(result.status == 0, "\(result)")
         #expect(readBytes(sandbox.path("out.bin")) == bytes)
 
+        // The requests for ranges the engine made (read through the URLSession transport's windows: its first
+        // window for the whole file is the probe's request of the whole file).
         var ranged: [String] = []
         _ = await waitUntil {
-            ranged = nginx.accessLogLines(containing: name).filter { $0.contains("range=\"bytes=") }
+            ranged = nginx.accessLogLines(containing: name)
+                .filter { ServedRecord(nginxLine: $0, size: bytes.count)?.range != nil }
             return ranged.count >= 4
         }
         #expect(ranged.count >= 4, "\(nginx.accessLogLines(containing: name))")
@@ -119,10 +127,12 @@ struct NginxIntegrationTests {
         #expect(rerun.stderr.contains("resuming at"))
         #expect(readBytes(sandbox.path("out.bin")) == bytes)
 
-        // nginx logs a request when it has finished it, possibly just after the client is done.
+        // nginx logs a request when it has finished it, possibly just after the client is done. (Over URLSession
+        // the first run's request of the whole file went out as a window: not a range the engine asked for.)
         var resumed: [String] = []
         _ = await waitUntil {
-            resumed = nginx.accessLogLines(containing: name).filter { $0.contains("range=\"bytes=") }
+            resumed = nginx.accessLogLines(containing: name)
+                .filter { ServedRecord(nginxLine: $0, size: bytes.count)?.range != nil }
             return !resumed.isEmpty
         }
         let line = try #require(resumed.first, "no ranged request in \(nginx.accessLogLines(containing: name))")
@@ -141,7 +151,8 @@ struct NginxIntegrationTests {
         return Int(line[start.upperBound...].prefix { $0.isNumber })
     }
 
-    @Test func httpsWithCACertUsesHTTP2() async throws {
+    @Test(.enabled(if: StitchUnderTest.hasLibcurl, StitchUnderTest.libcurlOnly))
+    func httpsWithCACertUsesHTTP2() async throws {
         let nginx = try await sharedNginx()
         let name = "h2-\(UUID().uuidString).bin"
         let bytes = ServedFile.randomBytes(count: 700_000, seed: 22)
@@ -185,6 +196,10 @@ struct NginxIntegrationTests {
 
         for flag in ["--insecure", "-k"] {
             let insecure = try await sandbox.run(["get", nginx.httpsURL("small.bin"), "-o", "small\(flag).bin", flag])
+            guard StitchUnderTest.hasLibcurl else {
+                #expect(insecure.status == 64 && insecure.stderr.contains("\(flag) needs the libcurl"), "\(insecure)")
+                continue
+            }
             #expect(insecure.status == 0, "\(insecure)")
             let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
             #expect(readBytes(sandbox.path("small\(flag).bin")) == expected)
@@ -192,8 +207,9 @@ struct NginxIntegrationTests {
     }
 
     /// A certificate from a trusted CA that is expired, or names another host: one line naming the reason and the
-    /// server, exit 1, nothing written; `--insecure` still downloads (the user's explicit choice).
-    @Test(arguments: [
+    /// server, exit 1, nothing written; `--insecure` still downloads (the user's explicit choice). (The CA here is
+    /// given with `--ca-cert`, which only the libcurl transport has.)
+    @Test(.enabled(if: StitchUnderTest.hasLibcurl, StitchUnderTest.libcurlOnly), arguments: [
         ("expired", "certificate has expired"),
         ("wrong host", "no alternative certificate subject name matches target host name 'localhost'"),
     ])
@@ -280,7 +296,8 @@ struct NginxIntegrationTests {
         #expect(sandbox.entries() == ["out.bin"])
         var lines: [String] = []
         _ = await waitUntil {
-            lines = nginx.accessLogLines(containing: name).filter { $0.contains("range=\"bytes=") }
+            lines = nginx.accessLogLines(containing: name)
+                .filter { ServedRecord(nginxLine: $0, size: new.count)?.range != nil }
             return !lines.isEmpty
         }
         let line = try #require(lines.first)
