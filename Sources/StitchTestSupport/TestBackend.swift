@@ -46,8 +46,12 @@ extension RecordedRequest {
     /// goes out as its first window, `bytes=A-(A+W-1)`; that stands for `bytes=A-`, or for no `Range` at all at
     /// `A = 0` without `If-Range`. Over libcurl this is ``range``. Meant for files no larger than a window: the
     /// windows after the first, and a lane's range longer than a window, are not told apart from the engine's own.
-    public var askedRange: String? {
-        Self.askedRange(range, hasIfRange: header("If-Range") != nil, window: TransportBackend.selected.requestWindow)
+    public var askedRange: String? { askedRange(window: TransportBackend.selected.requestWindow) }
+
+    /// ``askedRange`` behind a transport that asks in `window`s (nil: none); for a process other than this one
+    /// (the `stitch` the CLI tests run uses its build's default transport, whatever `STITCH_TEST_TRANSPORT` says).
+    public func askedRange(window: Int?) -> String? {
+        Self.askedRange(range, hasIfRange: header("If-Range") != nil, window: window)
     }
 
     /// ``askedRange`` of a `Range` value sent with or without `If-Range` by a transport asking in `window`s (nil:
@@ -86,8 +90,11 @@ extension Sequence where Element == RecordedRequest {
     /// runs from the first window's start to the last one's end (no `Range` where the first window stands for the
     /// whole file), so a lane's or a probe's chain of windows reads as its one request. A lone first window is
     /// read through ``RecordedRequest/askedRange``. Over libcurl: the requests as they are.
-    public var engineRequests: [RecordedRequest] {
-        guard let window = TransportBackend.selected.requestWindow else { return Array(self) }
+    public var engineRequests: [RecordedRequest] { engineRequests(window: TransportBackend.selected.requestWindow) }
+
+    /// ``engineRequests`` behind a transport that asks in `window`s (nil: none); for a process other than this one.
+    public func engineRequests(window: Int?) -> [RecordedRequest] {
+        guard let window else { return Array(self) }
         var order: [Int] = []
         var chains: [Int: [RecordedRequest]] = [:]
         for request in self {

@@ -15,12 +15,20 @@ package enum Trace {
     package static let enabled = getenv("STITCH_TRACE") != nil
     private static let lines = Mutex<[String]>([])
     /// The newest lines kept.
-    package static let capacity = 200_000
+    static let capacity = 200_000
 
-    @inline(__always)
+    /// Adds a line when tracing is on. Inlinable, so that off it costs the call sites in other modules of the
+    /// package (the engine's, per chunk of body) a load and a branch, not a call.
+    @inlinable
     package static func note(_ message: @autoclosure () -> String) {
         guard enabled else { return }
-        let line = String(format: "%.3f", monotonicNow()) + " [\(UInt(pthread_self()) % 1_000_000)] " + message()
+        record(message())
+    }
+
+    /// Stamps `message` with the time and thread and keeps it.
+    @usableFromInline
+    static func record(_ message: String) {
+        let line = String(format: "%.3f", monotonicNow()) + " [\(UInt(pthread_self()) % 1_000_000)] " + message
         lines.withLock { lines in
             if lines.count >= capacity { lines.removeFirst(capacity / 4) }
             lines.append(line)

@@ -110,8 +110,8 @@ struct BatchCLITests {
         }
         // split=4: the big file came in ranged requests that tile it.
         // (As the engine asked them: over URLSession the probe's request of the whole file goes out as a window.)
-        let big = server.requests(for: "/d.bin").engineRequests
-        let ranges = big.compactMap { Self.closedRange($0.askedRange) }.sorted { $0.lowerBound < $1.lowerBound }
+        let big = server.requests(for: "/d.bin").stitchRequests
+        let ranges = big.compactMap { Self.closedRange($0.stitchAskedRange) }.sorted { $0.lowerBound < $1.lowerBound }
         #expect(ranges.count >= 4, "\(big.map { $0.range ?? "whole" })")
         var covered = 0
         for range in ranges where range.lowerBound <= covered { covered = max(covered, range.upperBound + 1) }
@@ -122,7 +122,7 @@ struct BatchCLITests {
         for path in ["/a.bin", "/b.bin", "/c.bin", "/e.bin"] {
             let requests = server.requests(for: path)
             #expect(
-                requests.count == 1 && requests.first?.askedRange == nil, "\(path): \(requests.map { $0.range ?? "whole" })")
+                requests.count == 1 && requests.first?.stitchAskedRange == nil, "\(path): \(requests.map { $0.range ?? "whole" })")
         }
     }
 

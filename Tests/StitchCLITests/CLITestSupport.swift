@@ -21,6 +21,19 @@ enum StitchUnderTest {
     static let isURLSession = TransportBackend.default == .urlSession
     /// Why a test that needs the libcurl transport is not run here.
     static let libcurlOnly: Comment = "needs the libcurl transport (a build without the Libcurl trait has none)"
+    /// The window its transport asks in (URLSession's), or nil.
+    static let window = TransportBackend.default.requestWindow
+}
+
+extension RecordedRequest {
+    /// The `Range` the engine of the `stitch` under test asked for, behind its transport's window
+    /// (``RecordedRequest/askedRange(window:)``; not this process's `STITCH_TEST_TRANSPORT`).
+    var stitchAskedRange: String? { askedRange(window: StitchUnderTest.window) }
+}
+
+extension Sequence where Element == RecordedRequest {
+    /// The requests as the engine of the `stitch` under test made them, a request's windows folded into one.
+    var stitchRequests: [RecordedRequest] { engineRequests(window: StitchUnderTest.window) }
 }
 
 /// Locates the `stitch` executable built alongside the test bundle.

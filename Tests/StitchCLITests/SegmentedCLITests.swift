@@ -77,8 +77,13 @@ struct SegmentedCLITests {
             let sent = server.bodyBytesSent(for: path) - sentBefore
             positions.append(have + sent)
             #expect(!fileExists(destination), "DEST appeared after the kill in run \(run)")
-            // As the engine made them (a request's windows over URLSession read as that one request).
-            let requests = server.requests(for: path)[requestsBefore...].engineRequests
+            // Every request for a range carries If-Range (rule 3), each of a request's windows over URLSession
+            // included; the checks after read the requests as the engine made them (its windows as one request).
+            let made = Array(server.requests(for: path)[requestsBefore...])
+            for request in made where request.stitchAskedRange != nil {
+                #expect(request.header("If-Range") == file.etag, "run \(run): \(request.range ?? "whole") without If-Range")
+            }
+            let requests = made.stitchRequests
             steals += Self.expectRequests(requests, after: trusted, size: size, lanes: lanes, etag: file.etag!, run: run)
             if trusted != nil {
                 #expect(Self.resumeOffset(result.stdout) == have, "run \(run) resume event: \(result.stdout)")
@@ -329,11 +334,11 @@ struct SegmentedCLITests {
         #expect(result.status == 0, "\(result)")
         #expect(readBytes(sandbox.path("out")) == file.data)
         // The ranges the engine asked for (over URLSession, the first request's windows are that one request).
-        let ranged = server.requests.engineRequests.filter { $0.askedRange != nil }
+        let ranged = server.requests.stitchRequests.filter { $0.stitchAskedRange != nil }
         #expect(!ranged.isEmpty, "never split: \(result.stderr)")
         if result.stderr.contains("one connection already brings") {
             #expect(result.stderr.contains("the connection slowed to"), "\(result.stderr)")
-            let first = try #require(ranged.first.flatMap { rangeStart($0.askedRange) })
+            let first = try #require(ranged.first.flatMap { rangeStart($0.stitchAskedRange) })
             #expect(first >= 4 << 20, "the split took over after the burst and 2 s of the cap: \(first)")
         }
         print("SegmentedCLITests.reprobe: \(ranged.count) ranged requests; \(result.stderrLines.filter { $0.hasPrefix("stitch:") })")
@@ -355,10 +360,10 @@ struct SegmentedCLITests {
         let result = try await sandbox.run(["get", server.url("/f"), "-o", "out", "-c", "16", "--limit-rate", "1G"])
         #expect(result.status == 0, "\(result)")
         #expect(sha256Hex(try #require(readBytes(sandbox.path("out")))) == sha256Hex(file.data))
-        let ranged = server.requests.engineRequests.filter { $0.askedRange != nil }
+        let ranged = server.requests.stitchRequests.filter { $0.stitchAskedRange != nil }
         let quarters = (0..<4).map { "bytes=\($0 << 20)-\((($0 + 1) << 20) - 1)" }
         #expect(
-            ranged.count == 4 && Set(ranged.compactMap(\.askedRange)) == Set(quarters), "\(server.requests.map(\.range))")
+            ranged.count == 4 && Set(ranged.compactMap(\.stitchAskedRange)) == Set(quarters), "\(server.requests.map(\.range))")
         #expect(early.items.isEmpty, "\(early.items)")
         print(
             "SegmentedCLITests: -c 16 on 4 MiB made \(ranged.count) ranged requests: \(ranged.map { $0.range ?? "" })")
@@ -453,14 +458,14 @@ extension SegmentedCLITests {
         _ requests: [RecordedRequest], after trusted: [SavedSegment]?, size: Int, lanes: Int, etag: String, run: Int,
         sourceLocation: SourceLocation = #_sourceLocation
     ) -> Int {
-        let ranges = requests.map { $0.askedRange ?? "whole" }
-        for request in requests where request.askedRange != nil {
+        let ranges = requests.map { $0.stitchAskedRange ?? "whole" }
+        for request in requests where request.stitchAskedRange != nil {
             #expect(request.header("If-Range") == etag, "run \(run): \(ranges)", sourceLocation: sourceLocation)
         }
         // A state of several segments is resumed by ranges even when no byte of it is durable yet (a kill right
         // after the split); only a single empty segment starts fresh.
         guard let trusted, bytes(trusted) > 0 || trusted.count > 1 else {
-            #expect(requests.first?.askedRange == nil, "run \(run) starts fresh: \(ranges)", sourceLocation: sourceLocation)
+            #expect(requests.first?.stitchAskedRange == nil, "run \(run) starts fresh: \(ranges)", sourceLocation: sourceLocation)
             let allowed = Set(
                 initialSegments(size: size, lanes: lanes).map { "bytes=\($0.lowerBound)-\($0.upperBound - 1)" })
             for range in ranges.dropFirst() {

@@ -1,5 +1,6 @@
 // Compiled only with `-DSTITCH_TSAN` (scripts/tsan.sh). This file is the same in every target that uses
-// `Mutex` (Stitch, StitchTestSupport, StitchTests): symbolic links to Sources/Stitch/Support/SanitizerMutex.swift.
+// `Mutex` (Stitch, the transport's three targets, StitchRPC, StitchServer, StitchCLI, StitchTestSupport and the
+// test targets): symbolic links to Sources/Stitch/Support/SanitizerMutex.swift.
 #if STITCH_TSAN
 #if canImport(Glibc)
 import Glibc
