@@ -318,15 +318,11 @@ struct ServedRecord: Sendable, CustomStringConvertible {
         range = Self.asked(range, hasIfRange: hasIfRange)
     }
 
-    /// The window the `stitch` under test asks in: this build's default transport's (URLSession's, in a build without
-    /// the Libcurl trait), or nil.
-    static let window = TransportBackend.default.requestWindow
-
     /// The `Range` the engine asked for, behind the transport's window: a first window `bytes=A-(A+W-1)` stands for
     /// `bytes=A-`, or for the whole file at 0 without `If-Range` (StitchTestSupport's `askedRange`, on a log line).
     /// The bytes served (`start`, `length`) stay those of the range sent.
     static func asked(_ range: String?, hasIfRange: Bool) -> String? {
-        RecordedRequest.askedRange(range, hasIfRange: hasIfRange, window: window)
+        RecordedRequest.askedRange(range, hasIfRange: hasIfRange, window: StitchUnderTest.window)
     }
 
     /// The body slice a static-file server sends for `range` with this status.

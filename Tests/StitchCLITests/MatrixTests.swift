@@ -71,7 +71,7 @@ struct MatrixKnownIssue: Sendable {
         // measured 9.46 MB written for an 8,000,000-byte file with `--limit-rate 1M` from the capped port, the
         // extra 1.46 MB in the 3 s the server was sending. The file's own bytes keep to the limit (8 MB in 7.58 s).
         MatrixKnownIssue(name: "URLSession: wchar counts dispatch's wake-ups, so the achieved rate reads high") {
-            _, failure in ServedRecord.window != nil && failure.kind == .rate
+            _, failure in StitchUnderTest.window != nil && failure.kind == .rate
         },
         // A file larger than a window with automatic connections: the probe's first window (8 MiB) arrives whole
         // though the split keeps about 1 MiB of it (the transfer cannot be stopped promptly), and a connection the
@@ -80,7 +80,7 @@ struct MatrixKnownIssue: Sendable {
         // for the 40 MB case, bound 48.4 MB).
         MatrixKnownIssue(name: "URLSession: a probe's or replaced connection's window is read whole") {
             matrixCase, failure in
-            guard let window = ServedRecord.window else { return false }
+            guard let window = StitchUnderTest.window else { return false }
             return failure.kind == .overfetch && matrixCase.bytes > window
         },
     ]
