@@ -659,7 +659,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     }
 
     /// The status and header fields of `http`, as the engine reads them.
-    private static func head(of http: HTTPURLResponse) -> ResponseHead {
+    static func head(of http: HTTPURLResponse) -> ResponseHead {
         var headers = HTTPHeaders()
         let fields = http.allHeaderFields.compactMap { key, value -> (String, String)? in
             guard let name = key as? String else { return nil }

@@ -48,4 +48,15 @@ public enum TransportBackend: String, Sendable, Hashable, CaseIterable, CustomSt
         return URLSessionTransport.shared
         #endif
     }
+
+    /// The platform's session of download tasks for ``BackgroundDownloads``: a background `URLSession` on Apple
+    /// platforms, an ordinary one on Linux (``URLSessionDownloadTasks``).
+    ///
+    /// - Parameters:
+    ///   - identifier: The session's identifier.
+    ///   - events: Where the tasks' events go.
+    /// - Returns: The session.
+    public static func downloadTaskSession(identifier: String, events: any DownloadTaskEvents) -> any DownloadTaskSession {
+        URLSessionDownloadTasks(identifier: identifier, events: events)
+    }
 }

@@ -1,0 +1,864 @@
+import Dispatch
+public import Foundation
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Something that happened to a background download.
+public enum BackgroundDownloadEvent: Sendable, Hashable {
+    /// More bytes are durable in the part file: `durableBytes` of `totalBytes` (nil while the length is unknown).
+    /// Only bytes synced to disk count; a task's bytes count once its whole range is in.
+    case progress(DownloadID, durableBytes: Int64, totalBytes: Int64?)
+    /// The saved bytes were thrown away and the download starts again from zero, for this reason.
+    case restarted(DownloadID, reason: String)
+    /// The file is complete and verified at `path`.
+    case finished(DownloadID, path: String)
+    /// The download stopped, for this reason; its part file and state stay, and ``BackgroundDownloads/resume(_:)``
+    /// carries on from them.
+    case failed(DownloadID, message: String)
+}
+
+/// What a background download is doing.
+public struct BackgroundDownloadStatus: Sendable, Hashable {
+    /// Where it is going.
+    public enum Phase: Sendable, Hashable {
+        /// Tasks are out for it.
+        case active
+        /// Paused: no tasks; its part file and state stay.
+        case paused
+        /// It stopped with this message; its part file and state stay.
+        case failed(String)
+    }
+
+    /// The download's identifier.
+    public var id: DownloadID
+    /// The URL as given.
+    public var url: String
+    /// Where the file appears when it is complete and verified.
+    public var destination: String
+    /// Bytes durable in the part file.
+    public var durableBytes: Int64
+    /// The file's length, once known.
+    public var totalBytes: Int64?
+    /// What it is doing.
+    public var phase: Phase
+}
+
+/// Downloads carried by a session of download tasks — on Apple platforms a background `URLSession`, whose system
+/// daemon keeps them going while the app is suspended or not running — under the same rules as the engine: a file
+/// appears at its destination only complete and verified, progress is only what is synced to disk, and bytes are
+/// kept only with the evidence that they are of the same version of the file (docs/background-sessions.md).
+///
+/// A download is fetched as whole ranges, each a task: the first (the probe) learns the length and the validators;
+/// with a strong validator and ranges the rest is cut into ranges asked for with `If-Range`; otherwise the whole
+/// file is one task. A task's bytes become the download's only when its whole range has arrived and has been
+/// judged: a 206 whose `Content-Range` is exactly the range asked for, of the length known, with the same
+/// validators, and a file of exactly that size. Then they are copied into `DEST.part` at their offset, synced, and
+/// recorded in the state file beside it. A 200 to a range request or a changed validator starts the download again
+/// from zero, with an event saying why.
+///
+/// Create one per session identifier, early at every launch, and call ``reattach()``: it copies ranges that arrived
+/// while the process was not running into their part files, and makes the session's tasks match what each download
+/// still needs. The state directory holds the list of downloads and the files of tasks not yet copied; it must be
+/// reachable by whichever process owns the session.
+///
+/// What it cannot do, against ``Downloader``: rate limits, stall timeouts, a connection per range (the session
+/// chooses), per-hop redirect rules (the session follows redirects itself; only the final answer is judged), and
+/// credentials (an `Authorization` field is refused: the session could carry it to another origin).
+public final class BackgroundDownloads: Sendable {
+    /// How downloads are cut into tasks and how often a range is asked for again.
+    public struct Configuration: Sendable, Hashable {
+        /// The size of the probe and the smallest range (rounded up to whole pieces). A lost task costs at most this.
+        public var rangeSize: Int64 = 64 << 20
+        /// The most ranges a download is cut into (ranges grow for larger files).
+        public var maximumRanges: Int = 64
+        /// How many times a range is asked for again after failing before the download stops.
+        public var maximumRetries: Int = 5
+        /// The wait before a failed range is asked for again.
+        public var retryDelay: Duration = .seconds(1)
+        /// How many times a download starts again from zero (the file changed on the server) before it stops.
+        public var maximumRestarts: Int = 3
+
+        /// The defaults.
+        public init() {}
+    }
+
+    private let driver: BackgroundDriver
+
+    /// Opens the driver of the session `identifier`, keeping its list in `stateDirectory` (created if missing).
+    ///
+    /// - Parameters:
+    ///   - identifier: The session's identifier (on Apple platforms, the background session's; one per app or
+    ///     extension).
+    ///   - stateDirectory: Where the list of downloads and the files of finished tasks are kept.
+    ///   - configuration: How downloads are cut into tasks.
+    ///   - makeSession: Makes the session given where its events go; by default the platform's download tasks
+    ///     (``TransportBackend/downloadTaskSession(identifier:events:)``).
+    /// - Throws: ``DownloadError`` if the directory cannot be made or read, or a download's record there is damaged.
+    public init(
+        identifier: String, stateDirectory: String, configuration: Configuration = Configuration(),
+        makeSession: (@Sendable (any DownloadTaskEvents) -> any DownloadTaskSession)? = nil
+    ) throws {
+        let make = makeSession ?? { TransportBackend.downloadTaskSession(identifier: identifier, events: $0) }
+        driver = try BackgroundDriver(directory: stateDirectory, configuration: configuration, makeSession: make)
+    }
+
+    /// The downloads' events, for as long as the driver lives. One reader; events are buffered until read.
+    public var events: AsyncStream<BackgroundDownloadEvent> { driver.events }
+
+    /// Adds a download of `url` to the file at `destination` and sends its first task.
+    ///
+    /// - Parameters:
+    ///   - url: An `http` or `https` URL.
+    ///   - destination: The file's path; the part file, the state file and the live record go beside it.
+    ///   - headers: Extra request header fields. `Range`, `If-Range` and `Accept-Encoding` are the driver's and are
+    ///     replaced; `Authorization` is refused.
+    ///   - checksum: The digest the finished file must have, checked before it is renamed into place.
+    /// - Returns: The new download's identifier.
+    /// - Throws: ``DownloadError`` for a bad URL or header, a destination another download of this driver has, or
+    ///   a record that cannot be written.
+    public func add(
+        _ url: String, to destination: String, headers: [(name: String, value: String)] = [],
+        checksum: ExpectedChecksum? = nil
+    ) async throws -> DownloadID {
+        try await driver.performThrowing { driver throws(DownloadError) in
+            try driver.add(url, to: destination, headers: headers, checksum: checksum)
+        }
+    }
+
+    /// Adds a download of `url`; see ``add(_:to:headers:checksum:)-(String,_,_,_)``.
+    public func add(
+        _ url: URL, to destination: String, headers: [(name: String, value: String)] = [],
+        checksum: ExpectedChecksum? = nil
+    ) async throws -> DownloadID {
+        try await add(url.absoluteString, to: destination, headers: headers, checksum: checksum)
+    }
+
+    /// At every launch: copies what arrived while the process was not running into the part files, cancels the
+    /// session's tasks that no download needs, and sends a task for every range that has none.
+    public func reattach() async {
+        let running = await driver.session.runningTasks()
+        await driver.perform { driver in driver.reattach(running: running) }
+    }
+
+    /// Stops a download's tasks; its part file and state stay, and ``resume(_:)`` carries on from them.
+    public func pause(_ id: DownloadID) async {
+        await driver.perform { driver in driver.pause(id) }
+    }
+
+    /// Sends tasks again for a paused or failed download.
+    public func resume(_ id: DownloadID) async {
+        await driver.perform { driver in driver.resume(id) }
+    }
+
+    /// Stops a download and removes it with its part file and state (a finished file stays).
+    public func remove(_ id: DownloadID) async {
+        await driver.perform { driver in driver.remove(id) }
+    }
+
+    /// The downloads not yet finished, in the order they were added.
+    public func downloads() async -> [BackgroundDownloadStatus] {
+        await driver.perform { driver in driver.statuses() }
+    }
+
+    /// Lets the session go (its tasks are cancelled) and ends ``events``. Downloads stay as they are on disk.
+    public func close() async {
+        await driver.perform { driver in driver.close() }
+    }
+
+    /// The driver's internals, for tests that stop it at a given step as a crash would.
+    var testDriver: BackgroundDriver { driver }
+}
+
+/// One download as the driver keeps it on disk (`ID.json` in the state directory).
+struct BackgroundRecord: Codable, Sendable, Hashable {
+    var id: DownloadID
+    var url: String
+    var destination: String
+    /// The user's extra header fields, as "Name: value".
+    var headers: [String]
+    var checksum: String?
+    /// The generation: redrawn at each restart from zero.
+    var nonce: String
+    /// What the current generation's tasks are: the probe, ranges, or the whole file.
+    var kind: String
+    var restarts: Int = 0
+    var paused: Bool = false
+    var failure: String?
+    var added: Int64
+
+    var taskKind: TaskLabel.Kind { TaskLabel.Kind(rawValue: kind) ?? .probe }
+}
+
+/// The driver's state and work, all on one serial queue (`queue`): the session's events, the public calls, and
+/// the disk work they need, in order. Only ``BackgroundDownloads`` and tests use it.
+final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
+    /// The steps of handling a finished range, at which a test can stop the driver as a crash would.
+    enum Step: Sendable, Hashable {
+        case accepted, copied, checkpointed
+    }
+
+    let directory: String
+    let configuration: BackgroundDownloads.Configuration
+    let staging: BackgroundStaging
+    private let queue = DispatchQueue(label: "stitch.background")
+    private let sessionBox = Mutex<(any DownloadTaskSession)?>(nil)
+    let events: AsyncStream<BackgroundDownloadEvent>
+    private let continuation: AsyncStream<BackgroundDownloadEvent>.Continuation
+    private let serial = Atomic<Int>(0)
+    /// A test's stop: when it returns true at a step, the driver stops there as if killed (nothing more is written,
+    /// the part files are closed).
+    let stopAt = Mutex<(@Sendable (Step) -> Bool)?>(nil)
+
+    // On `queue` only:
+    private struct Entry {
+        var record: BackgroundRecord
+        var store: PartStore?
+        /// Running tasks by session identifier.
+        var tasks: [Int: TaskLabel] = [:]
+        /// Failures in a row, by range start.
+        var failures: [Int64: Int] = [:]
+    }
+    private var entries: [DownloadID: Entry] = [:]
+    private var closed = false
+    /// Tasks this driver cancelled: their completions are not failures.
+    private var cancelled: Set<Int> = []
+
+    var session: any DownloadTaskSession { sessionBox.withLock { $0! } }
+
+    init(
+        directory: String, configuration: BackgroundDownloads.Configuration,
+        makeSession: (any DownloadTaskEvents) -> any DownloadTaskSession
+    ) throws(DownloadError) {
+        self.directory = directory
+        self.configuration = configuration
+        self.staging = BackgroundStaging(directory: directory + "/staged")
+        (events, continuation) = AsyncStream.makeStream()
+        do {
+            try FileOperations.createDirectory(staging.directory)
+        } catch {
+            throw DownloadError(.io, "cannot create \(staging.directory): \(error)")
+        }
+        for name in ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
+        where name.hasSuffix(".json") {
+            let path = directory + "/" + name
+            guard
+                let bytes = try readSmallFile(
+                    path, what: "background download record", maximumSize: 1 << 20,
+                    tooLarge: DownloadError(.unusableState, "\(path) is not a Stitch record (too large)")),
+                let record = try? JSONDecoder().decode(BackgroundRecord.self, from: Data(bytes)),
+                "\(record.id).json" == name
+            else { throw DownloadError(.unusableState, "\(path) is corrupt (not a Stitch background record)") }
+            entries[record.id] = Entry(record: record)
+        }
+        let session = makeSession(self)
+        sessionBox.withLock { $0 = session }
+    }
+
+    /// Runs `work` on the queue and returns its result.
+    func perform<T: Sendable>(_ work: @escaping @Sendable (BackgroundDriver) -> T) async -> T {
+        await withCheckedContinuation { continuation in
+            queue.async { continuation.resume(returning: work(self)) }
+        }
+    }
+
+    func performThrowing<T: Sendable>(_ work: @escaping @Sendable (BackgroundDriver) throws(DownloadError) -> T) async throws(
+        DownloadError
+    ) -> T {
+        let result: Result<T, DownloadError> = await perform { driver in
+            do throws(DownloadError) { return .success(try work(driver)) } catch { return .failure(error) }
+        }
+        return try result.get()
+    }
+
+    // MARK: Public calls (on the queue)
+
+    func add(
+        _ url: String, to destination: String, headers: [(name: String, value: String)], checksum: ExpectedChecksum?
+    ) throws(DownloadError) -> DownloadID {
+        guard !closed else { throw DownloadError(.invalidOption, "the background downloads were closed") }
+        guard let parsed = URL(string: url), let scheme = parsed.scheme?.lowercased(), parsed.host?.isEmpty == false
+        else { throw DownloadError(.invalidURL, "not a URL with a host: \(url)") }
+        guard scheme == "http" || scheme == "https" else {
+            throw DownloadError(.unsupportedScheme, "unsupported scheme \(scheme) (http and https only)")
+        }
+        var fields: [String] = []
+        for (name, value) in headers {
+            // A token for the name (RFC 9110 §5.1); no control character but tab in the value (a CR or LF would
+            // split the request's header lines).
+            let tokenBytes = Set("!#$%&'*+-.^_`|~".utf8)
+            guard !name.isEmpty,
+                name.utf8.allSatisfy({ $0 < 0x80 && (tokenBytes.contains($0) || Character(Unicode.Scalar($0)).isLetter || Character(Unicode.Scalar($0)).isNumber) }),
+                !value.unicodeScalars.contains(where: { ($0.value < 0x20 && $0 != "\t") || $0.value == 0x7F })
+            else { throw DownloadError(.invalidOption, "bad header field \(name.debugDescription)") }
+            if name.lowercased() == "authorization" {
+                throw DownloadError(
+                    .invalidOption,
+                    "background downloads do not send Authorization (the session follows redirects to any origin itself)"
+                )
+            }
+            guard !ResumePolicy.ownedHeaders.contains(name.lowercased()) else { continue }
+            fields.append("\(name): \(value)")
+        }
+        let destination = absolutePath(destination)
+        guard !entries.values.contains(where: { $0.record.destination == destination }) else {
+            throw DownloadError(.invalidOption, "\(destination) is already a download of these background downloads")
+        }
+        let folder = (destination as NSString).deletingLastPathComponent
+        var info = stat()
+        guard stat(folder, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            throw DownloadError(.io, "no folder \(folder) for \(destination)")
+        }
+        var id = DownloadID.random()
+        while entries[id] != nil { id = DownloadID.random() }
+        let record = BackgroundRecord(
+            id: id, url: url, destination: destination, headers: fields, checksum: checksum?.description,
+            nonce: PartStore.newNonce(), kind: TaskLabel.Kind.probe.rawValue, added: now())
+        try write(record)
+        entries[id] = Entry(record: record)
+        sendTasks(id)
+        return id
+    }
+
+    func reattach(running: [DownloadTaskInfo]) {
+        guard !closed else { return }
+        staging.removeOrphans()
+        commitAccepted()
+        let labelled = running.compactMap { task in task.label.flatMap(TaskLabel.init(parsing:)).map { (task.taskID, $0) } }
+        for task in running where task.label.flatMap(TaskLabel.init(parsing:)).map({ entries[$0.download] == nil }) ?? true {
+            cancel(task.taskID)
+        }
+        for id in entries.keys.sorted() {
+            guard var entry = entries[id] else { continue }
+            let mine = labelled.filter { $0.1.download == id }
+            if entry.record.paused || entry.record.failure != nil {
+                for (taskID, _) in mine { cancel(taskID) }
+                continue
+            }
+            guard let needed = neededRanges(id) else { continue }
+            let plan = BackgroundPlan.reconcile(
+                tasks: mine.map { (taskID: $0.0, label: $0.1) }, download: id, nonce: entry.record.nonce,
+                kind: entry.record.taskKind, needed: needed)
+            for taskID in plan.cancel { cancel(taskID) }
+            entry = entries[id] ?? entry
+            entry.tasks.merge(plan.keep) { _, new in new }
+            entries[id] = entry
+            for range in plan.create { sendTask(id, range) }
+        }
+    }
+
+    func pause(_ id: DownloadID) {
+        guard var entry = entries[id] else { return }
+        for taskID in entry.tasks.keys { cancel(taskID) }
+        entry.tasks = [:]
+        entry.record.paused = true
+        entries[id] = entry
+        try? write(entry.record)
+    }
+
+    func resume(_ id: DownloadID) {
+        guard var entry = entries[id], !closed else { return }
+        entry.record.paused = false
+        entry.record.failure = nil
+        entry.failures = [:]
+        entries[id] = entry
+        try? write(entry.record)
+        commitAccepted()
+        if entries[id]?.tasks.isEmpty == true { sendTasks(id) }
+    }
+
+    func remove(_ id: DownloadID) {
+        guard let entry = entries[id] else { return }
+        for taskID in entry.tasks.keys { cancel(taskID) }
+        entries[id] = nil
+        if let store = entry.store {
+            store.discard()
+        } else {
+            try? PartStore.removeLeftovers(at: DownloadPaths(destination: entry.record.destination))
+        }
+        staging.removeAccepted(of: id)
+        unlink(recordPath(id))
+        try? syncDirectory(directory)
+    }
+
+    func statuses() -> [BackgroundDownloadStatus] {
+        entries.values.sorted { ($0.record.added, $0.record.id) < ($1.record.added, $1.record.id) }.map { entry in
+            let state = entry.store?.snapshot
+            let phase: BackgroundDownloadStatus.Phase =
+                entry.record.failure.map { .failed($0) } ?? (entry.record.paused ? .paused : .active)
+            return BackgroundDownloadStatus(
+                id: entry.record.id, url: entry.record.url, destination: entry.record.destination,
+                durableBytes: state?.durableBytes ?? 0, totalBytes: state?.validators.totalLength, phase: phase)
+        }
+    }
+
+    func close() {
+        guard !closed else { return }
+        closed = true
+        session.invalidate()
+        for id in entries.keys { entries[id]?.store = nil }
+        continuation.finish()
+    }
+
+    /// Stops as a crash would: no more events are handled, nothing more is written, the part files are closed.
+    /// (Tests call it, on the queue, through ``stopAt`` or ``perform(_:)``.)
+    func halt() {
+        closed = true
+        sessionBox.withLock { $0?.invalidate() }
+        for id in entries.keys { entries[id]?.store = nil }
+        continuation.finish()
+    }
+
+    private func stops(at step: Step) -> Bool {
+        guard let stop = stopAt.withLock({ $0 }), stop(step) else { return false }
+        halt()
+        return true
+    }
+
+    // MARK: Session events
+
+    func taskFinished(_ task: DownloadTaskInfo, file path: String) {
+        // Before returning, as the session deletes the file then; judged on the queue.
+        let taken = staging.takeIn(path, serial: serial.add(1, ordering: .relaxed).newValue)
+        queue.async { [self] in
+            guard !closed else { return }
+            guard let taken else {
+                handleFailure(task, "the task's file could not be kept")
+                return
+            }
+            judge(task, file: taken)
+        }
+    }
+
+    func taskCompleted(_ task: DownloadTaskInfo, error: String?) {
+        queue.async { [self] in
+            guard !closed else { return }
+            if cancelled.remove(task.taskID) != nil { return }
+            guard let error else { return }
+            handleFailure(task, error)
+        }
+    }
+
+    // MARK: Judging and committing (on the queue)
+
+    /// The download and generation a task is of, if it is one of ours that is still wanted.
+    private func current(_ task: DownloadTaskInfo) -> (TaskLabel, Entry)? {
+        guard let label = task.label.flatMap(TaskLabel.init(parsing:)), let entry = entries[label.download],
+            label.nonce == entry.record.nonce, label.kind == entry.record.taskKind,
+            task.requestedRange == label.rangeHeader, !entry.record.paused, entry.record.failure == nil
+        else { return nil }
+        return (label, entry)
+    }
+
+    private func judge(_ task: DownloadTaskInfo, file: String) {
+        guard let (label, entry) = current(task) else {
+            unlink(file)
+            return
+        }
+        entries[label.download]?.tasks[task.taskID] = nil
+        var info = stat()
+        guard stat(file, &info) == 0 else {
+            retry(label, "the task's file is gone")
+            return
+        }
+        let id = label.download
+        let known: Validators?
+        if label.kind == .range {
+            guard let store = openStore(id) else {
+                unlink(file)
+                return
+            }
+            known = store.snapshot.validators
+        } else {
+            known = nil
+        }
+        let verdict = BackgroundPlan.judge(label, head: task.head, fileSize: Int64(info.st_size), known: known)
+        Trace.note("background \(label) \(task.head?.status ?? 0) \(info.st_size) bytes: \(verdict)")
+        switch verdict {
+        case .range:
+            let accepted = BackgroundStaging.Accepted(
+                download: id, nonce: label.nonce, boot: BackgroundStaging.boot, range: label.start..<label.end!)
+            guard let path = staging.accept(file, as: accepted) else {
+                unlink(file)
+                retry(label, "the task's file could not be kept")
+                return
+            }
+            if stops(at: .accepted) { return }
+            commit(path, accepted)
+        case .probed(let validators):
+            startRanges(id, probe: file, validators: validators)
+        case .whole(let validators):
+            finishWhole(id, file: file, validators: validators)
+        case .needsWholeFile:
+            unlink(file)
+            var record = entry.record
+            record.kind = TaskLabel.Kind.whole.rawValue
+            guard persist(record) else { return }
+            sendTasks(id)
+        case .restart(let reason):
+            unlink(file)
+            restart(id, reason)
+        case .retry(let why):
+            unlink(file)
+            retry(label, why)
+        case .fail(let why):
+            unlink(file)
+            fail(id, why)
+        }
+    }
+
+    /// A task of `label` failed: ask again after the delay, or stop the download once retries run out.
+    private func handleFailure(_ task: DownloadTaskInfo, _ why: String) {
+        guard let (label, _) = current(task) else { return }
+        entries[label.download]?.tasks[task.taskID] = nil
+        retry(label, why)
+    }
+
+    private func retry(_ label: TaskLabel, _ why: String) {
+        let id = label.download
+        guard var entry = entries[id] else { return }
+        let count = (entry.failures[label.start] ?? 0) + 1
+        entry.failures[label.start] = count
+        entries[id] = entry
+        guard count <= configuration.maximumRetries else {
+            fail(id, "\(why) (after \(count) tries)")
+            return
+        }
+        let delay = configuration.retryDelay
+        let (seconds, attoseconds) = delay.components
+        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        queue.asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [self] in
+            guard !closed, let entry = entries[id], entry.record.nonce == label.nonce,
+                entry.record.taskKind == label.kind, !entry.record.paused, entry.record.failure == nil,
+                !entry.tasks.values.contains(where: { $0.start == label.start })
+            else { return }
+            // Still needed? (A duplicate may have brought it meanwhile.)
+            guard let needed = neededRanges(id), needed.contains(where: { $0.lowerBound == label.start }) else { return }
+            send(label)
+        }
+    }
+
+    private func fail(_ id: DownloadID, _ why: String) {
+        guard var entry = entries[id] else { return }
+        for taskID in entry.tasks.keys { cancel(taskID) }
+        entry.tasks = [:]
+        entry.record.failure = why
+        entries[id] = entry
+        try? write(entry.record)
+        continuation.yield(.failed(id, message: why))
+    }
+
+    /// The file changed on the server: a new generation, whose record is durable before the old bytes go (a crash
+    /// in between finds a probe generation beside old files, and removes them).
+    private func restart(_ id: DownloadID, _ reason: RestartReason) {
+        guard var entry = entries[id] else { return }
+        for taskID in entry.tasks.keys { cancel(taskID) }
+        entry.tasks = [:]
+        entry.failures = [:]
+        entry.record.restarts += 1
+        guard entry.record.restarts <= configuration.maximumRestarts else {
+            entries[id] = entry
+            fail(id, "\(reason) (the download started over \(configuration.maximumRestarts) times)")
+            return
+        }
+        entry.record.nonce = PartStore.newNonce()
+        entry.record.kind = TaskLabel.Kind.probe.rawValue
+        entries[id] = entry
+        guard persist(entry.record) else { return }
+        staging.removeAccepted(of: id)
+        if let store = entry.store {
+            store.discard()
+            entries[id]?.store = nil
+        } else {
+            try? PartStore.removeLeftovers(at: DownloadPaths(destination: entry.record.destination))
+        }
+        continuation.yield(.restarted(id, reason: reason.description))
+        sendTasks(id)
+    }
+
+    /// The probe brought the first bytes of a file that can be fetched in validated ranges: the part file and its
+    /// state are made, laid out in ranges, the probe's bytes copied in and synced, and the other ranges sent.
+    private func startRanges(_ id: DownloadID, probe file: String, validators: Validators) {
+        defer { unlink(file) }
+        guard var entry = entries[id], let total = validators.totalLength else { return }
+        let paths = DownloadPaths(destination: entry.record.destination)
+        do throws(DownloadError) {
+            entry.store = nil
+            let store = try PartStore.create(
+                paths: paths, url: entry.record.url, headers: entry.record.headers, checksum: entry.record.checksum,
+                validators: validators)
+            var info = stat()
+            _ = stat(file, &info)
+            let probed = Int64(info.st_size)
+            let pieceSize = store.pieceSize
+            let rest = BackgroundPlan.ranges(
+                from: probed, to: total, rangeSize: rangeSize(pieceSize), pieceSize: pieceSize,
+                maximumRanges: configuration.maximumRanges - 1)
+            var slot = 0
+            for range in rest {
+                guard let next = store.split(slot, at: range.lowerBound) else {
+                    throw DownloadError(.io, "cannot lay out \(paths.part) in ranges")
+                }
+                slot = next
+            }
+            let pieces = try BackgroundStaging.copy(file, into: store, at: 0, pieceSize: pieceSize, total: total)
+            store.noteWritten(0, probed)
+            for (piece, crc) in pieces { store.notePiece(piece, crc: crc) }
+            try store.checkpoint(force: true)
+            entry.store = store
+            entry.record.kind = TaskLabel.Kind.range.rawValue
+            entries[id] = entry
+            guard persist(entry.record) else { return }
+            continuation.yield(.progress(id, durableBytes: store.snapshot.durableBytes, totalBytes: total))
+            sendTasks(id)
+        } catch {
+            entries[id] = entry
+            fail(id, error.description)
+        }
+    }
+
+    /// The whole file arrived in one task: copied into a new part file, synced, verified, renamed into place.
+    private func finishWhole(_ id: DownloadID, file: String, validators: Validators) {
+        defer { unlink(file) }
+        guard var entry = entries[id], let total = validators.totalLength else { return }
+        do throws(DownloadError) {
+            entry.store = nil
+            let store = try PartStore.create(
+                paths: DownloadPaths(destination: entry.record.destination), url: entry.record.url,
+                headers: entry.record.headers, checksum: entry.record.checksum, validators: validators)
+            let pieces = try BackgroundStaging.copy(file, into: store, at: 0, pieceSize: store.pieceSize, total: total)
+            store.noteWritten(0, total)
+            for (piece, crc) in pieces { store.notePiece(piece, crc: crc) }
+            try store.checkpoint(force: true)
+            entry.store = store
+            entries[id] = entry
+            finish(id)
+        } catch {
+            entries[id] = entry
+            fail(id, error.description)
+        }
+    }
+
+    /// Copies an accepted range into its part file, syncs it, records it durably, then removes the accepted file.
+    private func commit(_ path: String, _ accepted: BackgroundStaging.Accepted) {
+        let id = accepted.download
+        guard let entry = entries[id], accepted.nonce == entry.record.nonce, entry.record.taskKind == .range,
+            accepted.boot == BackgroundStaging.boot, let store = openStore(id)
+        else {
+            unlink(path)
+            return
+        }
+        let state = store.snapshot
+        guard let total = state.validators.totalLength,
+            let slot = state.segments.firstIndex(where: { segment in
+                segment.start <= accepted.range.lowerBound && accepted.range.upperBound <= (segment.end ?? 0)
+            }),
+            store.written(slot) >= accepted.range.lowerBound
+        else {
+            unlink(path)
+            return
+        }
+        if store.written(slot) >= accepted.range.upperBound {
+            // Already in (a duplicate, or a copy a crash interrupted after its record): nothing to add.
+            unlink(path)
+            return
+        }
+        do throws(DownloadError) {
+            let pieces = try BackgroundStaging.copy(
+                path, into: store, at: accepted.range.lowerBound, pieceSize: state.pieceSize, total: total)
+            store.noteWritten(slot, accepted.range.upperBound)
+            for (piece, crc) in pieces { store.notePiece(piece, crc: crc) }
+            if stops(at: .copied) { return }
+            try store.checkpoint(force: true)
+            if stops(at: .checkpointed) { return }
+            unlink(path)
+            entries[id]?.failures[accepted.range.lowerBound] = nil
+            let durable = store.snapshot.durableBytes
+            continuation.yield(.progress(id, durableBytes: durable, totalBytes: total))
+            if durable == total { finish(id) }
+        } catch {
+            // The accepted file stays: `resume` copies it again.
+            fail(id, error.description)
+        }
+    }
+
+    /// Copies every accepted file of this boot whose generation is current; removes the rest.
+    private func commitAccepted() {
+        for (path, accepted) in staging.acceptedFiles().sorted(by: { $0.accepted.range.lowerBound < $1.accepted.range.lowerBound }) {
+            guard let entry = entries[accepted.download], accepted.nonce == entry.record.nonce else {
+                unlink(path)
+                continue
+            }
+            if entry.record.paused || entry.record.failure != nil { continue }
+            commit(path, accepted)
+        }
+    }
+
+    /// All bytes are durable: the checksum is checked, then the part file is renamed into place and the record goes.
+    private func finish(_ id: DownloadID) {
+        guard let entry = entries[id], let store = entry.store, let total = store.snapshot.validators.totalLength
+        else { return }
+        do throws(DownloadError) {
+            if let text = entry.record.checksum, let expected = try? ExpectedChecksum(parsing: text) {
+                let digest = try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: total)
+                guard expected.matches(digest) else {
+                    store.discard()
+                    entries[id]?.store = nil
+                    var record = entry.record
+                    record.kind = TaskLabel.Kind.probe.rawValue
+                    record.nonce = PartStore.newNonce()
+                    entries[id]?.record = record
+                    fail(
+                        id,
+                        "checksum mismatch: expected \(expected), got \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest)); the downloaded data was deleted and nothing was saved at \(entry.record.destination)"
+                    )
+                    return
+                }
+            }
+            try store.finish(url: entry.record.url, length: total)
+        } catch {
+            fail(id, error.description)
+            return
+        }
+        entries[id] = nil
+        staging.removeAccepted(of: id)
+        unlink(recordPath(id))
+        try? syncDirectory(directory)
+        continuation.yield(.finished(id, path: entry.record.destination))
+    }
+
+    // MARK: Tasks
+
+    /// The ranges the download still needs for its current generation; nil if its state cannot be opened (then it
+    /// has failed).
+    private func neededRanges(_ id: DownloadID) -> [Range<Int64>]? {
+        guard let entry = entries[id] else { return nil }
+        switch entry.record.taskKind {
+        case .probe:
+            return [0..<configuration.rangeSize]
+        case .whole:
+            return [0..<Int64.max]
+        case .range:
+            guard let store = openStore(id) else { return nil }
+            return BackgroundPlan.missing(store.writtenSegments)
+        }
+    }
+
+    /// Sends a task for every range the download needs and has none for.
+    private func sendTasks(_ id: DownloadID) {
+        guard let entry = entries[id], let needed = neededRanges(id) else { return }
+        let covered = Set(entry.tasks.values.map(\.start))
+        for range in needed where !covered.contains(range.lowerBound) { sendTask(id, range) }
+    }
+
+    private func sendTask(_ id: DownloadID, _ range: Range<Int64>) {
+        guard let entry = entries[id] else { return }
+        let kind = entry.record.taskKind
+        send(
+            TaskLabel(
+                download: id, nonce: entry.record.nonce, kind: kind, start: range.lowerBound,
+                end: kind == .whole ? nil : range.upperBound))
+    }
+
+    private func send(_ label: TaskLabel) {
+        guard let entry = entries[label.download], !closed else { return }
+        var user = HTTPHeaders()
+        for field in entry.record.headers {
+            guard let colon = field.firstIndex(of: ":") else { continue }
+            user.add(
+                name: String(field[..<colon]), value: String(field[field.index(after: colon)...]).trimming(" \t"))
+        }
+        // As the engine: stitch's User-Agent unless the caller set one (not the session's default, which names the
+        // app and the HTTP library).
+        if user["User-Agent"] == nil { user.add(name: "User-Agent", value: TransportOptions().userAgent) }
+        let known = entry.store?.snapshot.validators
+        let plan = RequestPlan(
+            rangeStart: label.end == nil ? nil : label.start, resumeOffset: label.start,
+            ifRange: label.kind == .range ? known?.ifRange : nil, rangeEnd: label.end)
+        let request = DownloadTaskRequest(
+            url: entry.record.url, headers: ResumePolicy.requestHeaders(user: user, plan: plan), label: label.description)
+        let taskID = session.start(request)
+        entries[label.download]?.tasks[taskID] = label
+    }
+
+    private func cancel(_ taskID: Int) {
+        cancelled.insert(taskID)
+        session.cancel(taskID: taskID)
+    }
+
+    // MARK: Disk
+
+    /// The download's part store, reopened from its state file if it is not open; nil (and the download failed)
+    /// when that fails.
+    private func openStore(_ id: DownloadID) -> PartStore? {
+        guard let entry = entries[id] else { return nil }
+        if let store = entry.store { return store }
+        let paths = DownloadPaths(destination: entry.record.destination)
+        do throws(DownloadError) {
+            guard let state = try StateFile.read(paths.state) else {
+                throw DownloadError(.unusableState, "\(paths.state) is missing; remove the download and add it again")
+            }
+            let (store, _) = try PartStore.reopen(paths: paths, state: state)
+            entries[id]?.store = store
+            return store
+        } catch {
+            fail(id, error.description)
+            return nil
+        }
+    }
+
+    private func rangeSize(_ pieceSize: Int64) -> Int64 {
+        max(configuration.rangeSize, pieceSize)
+    }
+
+    private func recordPath(_ id: DownloadID) -> String { "\(directory)/\(id).json" }
+
+    /// Writes the record durably; on failure the download fails with the reason (and false is returned).
+    private func persist(_ record: BackgroundRecord) -> Bool {
+        do throws(DownloadError) {
+            try write(record)
+            entries[record.id]?.record = record
+            return true
+        } catch {
+            fail(record.id, error.description)
+            return false
+        }
+    }
+
+    /// Replaces `ID.json` atomically and durably (temporary file, fsync, rename, fsync of the folder).
+    private func write(_ record: BackgroundRecord) throws(DownloadError) {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes]
+        let data: Data
+        do { data = try encoder.encode(record) } catch { throw DownloadError(.io, "cannot encode a record: \(error)") }
+        let path = recordPath(record.id)
+        let temporary = path + ".tmp"
+        let fd = retryingOnInterrupt { open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        guard fd >= 0 else { throw .io("cannot write", path: temporary, .current) }
+        var failure: Errno?
+        data.withUnsafeBytes { buffer in
+            var done = 0
+            while done < buffer.count {
+                let n = retryingOnInterrupt { Glibc.write(fd, buffer.baseAddress! + done, buffer.count - done) }
+                if n <= 0 {
+                    failure = n < 0 ? .current : .noSpace
+                    return
+                }
+                done += n
+            }
+        }
+        if failure == nil && syncFile(fd) != 0 { failure = .current }
+        Glibc.close(fd)
+        if let failure {
+            unlink(temporary)
+            throw .io("cannot write", path: temporary, failure)
+        }
+        guard rename(temporary, path) == 0 else { throw .io("cannot replace", path: path, .current) }
+        try syncDirectory(directory)
+    }
+}
