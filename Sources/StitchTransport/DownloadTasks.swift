@@ -66,4 +66,16 @@ public protocol DownloadTaskSession: Sendable {
 
     /// Cancels every task and lets the session go; no events follow.
     func invalidate()
+
+    /// Calls `completion` once the session has handed over every event the system queued for it while the app was
+    /// not running (Apple's background sessions: after `urlSessionDidFinishEvents(forBackgroundURLSession:)`). A
+    /// session that queues no events calls it at once.
+    func whenEventsDelivered(_ completion: @escaping @Sendable () -> Void)
+}
+
+extension DownloadTaskSession {
+    /// Calls `completion` at once: this session queues no events for a later launch.
+    public func whenEventsDelivered(_ completion: @escaping @Sendable () -> Void) {
+        completion()
+    }
 }

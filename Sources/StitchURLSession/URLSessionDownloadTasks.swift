@@ -80,6 +80,14 @@ public final class URLSessionDownloadTasks: DownloadTaskSession {
         relay.stop()
         session.invalidateAndCancel()
     }
+
+    #if canImport(Darwin)
+    /// Calls `completion` on the main queue after the session's `urlSessionDidFinishEvents(forBackgroundURLSession:)`
+    /// (the handler the app got in `application(_:handleEventsForBackgroundURLSession:completionHandler:)`).
+    public func whenEventsDelivered(_ completion: @escaping @Sendable () -> Void) {
+        relay.eventsDelivered.withLock { $0 = completion }
+    }
+    #endif
 }
 
 /// The session's delegate: turns its callbacks into ``DownloadTaskEvents`` calls, on the session's serial queue.
@@ -91,6 +99,18 @@ final class DownloadTaskRelay: NSObject, URLSessionDownloadDelegate, Sendable {
     }
 
     func stop() { events.withLock { $0 = nil } }
+
+    #if canImport(Darwin)
+    /// The app's handler for a relaunch's events, called once they have all been delivered.
+    let eventsDelivered = Mutex<(@Sendable () -> Void)?>(nil)
+
+    func urlSessionDidFinishEvents(forBackgroundURLSession session: URLSession) {
+        guard let completion = eventsDelivered.withLock({ handler in defer { handler = nil }; return handler }) else {
+            return
+        }
+        DispatchQueue.main.async { completion() }
+    }
+    #endif
 
     static func info(of task: URLSessionTask) -> DownloadTaskInfo {
         DownloadTaskInfo(

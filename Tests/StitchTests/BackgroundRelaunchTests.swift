@@ -96,7 +96,7 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         }
         headers.add(name: "Content-Length", value: "\(body.count)")
         let path = "\(folder)/fake-\(task.id)"
-        FileManager.default.createFile(atPath: path, contents: Data(body))
+        precondition(FileManager.default.createFile(atPath: path, contents: Data(body)), "cannot write \(path)")
         let done = Done(info: Self.info(task, head: ResponseHead(status: status, headers: headers)), path: path)
         state.withLock { $0.done.append(done) }
         return true
@@ -302,5 +302,17 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         await setup.drive(second)
         #expect(BackgroundDownloadsTests.contents(setup.destination) == setup.file.data)
         await second.close()
+    }
+
+    @Test func theAppsEventHandlerIsCalledForItsOwnSessionOnly() async throws {
+        let setup = try Setup(seed: 0xCB)
+        let downloads = try setup.driver()
+        let calls = Atomic<Int>(0)
+        // The fake queues no events for a later launch: the handler of this session's identifier is called at once.
+        downloads.handleEvents(forBackgroundURLSession: "another") { calls.add(1, ordering: .relaxed) }
+        #expect(calls.load(ordering: .relaxed) == 0)
+        downloads.handleEvents(forBackgroundURLSession: "relaunch") { calls.add(1, ordering: .relaxed) }
+        #expect(calls.load(ordering: .relaxed) == 1)
+        await downloads.close()
     }
 }

@@ -1,13 +1,6 @@
 import Dispatch
 public import Foundation
 import Synchronization
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 
 /// Something that happened to a background download.
 public enum BackgroundDownloadEvent: Sendable, Hashable {
@@ -89,6 +82,8 @@ public final class BackgroundDownloads: Sendable {
     }
 
     private let driver: BackgroundDriver
+    /// The session's identifier.
+    public let identifier: String
 
     /// Opens the driver of the session `identifier`, keeping its list in `stateDirectory` (created if missing).
     ///
@@ -104,6 +99,7 @@ public final class BackgroundDownloads: Sendable {
         identifier: String, stateDirectory: String, configuration: Configuration = Configuration(),
         makeSession: (@Sendable (any DownloadTaskEvents) -> any DownloadTaskSession)? = nil
     ) throws {
+        self.identifier = identifier
         let make = makeSession ?? { TransportBackend.downloadTaskSession(identifier: identifier, events: $0) }
         driver = try BackgroundDriver(directory: stateDirectory, configuration: configuration, makeSession: make)
     }
@@ -146,6 +142,18 @@ public final class BackgroundDownloads: Sendable {
         await driver.perform { driver in driver.reattach(running: running) }
     }
 
+    /// On Apple platforms, from `application(_:handleEventsForBackgroundURLSession:completionHandler:)`: `completion`
+    /// is called (on the main queue) once the session has delivered the events of its tasks that ended while the app
+    /// was not running and the driver has taken their files in. Other identifiers are not this driver's: `completion`
+    /// is not called. Elsewhere there are no such events, and it is called at once.
+    ///
+    /// Copying the ranges into their part files goes on afterwards; an app that is suspended before that ends finds
+    /// the files staged at its next launch (``reattach()`` copies them).
+    public func handleEvents(forBackgroundURLSession identifier: String, completion: @escaping @Sendable () -> Void) {
+        guard identifier == self.identifier else { return }
+        driver.session.whenEventsDelivered(completion)
+    }
+
     /// Stops a download's tasks; its part file and state stay, and ``resume(_:)`` carries on from them.
     public func pause(_ id: DownloadID) async {
         await driver.perform { driver in driver.pause(id) }
@@ -173,26 +181,6 @@ public final class BackgroundDownloads: Sendable {
 
     /// The driver's internals, for tests that stop it at a given step as a crash would.
     var testDriver: BackgroundDriver { driver }
-}
-
-/// One download as the driver keeps it on disk (`ID.json` in the state directory).
-struct BackgroundRecord: Codable, Sendable, Hashable {
-    var id: DownloadID
-    var url: String
-    var destination: String
-    /// The user's extra header fields, as "Name: value".
-    var headers: [String]
-    var checksum: String?
-    /// The generation: redrawn at each restart from zero.
-    var nonce: String
-    /// What the current generation's tasks are: the probe, ranges, or the whole file.
-    var kind: String
-    var restarts: Int = 0
-    var paused: Bool = false
-    var failure: String?
-    var added: Int64
-
-    var taskKind: TaskLabel.Kind { TaskLabel.Kind(rawValue: kind) ?? .probe }
 }
 
 /// The driver's state and work, all on one serial queue (`queue`): the session's events, the public calls, and
@@ -239,23 +227,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         self.configuration = configuration
         self.staging = BackgroundStaging(directory: directory + "/staged")
         (events, continuation) = AsyncStream.makeStream()
-        do {
-            try FileOperations.createDirectory(staging.directory)
-        } catch {
-            throw DownloadError(.io, "cannot create \(staging.directory): \(error)")
-        }
-        for name in ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
-        where name.hasSuffix(".json") {
-            let path = directory + "/" + name
-            guard
-                let bytes = try readSmallFile(
-                    path, what: "background download record", maximumSize: 1 << 20,
-                    tooLarge: DownloadError(.unusableState, "\(path) is not a Stitch record (too large)")),
-                let record = try? JSONDecoder().decode(BackgroundRecord.self, from: Data(bytes)),
-                "\(record.id).json" == name
-            else { throw DownloadError(.unusableState, "\(path) is corrupt (not a Stitch background record)") }
-            entries[record.id] = Entry(record: record)
-        }
+        try BackgroundRecords.createDirectory(staging.directory)
+        for record in try BackgroundRecords.load(from: directory) { entries[record.id] = Entry(record: record) }
         let session = makeSession(self)
         sessionBox.withLock { $0 = session }
     }
@@ -310,8 +283,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             throw DownloadError(.invalidOption, "\(destination) is already a download of these background downloads")
         }
         let folder = (destination as NSString).deletingLastPathComponent
-        var info = stat()
-        guard stat(folder, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+        guard BackgroundRecords.isDirectory(folder) else {
             throw DownloadError(.io, "no folder \(folder) for \(destination)")
         }
         var id = DownloadID.random()
@@ -319,7 +291,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         let record = BackgroundRecord(
             id: id, url: url, destination: destination, headers: fields, checksum: checksum?.description,
             nonce: PartStore.newNonce(), kind: TaskLabel.Kind.probe.rawValue, added: now())
-        try write(record)
+        try BackgroundRecords.write(record, in: directory)
         entries[id] = Entry(record: record)
         sendTasks(id)
         return id
@@ -358,7 +330,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         entry.tasks = [:]
         entry.record.paused = true
         entries[id] = entry
-        try? write(entry.record)
+        try? BackgroundRecords.write(entry.record, in: directory)
     }
 
     func resume(_ id: DownloadID) {
@@ -367,7 +339,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         entry.record.failure = nil
         entry.failures = [:]
         entries[id] = entry
-        try? write(entry.record)
+        try? BackgroundRecords.write(entry.record, in: directory)
         commitAccepted()
         if entries[id]?.tasks.isEmpty == true { sendTasks(id) }
     }
@@ -382,8 +354,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             try? PartStore.removeLeftovers(at: DownloadPaths(destination: entry.record.destination))
         }
         staging.removeAccepted(of: id)
-        unlink(recordPath(id))
-        try? syncDirectory(directory)
+        BackgroundRecords.remove(id, in: directory)
     }
 
     func statuses() -> [BackgroundDownloadStatus] {
@@ -457,12 +428,11 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
 
     private func judge(_ task: DownloadTaskInfo, file: String) {
         guard let (label, entry) = current(task) else {
-            unlink(file)
+            BackgroundStaging.discard(file)
             return
         }
         entries[label.download]?.tasks[task.taskID] = nil
-        var info = stat()
-        guard stat(file, &info) == 0 else {
+        guard let fileSize = BackgroundStaging.size(of: file) else {
             retry(label, "the task's file is gone")
             return
         }
@@ -470,21 +440,21 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         let known: Validators?
         if label.kind == .range {
             guard let store = openStore(id) else {
-                unlink(file)
+                BackgroundStaging.discard(file)
                 return
             }
             known = store.snapshot.validators
         } else {
             known = nil
         }
-        let verdict = BackgroundPlan.judge(label, head: task.head, fileSize: Int64(info.st_size), known: known)
-        Trace.note("background \(label) \(task.head?.status ?? 0) \(info.st_size) bytes: \(verdict)")
+        let verdict = BackgroundPlan.judge(label, head: task.head, fileSize: fileSize, known: known)
+        Trace.note("background \(label) \(task.head?.status ?? 0) \(fileSize) bytes: \(verdict)")
         switch verdict {
         case .range:
             let accepted = BackgroundStaging.Accepted(
                 download: id, nonce: label.nonce, boot: BackgroundStaging.boot, range: label.start..<label.end!)
             guard let path = staging.accept(file, as: accepted) else {
-                unlink(file)
+                BackgroundStaging.discard(file)
                 retry(label, "the task's file could not be kept")
                 return
             }
@@ -495,19 +465,19 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         case .whole(let validators):
             finishWhole(id, file: file, validators: validators)
         case .needsWholeFile:
-            unlink(file)
+            BackgroundStaging.discard(file)
             var record = entry.record
             record.kind = TaskLabel.Kind.whole.rawValue
             guard persist(record) else { return }
             sendTasks(id)
         case .restart(let reason):
-            unlink(file)
+            BackgroundStaging.discard(file)
             restart(id, reason)
         case .retry(let why):
-            unlink(file)
+            BackgroundStaging.discard(file)
             retry(label, why)
         case .fail(let why):
-            unlink(file)
+            BackgroundStaging.discard(file)
             fail(id, why)
         }
     }
@@ -549,7 +519,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         entry.tasks = [:]
         entry.record.failure = why
         entries[id] = entry
-        try? write(entry.record)
+        try? BackgroundRecords.write(entry.record, in: directory)
         continuation.yield(.failed(id, message: why))
     }
 
@@ -584,7 +554,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     /// The probe brought the first bytes of a file that can be fetched in validated ranges: the part file and its
     /// state are made, laid out in ranges, the probe's bytes copied in and synced, and the other ranges sent.
     private func startRanges(_ id: DownloadID, probe file: String, validators: Validators) {
-        defer { unlink(file) }
+        defer { BackgroundStaging.discard(file) }
         guard var entry = entries[id], let total = validators.totalLength else { return }
         let paths = DownloadPaths(destination: entry.record.destination)
         do throws(DownloadError) {
@@ -592,9 +562,9 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             let store = try PartStore.create(
                 paths: paths, url: entry.record.url, headers: entry.record.headers, checksum: entry.record.checksum,
                 validators: validators)
-            var info = stat()
-            _ = stat(file, &info)
-            let probed = Int64(info.st_size)
+            guard let probed = BackgroundStaging.size(of: file) else {
+                throw DownloadError(.io, "the probe's file is gone: \(file)")
+            }
             let pieceSize = store.pieceSize
             let rest = BackgroundPlan.ranges(
                 from: probed, to: total, rangeSize: rangeSize(pieceSize), pieceSize: pieceSize,
@@ -624,7 +594,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
 
     /// The whole file arrived in one task: copied into a new part file, synced, verified, renamed into place.
     private func finishWhole(_ id: DownloadID, file: String, validators: Validators) {
-        defer { unlink(file) }
+        defer { BackgroundStaging.discard(file) }
         guard var entry = entries[id], let total = validators.totalLength else { return }
         do throws(DownloadError) {
             entry.store = nil
@@ -650,7 +620,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         guard let entry = entries[id], accepted.nonce == entry.record.nonce, entry.record.taskKind == .range,
             accepted.boot == BackgroundStaging.boot, let store = openStore(id)
         else {
-            unlink(path)
+            BackgroundStaging.discard(path)
             return
         }
         let state = store.snapshot
@@ -660,12 +630,12 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             }),
             store.written(slot) >= accepted.range.lowerBound
         else {
-            unlink(path)
+            BackgroundStaging.discard(path)
             return
         }
         if store.written(slot) >= accepted.range.upperBound {
             // Already in (a duplicate, or a copy a crash interrupted after its record): nothing to add.
-            unlink(path)
+            BackgroundStaging.discard(path)
             return
         }
         do throws(DownloadError) {
@@ -676,7 +646,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             if stops(at: .copied) { return }
             try store.checkpoint(force: true)
             if stops(at: .checkpointed) { return }
-            unlink(path)
+            BackgroundStaging.discard(path)
             entries[id]?.failures[accepted.range.lowerBound] = nil
             let durable = store.snapshot.durableBytes
             continuation.yield(.progress(id, durableBytes: durable, totalBytes: total))
@@ -691,7 +661,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     private func commitAccepted() {
         for (path, accepted) in staging.acceptedFiles().sorted(by: { $0.accepted.range.lowerBound < $1.accepted.range.lowerBound }) {
             guard let entry = entries[accepted.download], accepted.nonce == entry.record.nonce else {
-                unlink(path)
+                BackgroundStaging.discard(path)
                 continue
             }
             if entry.record.paused || entry.record.failure != nil { continue }
@@ -727,8 +697,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         }
         entries[id] = nil
         staging.removeAccepted(of: id)
-        unlink(recordPath(id))
-        try? syncDirectory(directory)
+        BackgroundRecords.remove(id, in: directory)
         continuation.yield(.finished(id, path: entry.record.destination))
     }
 
@@ -816,49 +785,15 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         max(configuration.rangeSize, pieceSize)
     }
 
-    private func recordPath(_ id: DownloadID) -> String { "\(directory)/\(id).json" }
-
     /// Writes the record durably; on failure the download fails with the reason (and false is returned).
     private func persist(_ record: BackgroundRecord) -> Bool {
         do throws(DownloadError) {
-            try write(record)
+            try BackgroundRecords.write(record, in: directory)
             entries[record.id]?.record = record
             return true
         } catch {
             fail(record.id, error.description)
             return false
         }
-    }
-
-    /// Replaces `ID.json` atomically and durably (temporary file, fsync, rename, fsync of the folder).
-    private func write(_ record: BackgroundRecord) throws(DownloadError) {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes]
-        let data: Data
-        do { data = try encoder.encode(record) } catch { throw DownloadError(.io, "cannot encode a record: \(error)") }
-        let path = recordPath(record.id)
-        let temporary = path + ".tmp"
-        let fd = retryingOnInterrupt { open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-        guard fd >= 0 else { throw .io("cannot write", path: temporary, .current) }
-        var failure: Errno?
-        data.withUnsafeBytes { buffer in
-            var done = 0
-            while done < buffer.count {
-                let n = retryingOnInterrupt { Glibc.write(fd, buffer.baseAddress! + done, buffer.count - done) }
-                if n <= 0 {
-                    failure = n < 0 ? .current : .noSpace
-                    return
-                }
-                done += n
-            }
-        }
-        if failure == nil && syncFile(fd) != 0 { failure = .current }
-        Glibc.close(fd)
-        if let failure {
-            unlink(temporary)
-            throw .io("cannot write", path: temporary, failure)
-        }
-        guard rename(temporary, path) == 0 else { throw .io("cannot replace", path: path, .current) }
-        try syncDirectory(directory)
     }
 }

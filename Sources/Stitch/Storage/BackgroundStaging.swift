@@ -1,4 +1,3 @@
-import CStitchSystem
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -156,5 +155,107 @@ struct BackgroundStaging: Sendable {
             }
         }
         return pieces
+    }
+
+    /// The size of the file at `path`, or nil if there is none.
+    static func size(of path: String) -> Int64? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return Int64(info.st_size)
+    }
+
+    /// Removes a task's file that is not (or no longer) wanted.
+    static func discard(_ path: String) {
+        unlink(path)
+    }
+}
+
+/// One download as the driver keeps it on disk (`ID.json` in the state directory).
+struct BackgroundRecord: Codable, Sendable, Hashable {
+    var id: DownloadID
+    var url: String
+    var destination: String
+    /// The user's extra header fields, as "Name: value".
+    var headers: [String]
+    var checksum: String?
+    /// The generation: redrawn at each restart from zero.
+    var nonce: String
+    /// What the current generation's tasks are: the probe, ranges, or the whole file.
+    var kind: String
+    var restarts: Int = 0
+    var paused: Bool = false
+    var failure: String?
+    var added: Int64
+
+    var taskKind: TaskLabel.Kind { TaskLabel.Kind(rawValue: kind) ?? .probe }
+}
+
+/// The records of a driver's downloads: `ID.json` in its state directory, each replaced atomically and durably.
+enum BackgroundRecords {
+    /// Every record in `directory`, in name order.
+    static func load(from directory: String) throws(DownloadError) -> [BackgroundRecord] {
+        var records: [BackgroundRecord] = []
+        for name in ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
+        where name.hasSuffix(".json") {
+            let path = directory + "/" + name
+            guard
+                let bytes = try readSmallFile(
+                    path, what: "background download record", maximumSize: 1 << 20,
+                    tooLarge: DownloadError(.unusableState, "\(path) is not a Stitch record (too large)")),
+                let record = try? JSONDecoder().decode(BackgroundRecord.self, from: Data(bytes)),
+                "\(record.id).json" == name
+            else { throw DownloadError(.unusableState, "\(path) is corrupt (not a Stitch background record)") }
+            records.append(record)
+        }
+        return records
+    }
+
+    static func createDirectory(_ path: String) throws(DownloadError) {
+        do { try FileOperations.createDirectory(path) } catch {
+            throw DownloadError(.io, "cannot create \(path): \(error)")
+        }
+    }
+
+    static func isDirectory(_ path: String) -> Bool {
+        var info = stat()
+        return stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
+    }
+
+    /// Removes the record of `id` durably.
+    static func remove(_ id: DownloadID, in directory: String) {
+        unlink("\(directory)/\(id).json")
+        try? syncDirectory(directory)
+    }
+
+    /// Replaces `ID.json` atomically and durably (temporary file, fsync, rename, fsync of the folder).
+    static func write(_ record: BackgroundRecord, in directory: String) throws(DownloadError) {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes]
+        let data: Data
+        do { data = try encoder.encode(record) } catch { throw DownloadError(.io, "cannot encode a record: \(error)") }
+        let path = "\(directory)/\(record.id).json"
+        let temporary = path + ".tmp"
+        let fd = retryingOnInterrupt { open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        guard fd >= 0 else { throw .io("cannot write", path: temporary, .current) }
+        var failure: Errno?
+        data.withUnsafeBytes { buffer in
+            var done = 0
+            while done < buffer.count {
+                let n = retryingOnInterrupt { Glibc.write(fd, buffer.baseAddress! + done, buffer.count - done) }
+                if n <= 0 {
+                    failure = n < 0 ? .current : .noSpace
+                    return
+                }
+                done += n
+            }
+        }
+        if failure == nil && syncFile(fd) != 0 { failure = .current }
+        close(fd)
+        if let failure {
+            unlink(temporary)
+            throw .io("cannot write", path: temporary, failure)
+        }
+        guard rename(temporary, path) == 0 else { throw .io("cannot replace", path: path, .current) }
+        try syncDirectory(directory)
     }
 }
