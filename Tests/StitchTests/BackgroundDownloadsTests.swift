@@ -82,6 +82,19 @@ import Testing
         FileManager.default.contents(atPath: path).map { [UInt8]($0) }
     }
 
+    /// Expects the file at `path` to hold exactly `data`; on failure says how it differs (not both arrays whole).
+    static func expectFile(_ path: String, _ data: [UInt8], sourceLocation: SourceLocation = #_sourceLocation) {
+        guard let found = contents(path) else {
+            Issue.record("no file at \(path)", sourceLocation: sourceLocation)
+            return
+        }
+        if found == data { return }
+        let difference = zip(found, data).enumerated().first { $0.element.0 != $0.element.1 }?.offset
+        Issue.record(
+            "\(path) has \(found.count) bytes, expected \(data.count); first difference at \(difference.map(String.init) ?? "none")",
+            sourceLocation: sourceLocation)
+    }
+
     /// Every range request carries the validator, and nothing asks for the same bytes twice unless a fault made it.
     static func expectValidated(_ requests: [RecordedRequest], etag: String = etag, sourceLocation: SourceLocation = #_sourceLocation) {
         for request in requests.dropFirst() where request.range != nil {
@@ -104,7 +117,7 @@ import Testing
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
-        #expect(Self.contents(folder.file("out.bin")) == file.data)
+        Self.expectFile(folder.file("out.bin"), file.data)
         #expect(folder.names == ["out.bin"], "left beside the file")
         #expect(folder.stagedNames.isEmpty)
         #expect(await downloads.downloads().isEmpty)
@@ -134,7 +147,7 @@ import Testing
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
-        #expect(Self.contents(folder.file("out.bin")) == file.data)
+        Self.expectFile(folder.file("out.bin"), file.data)
         #expect(server.requests.count == 5, "\(server.requests.map { $0.range ?? "" })")
         Self.expectValidated(server.requests)
         #expect(!events.contains { if case .restarted = $0 { return true } else { return false } })
@@ -170,7 +183,7 @@ import Testing
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
-        #expect(Self.contents(folder.file("out.bin")) == expected, "old and new bytes spliced?")
+        Self.expectFile(folder.file("out.bin"), expected)
         let restarts = events.compactMap { event -> String? in
             if case .restarted(_, let why) = event { return why }
             return nil
@@ -195,7 +208,7 @@ import Testing
         let id = try await downloads.add(server.url("/moved"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
-        #expect(Self.contents(folder.file("out.bin")) == file.data)
+        Self.expectFile(folder.file("out.bin"), file.data)
         // Every task starts from the URL as given; the redirected request kept Range and If-Range.
         #expect(server.requests(for: "/moved").count == 3)
         Self.expectValidated(server.requests(for: "/file"))
@@ -226,7 +239,7 @@ import Testing
         await downloads.resume(id)
         let more = await Self.events(of: downloads, until: id)
         #expect(Self.finished(more), "\(more)")
-        #expect(Self.contents(folder.file("out.bin")) == file.data)
+        Self.expectFile(folder.file("out.bin"), file.data)
         #expect(server.requests.count == 3)
         Self.expectValidated(server.requests)
         await downloads.close()
@@ -243,7 +256,7 @@ import Testing
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
-        #expect(Self.contents(folder.file("out.bin")) == file.data)
+        Self.expectFile(folder.file("out.bin"), file.data)
         #expect(server.requests.map(\.range) == ["bytes=0-1048575", nil])
         await downloads.close()
     }
@@ -261,7 +274,7 @@ import Testing
         let bad = try ExpectedChecksum(algorithm: .sha256, digest: [UInt8](repeating: 7, count: 32))
         let ok = try await downloads.add(server.url("/file"), to: folder.file("good.bin"), checksum: good)
         #expect(Self.finished(await Self.events(of: downloads, until: ok)))
-        #expect(Self.contents(folder.file("good.bin")) == file.data)
+        Self.expectFile(folder.file("good.bin"), file.data)
         let wrong = try await downloads.add(server.url("/file"), to: folder.file("bad.bin"), checksum: bad)
         let events = await Self.events(of: downloads, until: wrong)
         guard case .failed(_, let message) = events.last else {
@@ -309,7 +322,7 @@ import Testing
         let id = try await downloads.add(url, to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
-        #expect(Self.contents(folder.file("out.bin")) == data)
+        Self.expectFile(folder.file("out.bin"), data)
         let lines = nginx.accessLogLines(containing: "/" + name)
         #expect(lines.count == 5, "\(lines)")
         #expect(lines.filter { $0.contains(" 206 ") }.count == 5)

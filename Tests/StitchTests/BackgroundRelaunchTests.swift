@@ -189,7 +189,7 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         await setup.drive(second)
         let statuses = await setup.settle(second)
         #expect(statuses.isEmpty, "\(statuses)")
-        #expect(BackgroundDownloadsTests.contents(setup.destination) == setup.file.data)
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
         // The probe and two ranges: none asked for twice.
         let ranges = setup.fake.requests.compactMap { $0.headers["Range"] }
         #expect(
@@ -221,7 +221,7 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         await second.reattach()
         #expect(!setup.folder.stagedNames.contains(renamed))
         await setup.drive(second)
-        #expect(BackgroundDownloadsTests.contents(setup.destination) == setup.file.data)
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
         let again = setup.fake.requests.dropFirst(asked).compactMap { $0.headers["Range"] }
         let range = "bytes=\(fields[4])-\(Int(fields[5])! - 1)"
         #expect(again.contains(range), "\(range) not asked for again: \(again)")
@@ -247,7 +247,7 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         await second.reattach()
         let seen = await events.value
         #expect(BackgroundDownloadsTests.finished(seen), "\(seen)")
-        #expect(BackgroundDownloadsTests.contents(setup.destination) == setup.file.data)
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
         #expect(setup.fake.requests.count == 4, "asked again: \(setup.fake.requests.map { $0.headers["Range"] ?? "" })")
         await second.close()
     }
@@ -271,7 +271,7 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         setup.fake.runAll()
         setup.fake.deliver()
         _ = await setup.settle(second)
-        #expect(BackgroundDownloadsTests.contents(setup.destination) == setup.file.data)
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
         #expect(await second.downloads().isEmpty)
         #expect(setup.folder.names == ["out.bin"])
         #expect(setup.folder.stagedNames.isEmpty)
@@ -300,7 +300,7 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         #expect(running.count == 3, "\(running.map(\.label))")
         #expect(running.allSatisfy { $0.label?.contains(" \(id) ") == true && $0.label != stale })
         await setup.drive(second)
-        #expect(BackgroundDownloadsTests.contents(setup.destination) == setup.file.data)
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
         await second.close()
     }
 
