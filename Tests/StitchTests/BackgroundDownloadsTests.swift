@@ -332,4 +332,20 @@ import Testing
         #expect(lines.allSatisfy { $0.contains("ua=\"stitch/") }, "\(lines)")
         await downloads.close()
     }
+
+    @Test func anEmptyFileFromNginxArrivesEmpty() async throws {
+        let nginx = try Nginx.shared()
+        let folder = try Folder()
+        let name = "bg-empty-\(UInt32.random(in: 0...UInt32.max)).bin"
+        _ = try nginx.publish(name, bytes: [])
+        let downloads = try BackgroundDownloads(
+            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let id = try await downloads.add(nginx.httpURL(name), to: folder.file("empty.bin"))
+        let events = await Self.events(of: downloads, until: id)
+        #expect(Self.finished(events), "\(events)")
+        // The 416's error page is not the file.
+        #expect(Self.contents(folder.file("empty.bin"))?.count == 0)
+        #expect(folder.names == ["empty.bin"])
+        await downloads.close()
+    }
 }

@@ -63,7 +63,20 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
     }
 
     func runningTasks() async -> [DownloadTaskInfo] {
-        state.withLock { $0.pending.map { Self.info($0, head: nil) } }
+        let listed = state.withLock { $0.pending.map { Self.info($0, head: nil) } }
+        afterListing.withLock { $0 }?()
+        return listed
+    }
+
+    /// Called right after ``runningTasks()`` has made its list (a test's explicit signal).
+    let afterListing = Mutex<(@Sendable () -> Void)?>(nil)
+
+    /// Ends the oldest pending task with a failure, as a dropped connection would.
+    func failFirst() {
+        let (events, failed) = state.withLock { state -> ((any DownloadTaskEvents)?, Pending?) in
+            (state.events, state.pending.isEmpty ? nil : state.pending.removeFirst())
+        }
+        if let failed { events?.taskCompleted(Self.info(failed, head: nil), error: "the connection was reset") }
     }
 
     /// Detaches the driver; the tasks stay (the daemon keeps them).
@@ -167,18 +180,22 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         }
     }
 
-    @Test(arguments: [BackgroundDriver.Step.accepted, .copied, .checkpointed])
-    func aDriverStoppedWhileTakingARangeInResumesWithoutAskingForItAgain(_ step: BackgroundDriver.Step) async throws {
-        let setup = try Setup(seed: 0xC1 + UInt64(String(describing: step).count))
+    /// Each step of taking a range in, on the first range after the probe and on the last one (after which nothing
+    /// is left to fetch: the relaunch must finish the download from what is on disk).
+    @Test(arguments: [BackgroundDriver.Step.accepted, .copied, .checkpointed], [1, 3])
+    func aDriverStoppedWhileTakingARangeInResumesWithoutAskingForItAgain(_ step: BackgroundDriver.Step, range: Int)
+        async throws
+    {
+        let setup = try Setup(seed: 0xC1 + UInt64(String(describing: step).count + range))
         let first = try setup.driver()
         let hits = Atomic<Int>(0)
-        // The first range after the probe stops the driver at `step`.
+        // The `range`th range after the probe stops the driver at `step`.
         first.testDriver.stopAt.withLock { stop in
-            stop = { at in at == step && hits.add(1, ordering: .relaxed).newValue == 1 }
+            stop = { at in at == step && hits.add(1, ordering: .relaxed).newValue == range }
         }
         let id = try await first.add("http://127.0.0.1:9/file", to: setup.destination)
-        await setup.drive(first) { hits.load(ordering: .relaxed) > 0 }
-        #expect(hits.load(ordering: .relaxed) == 1, "never reached \(step)")
+        await setup.drive(first) { hits.load(ordering: .relaxed) >= range }
+        #expect(hits.load(ordering: .relaxed) == range, "never reached \(step) of range \(range)")
         // Stopped: the probe's and the range's bytes are on disk (or staged), nothing is at the destination.
         #expect(access(setup.destination, F_OK) != 0)
         // At each of the three steps the accepted file is still there (it goes only after the state records it).
@@ -314,5 +331,55 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         downloads.handleEvents(forBackgroundURLSession: "relaunch") { calls.add(1, ordering: .relaxed) }
         #expect(calls.load(ordering: .relaxed) == 1)
         await downloads.close()
+    }
+
+    @Test func aDriverStoppedAfterTheRenameCompletesWithoutFetchingAgain() async throws {
+        let setup = try Setup(seed: 0xCC)
+        let first = try setup.driver()
+        first.testDriver.stopAt.withLock { stop in stop = { at in at == .renamed } }
+        let id = try await first.add("http://127.0.0.1:9/file", to: setup.destination)
+        await setup.drive(first)
+        // In place, but the record says the download is still going.
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
+        #expect(access(setup.folder.state + "/\(id).json", F_OK) == 0)
+        let asked = setup.fake.requests.count
+
+        let second = try setup.driver()
+        let events = Task { await BackgroundDownloadsTests.events(of: second, until: id) }
+        await second.reattach()
+        let seen = await events.value
+        #expect(BackgroundDownloadsTests.finished(seen), "\(seen)")
+        #expect(setup.fake.requests.count == asked, "fetched again")
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
+        #expect(setup.folder.names == ["out.bin"])
+        #expect(await second.downloads().isEmpty)
+        await second.close()
+    }
+
+    /// A task the relaunch listed as running ends (fails) before the listing is handled: its range must still get a
+    /// task (the listing is out of date for it), not wait forever.
+    @Test func aTaskThatEndsWhileTheRelaunchReconcilesIsAskedForAgain() async throws {
+        let setup = try Setup(seed: 0xCD)
+        let first = try setup.driver()
+        let id = try await first.add("http://127.0.0.1:9/file", to: setup.destination)
+        await setup.drive(first) { setup.fake.requests.count > 1 }
+        _ = await setup.settle(first)
+        await first.testDriver.perform { driver in driver.halt() }
+        let second = try setup.driver()
+        // The explicit signal: right after the session lists its tasks, the first of them fails.
+        setup.fake.afterListing.withLock { $0 = { setup.fake.failFirst() } }
+        await second.reattach()
+        setup.fake.afterListing.withLock { $0 = nil }
+        // The failure's retry sends a new task (after the configured 10 ms); wait for it with a deadline.
+        let deadline = ContinuousClock.now + .seconds(60)
+        while setup.fake.pendingCount < 3 && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+            _ = await setup.settle(second)
+        }
+        #expect(setup.fake.pendingCount == 3, "a range was left without a task")
+        await setup.drive(second)
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
+        #expect(await second.downloads().first { $0.id == id } == nil)
+        await second.close()
     }
 }

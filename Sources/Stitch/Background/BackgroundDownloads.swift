@@ -189,12 +189,15 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     /// The steps of handling a finished range, at which a test can stop the driver as a crash would.
     enum Step: Sendable, Hashable {
         case accepted, copied, checkpointed
+        /// The file is renamed into place; its record is not removed yet.
+        case renamed
     }
 
     let directory: String
     let configuration: BackgroundDownloads.Configuration
     let staging: BackgroundStaging
-    private let queue = DispatchQueue(label: "stitch.background")
+    /// Inactive until the session exists, so no event is handled before `session` can be used.
+    private let queue = DispatchQueue(label: "stitch.background", attributes: .initiallyInactive)
     private let sessionBox = Mutex<(any DownloadTaskSession)?>(nil)
     let events: AsyncStream<BackgroundDownloadEvent>
     private let continuation: AsyncStream<BackgroundDownloadEvent>.Continuation
@@ -216,6 +219,9 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     private var closed = false
     /// Tasks this driver cancelled: their completions are not failures.
     private var cancelled: Set<Int> = []
+    /// Tasks whose end (a file judged, or a failure) this launch has handled: a listing of the session's tasks taken
+    /// before that is out of date for them.
+    private var ended: Set<Int> = []
 
     var session: any DownloadTaskSession { sessionBox.withLock { $0! } }
 
@@ -231,6 +237,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         for record in try BackgroundRecords.load(from: directory) { entries[record.id] = Entry(record: record) }
         let session = makeSession(self)
         sessionBox.withLock { $0 = session }
+        queue.activate()
     }
 
     /// Runs `work` on the queue and returns its result.
@@ -301,6 +308,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         guard !closed else { return }
         staging.removeOrphans()
         commitAccepted()
+        // Listed before this ran: a task whose end was handled since is not running any more.
+        let running = running.filter { !ended.contains($0.taskID) }
         let labelled = running.compactMap { task in task.label.flatMap(TaskLabel.init(parsing:)).map { (task.taskID, $0) } }
         for task in running where task.label.flatMap(TaskLabel.init(parsing:)).map({ entries[$0.download] == nil }) ?? true {
             cancel(task.taskID)
@@ -312,7 +321,14 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
                 for (taskID, _) in mine { cancel(taskID) }
                 continue
             }
+            if finishedElsewhere(id) { continue }
             guard let needed = neededRanges(id) else { continue }
+            if needed.isEmpty {
+                // Every byte is durable (a crash after the last range was recorded, or during the finish).
+                for (taskID, _) in mine { cancel(taskID) }
+                finish(id)
+                continue
+            }
             let plan = BackgroundPlan.reconcile(
                 tasks: mine.map { (taskID: $0.0, label: $0.1) }, download: id, nonce: entry.record.nonce,
                 kind: entry.record.taskKind, needed: needed)
@@ -329,6 +345,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         for taskID in entry.tasks.keys { cancel(taskID) }
         entry.tasks = [:]
         entry.record.paused = true
+        // Its lock and descriptor go until it resumes (another run may take the destination meanwhile).
+        entry.store = nil
         entries[id] = entry
         try? BackgroundRecords.write(entry.record, in: directory)
     }
@@ -341,6 +359,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         entries[id] = entry
         try? BackgroundRecords.write(entry.record, in: directory)
         commitAccepted()
+        if finishedElsewhere(id) { return }
         if entries[id]?.tasks.isEmpty == true { sendTasks(id) }
     }
 
@@ -359,7 +378,11 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
 
     func statuses() -> [BackgroundDownloadStatus] {
         entries.values.sorted { ($0.record.added, $0.record.id) < ($1.record.added, $1.record.id) }.map { entry in
-            let state = entry.store?.snapshot
+            // A paused or failed download's store is closed: its state file says the same.
+            let state =
+                entry.store?.snapshot
+                ?? (entry.record.taskKind == .probe
+                    ? nil : try? StateFile.read(DownloadPaths(destination: entry.record.destination).state))
             let phase: BackgroundDownloadStatus.Phase =
                 entry.record.failure.map { .failed($0) } ?? (entry.record.paused ? .paused : .active)
             return BackgroundDownloadStatus(
@@ -397,7 +420,10 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         // Before returning, as the session deletes the file then; judged on the queue.
         let taken = staging.takeIn(path, serial: serial.add(1, ordering: .relaxed).newValue)
         queue.async { [self] in
-            guard !closed else { return }
+            guard !closed else {
+                if let taken { BackgroundStaging.discard(taken) }
+                return
+            }
             guard let taken else {
                 handleFailure(task, "the task's file could not be kept")
                 return
@@ -427,6 +453,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     }
 
     private func judge(_ task: DownloadTaskInfo, file: String) {
+        ended.insert(task.taskID)
         guard let (label, entry) = current(task) else {
             BackgroundStaging.discard(file)
             return
@@ -484,6 +511,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
 
     /// A task of `label` failed: ask again after the delay, or stop the download once retries run out.
     private func handleFailure(_ task: DownloadTaskInfo, _ why: String) {
+        ended.insert(task.taskID)
         guard let (label, _) = current(task) else { return }
         entries[label.download]?.tasks[task.taskID] = nil
         retry(label, why)
@@ -518,6 +546,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         for taskID in entry.tasks.keys { cancel(taskID) }
         entry.tasks = [:]
         entry.record.failure = why
+        entry.store = nil
         entries[id] = entry
         try? BackgroundRecords.write(entry.record, in: directory)
         continuation.yield(.failed(id, message: why))
@@ -536,10 +565,13 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             fail(id, "\(reason) (the download started over \(configuration.maximumRestarts) times)")
             return
         }
-        entry.record.nonce = PartStore.newNonce()
-        entry.record.kind = TaskLabel.Kind.probe.rawValue
         entries[id] = entry
-        guard persist(entry.record) else { return }
+        var record = entry.record
+        record.nonce = PartStore.newNonce()
+        record.kind = TaskLabel.Kind.probe.rawValue
+        // The new generation is durable before the old bytes go; if it cannot be written the download stops as it
+        // was (the old generation's record and files).
+        guard persist(record) else { return }
         staging.removeAccepted(of: id)
         if let store = entry.store {
             store.discard()
@@ -558,7 +590,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         guard var entry = entries[id], let total = validators.totalLength else { return }
         let paths = DownloadPaths(destination: entry.record.destination)
         do throws(DownloadError) {
-            entry.store = nil
+            entries[id]?.store = nil
             let store = try PartStore.create(
                 paths: paths, url: entry.record.url, headers: entry.record.headers, checksum: entry.record.checksum,
                 validators: validators)
@@ -597,11 +629,13 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         defer { BackgroundStaging.discard(file) }
         guard var entry = entries[id], let total = validators.totalLength else { return }
         do throws(DownloadError) {
-            entry.store = nil
+            entries[id]?.store = nil
             let store = try PartStore.create(
                 paths: DownloadPaths(destination: entry.record.destination), url: entry.record.url,
                 headers: entry.record.headers, checksum: entry.record.checksum, validators: validators)
-            let pieces = try BackgroundStaging.copy(file, into: store, at: 0, pieceSize: store.pieceSize, total: total)
+            // (An empty file's answer may be a 416 with a page: nothing of it is copied.)
+            let pieces =
+                total == 0 ? [] : try BackgroundStaging.copy(file, into: store, at: 0, pieceSize: store.pieceSize, total: total)
             store.noteWritten(0, total)
             for (piece, crc) in pieces { store.notePiece(piece, crc: crc) }
             try store.checkpoint(force: true)
@@ -634,8 +668,10 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             return
         }
         if store.written(slot) >= accepted.range.upperBound {
-            // Already in (a duplicate, or a copy a crash interrupted after its record): nothing to add.
+            // Already in (a duplicate, or a copy a crash interrupted after its record): nothing to add, but it may
+            // have been the last range.
             BackgroundStaging.discard(path)
+            if store.snapshot.durableBytes == total { finish(id) }
             return
         }
         do throws(DownloadError) {
@@ -671,18 +707,24 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
 
     /// All bytes are durable: the checksum is checked, then the part file is renamed into place and the record goes.
     private func finish(_ id: DownloadID) {
-        guard let entry = entries[id], let store = entry.store, let total = store.snapshot.validators.totalLength
+        guard let entry = entries[id], let store = openStore(id), let total = store.snapshot.validators.totalLength,
+            store.snapshot.durableBytes == total
         else { return }
         do throws(DownloadError) {
-            if let text = entry.record.checksum, let expected = try? ExpectedChecksum(parsing: text) {
+            if let text = entry.record.checksum {
+                guard let expected = try? ExpectedChecksum(parsing: text) else {
+                    throw DownloadError(.unusableState, "the record's checksum \(text) does not parse; nothing was checked")
+                }
                 let digest = try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: total)
                 guard expected.matches(digest) else {
-                    store.discard()
-                    entries[id]?.store = nil
+                    // A new generation, durable before the bytes go (as a restart), so a crash in between never
+                    // leaves a record of ranges without their state.
                     var record = entry.record
                     record.kind = TaskLabel.Kind.probe.rawValue
                     record.nonce = PartStore.newNonce()
-                    entries[id]?.record = record
+                    guard persist(record) else { return }
+                    store.discard()
+                    entries[id]?.store = nil
                     fail(
                         id,
                         "checksum mismatch: expected \(expected), got \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest)); the downloaded data was deleted and nothing was saved at \(entry.record.destination)"
@@ -695,10 +737,29 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             fail(id, error.description)
             return
         }
+        if stops(at: .renamed) { return }
+        completed(id)
+    }
+
+    /// The download's file is in place: its record and staged files go, and it is reported finished.
+    private func completed(_ id: DownloadID) {
+        guard let entry = entries[id] else { return }
         entries[id] = nil
         staging.removeAccepted(of: id)
         BackgroundRecords.remove(id, in: directory)
         continuation.yield(.finished(id, path: entry.record.destination))
+    }
+
+    /// Whether an earlier launch renamed the download's file into place and stopped before removing its record (the
+    /// part file is gone, and the destination carries the completion mark of this URL); then it is completed now.
+    private func finishedElsewhere(_ id: DownloadID) -> Bool {
+        guard let entry = entries[id], entry.record.taskKind != .probe, entry.store == nil else { return false }
+        let paths = DownloadPaths(destination: entry.record.destination)
+        guard !BackgroundRecords.exists(paths.part), CompletionMark.read(at: paths.destination)?.url == entry.record.url
+        else { return false }
+        try? PartStore.removeLeftovers(at: paths)
+        completed(id)
+        return true
     }
 
     // MARK: Tasks
@@ -721,6 +782,10 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     /// Sends a task for every range the download needs and has none for.
     private func sendTasks(_ id: DownloadID) {
         guard let entry = entries[id], let needed = neededRanges(id) else { return }
+        if needed.isEmpty {
+            finish(id)
+            return
+        }
         let covered = Set(entry.tasks.values.map(\.start))
         for range in needed where !covered.contains(range.lowerBound) { sendTask(id, range) }
     }
@@ -746,6 +811,10 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         // app and the HTTP library).
         if user["User-Agent"] == nil { user.add(name: "User-Agent", value: TransportOptions().userAgent) }
         let known = entry.store?.snapshot.validators
+        guard label.kind != .range || known?.ifRange != nil else {
+            fail(label.download, "no validator to ask for the bytes from \(label.start) with")
+            return
+        }
         let plan = RequestPlan(
             rangeStart: label.end == nil ? nil : label.start, resumeOffset: label.start,
             ifRange: label.kind == .range ? known?.ifRange : nil, rangeEnd: label.end)
@@ -756,7 +825,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     }
 
     private func cancel(_ taskID: Int) {
-        cancelled.insert(taskID)
+        if !ended.contains(taskID) { cancelled.insert(taskID) }
         session.cancel(taskID: taskID)
     }
 

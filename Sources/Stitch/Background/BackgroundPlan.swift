@@ -97,6 +97,14 @@ enum BackgroundPlan {
         case 200, 206: break
         case 408, 429, 500...599: return .retry("the server answered \(status)")
         case 416 where label.kind == .range: return .restart(.rangeNotSatisfiable)
+        case 416 where label.kind == .probe:
+            // An empty file: no byte to ask for. Its answer's body (an error page) is not the file.
+            guard head.headers["Content-Range"].flatMap(ContentRange.init(parsing:))?.completeLength == 0 else {
+                return .fail("the server answered 416")
+            }
+            var validators = Validators(from: head)
+            validators.totalLength = 0
+            return .whole(validators)
         default: return .fail("the server answered \(status)")
         }
         let fresh = Validators(from: head)

@@ -216,6 +216,10 @@ enum BackgroundRecords {
         }
     }
 
+    static func exists(_ path: String) -> Bool {
+        access(path, F_OK) == 0
+    }
+
     static func isDirectory(_ path: String) -> Bool {
         var info = stat()
         return stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR
