@@ -128,6 +128,13 @@ let package = Package(
             path: "bench/ChaosServer",
             swiftSettings: swiftSettings
         ),
+        // One download through BackgroundDownloads (download tasks), for bench/background.sh.
+        .executableTarget(
+            name: "stitch-background-bench",
+            dependencies: ["Stitch"],
+            path: "bench/BackgroundBench",
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "StitchTestSupport",
             dependencies: ["CStitchSystem", "Stitch"],

@@ -63,6 +63,18 @@ public struct BackgroundDownloadStatus: Sendable, Hashable {
 /// What it cannot do, against ``Downloader``: rate limits, stall timeouts, a connection per range (the session
 /// chooses), per-hop redirect rules (the session follows redirects itself; only the final answer is judged), and
 /// credentials (an `Authorization` field is refused: the session could carry it to another origin).
+///
+/// ```swift
+/// // Early at every launch (on iOS, in application(_:didFinishLaunchingWithOptions:)):
+/// let downloads = try BackgroundDownloads(identifier: "com.example.app.downloads", stateDirectory: supportPath)
+/// Task { await downloads.reattach() }
+/// Task { for await event in downloads.events { print(event) } }
+///
+/// let id = try await downloads.add("https://example.com/big.iso", to: documentsPath + "/big.iso")
+///
+/// // On iOS, from application(_:handleEventsForBackgroundURLSession:completionHandler:):
+/// downloads.handleEvents(forBackgroundURLSession: identifier, completion: completionHandler)
+/// ```
 public final class BackgroundDownloads: Sendable {
     /// How downloads are cut into tasks and how often a range is asked for again.
     public struct Configuration: Sendable, Hashable {
