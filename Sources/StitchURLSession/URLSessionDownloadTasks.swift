@@ -37,12 +37,7 @@ public final class URLSessionDownloadTasks: DownloadTaskSession {
         let configuration = URLSessionConfiguration.ephemeral
         configuration.identifier = identifier
         #endif
-        configuration.urlCache = nil
-        configuration.requestCachePolicy = .reloadIgnoringLocalAndRemoteCacheData
-        configuration.httpCookieAcceptPolicy = .never
-        configuration.httpShouldSetCookies = false
-        configuration.httpCookieStorage = nil
-        configuration.urlCredentialStorage = nil
+        configuration.keepsNothing()
         configuration.timeoutIntervalForRequest = 60
         let relay = DownloadTaskRelay(events: events)
         let queue = OperationQueue()

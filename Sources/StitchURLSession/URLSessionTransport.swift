@@ -329,12 +329,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private func makeSession() -> URLSession {
         let options = request.options
         let configuration = URLSessionConfiguration.ephemeral
-        configuration.urlCache = nil
-        configuration.requestCachePolicy = .reloadIgnoringLocalAndRemoteCacheData
-        configuration.httpCookieAcceptPolicy = .never
-        configuration.httpShouldSetCookies = false
-        configuration.httpCookieStorage = nil
-        configuration.urlCredentialStorage = nil
+        configuration.keepsNothing()
         // A backstop only: the session's request timeout restarts with every byte; stalls are timed below.
         configuration.timeoutIntervalForRequest = max(options.connectTimeout, options.stallTimeout) + 1
         configuration.timeoutIntervalForResource = 365 * 86_400
@@ -877,5 +872,18 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private func markActive() {
         lastActivity = monotonicNow()
         bytesSinceActivity = 0
+    }
+}
+
+extension URLSessionConfiguration {
+    /// No cache, no cookies, no stored credentials: every request is sent as made, and nothing of one download
+    /// reaches another.
+    func keepsNothing() {
+        urlCache = nil
+        requestCachePolicy = .reloadIgnoringLocalAndRemoteCacheData
+        httpCookieAcceptPolicy = .never
+        httpShouldSetCookies = false
+        httpCookieStorage = nil
+        urlCredentialStorage = nil
     }
 }

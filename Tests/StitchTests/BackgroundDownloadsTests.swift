@@ -47,6 +47,11 @@ import Testing
         return configuration
     }
 
+    /// A driver over FoundationNetworking's download tasks, keeping its state in the test's folder.
+    static func driver(_ folder: Folder) throws -> BackgroundDownloads {
+        try BackgroundDownloads(identifier: "test", stateDirectory: folder.state, configuration: configuration())
+    }
+
     /// Reads events until one ends the download `id` (finished or failed); every event on the way is returned.
     static func events(
         of downloads: BackgroundDownloads, until id: DownloadID, timeout: Duration = .seconds(120)
@@ -112,8 +117,7 @@ import Testing
         defer { server.stop() }
         let file = ServedFile.random(size: 5 * Self.mib + 12_345, seed: 0xB61, etag: Self.etag)
         server.serve("/file", file: file)
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
@@ -142,8 +146,7 @@ import Testing
         let file = ServedFile.random(size: 3 * Self.mib, seed: 0xB62, etag: Self.etag)
         // The second request is cut after 100 000 bytes, the third is reset: each range is asked for again.
         server.serve("/file", file: file, faults: .onRequests([1: .dropAfter(100_000), 2: .resetAfter(5000)]))
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
@@ -178,8 +181,7 @@ import Testing
             expected = old.data
             reason = "does not match the request"
         }
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
@@ -203,8 +205,7 @@ import Testing
         let file = ServedFile.random(size: 2 * Self.mib + 1, seed: 0xB65, etag: Self.etag)
         server.serve("/file", file: file)
         server.redirect(from: "/moved", to: server.url("/file"))
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let id = try await downloads.add(server.url("/moved"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
@@ -224,8 +225,7 @@ import Testing
         server.serve(
             "/file", file: file,
             faults: .onRequest(1, .status(404, body: Array("<html>not here</html>".utf8))))
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         guard case .failed(_, let message) = events.last else {
@@ -251,8 +251,7 @@ import Testing
         defer { server.stop() }
         let file = ServedFile.random(size: 3 * Self.mib, seed: 0xB67, etag: "W/\"weak\"")
         server.serve("/file", file: file)
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let id = try await downloads.add(server.url("/file"), to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
@@ -267,8 +266,7 @@ import Testing
         defer { server.stop() }
         let file = ServedFile.random(size: 2 * Self.mib + 3, seed: 0xB68, etag: Self.etag)
         server.serve("/file", file: file)
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let good = try ExpectedChecksum(
             algorithm: .sha256, digest: DigestHasher.digest(.sha256, of: file.data))
         let bad = try ExpectedChecksum(algorithm: .sha256, digest: [UInt8](repeating: 7, count: 32))
@@ -288,8 +286,7 @@ import Testing
 
     @Test func badInputIsRefusedWithOneLine() async throws {
         let folder = try Folder()
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let cases: [(String, [(name: String, value: String)], String)] = [
             ("not a url", [], "not a URL with a host"),
             ("ftp://127.0.0.1/x", [], "unsupported scheme ftp"),
@@ -317,8 +314,7 @@ import Testing
         let name = "bg-\(UInt32.random(in: 0...UInt32.max)).bin"
         _ = try nginx.publish(name, bytes: data)
         let url = nginx.httpURL(name)
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let id = try await downloads.add(url, to: folder.file("out.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")
@@ -338,8 +334,7 @@ import Testing
         let folder = try Folder()
         let name = "bg-empty-\(UInt32.random(in: 0...UInt32.max)).bin"
         _ = try nginx.publish(name, bytes: [])
-        let downloads = try BackgroundDownloads(
-            identifier: "test", stateDirectory: folder.state, configuration: Self.configuration())
+        let downloads = try Self.driver(folder)
         let id = try await downloads.add(nginx.httpURL(name), to: folder.file("empty.bin"))
         let events = await Self.events(of: downloads, until: id)
         #expect(Self.finished(events), "\(events)")

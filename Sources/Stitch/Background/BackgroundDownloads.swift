@@ -353,12 +353,17 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     }
 
     func pause(_ id: DownloadID) {
+        stop(id) { $0.paused = true }
+    }
+
+    /// Cancels the download's tasks, lets go of its part file (its lock and descriptor, until it resumes: another
+    /// run may take the destination meanwhile) and records `change`.
+    private func stop(_ id: DownloadID, _ change: (inout BackgroundRecord) -> Void) {
         guard var entry = entries[id] else { return }
         for taskID in entry.tasks.keys { cancel(taskID) }
         entry.tasks = [:]
-        entry.record.paused = true
-        // Its lock and descriptor go until it resumes (another run may take the destination meanwhile).
         entry.store = nil
+        change(&entry.record)
         entries[id] = entry
         try? BackgroundRecords.write(entry.record, in: directory)
     }
@@ -554,13 +559,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     }
 
     private func fail(_ id: DownloadID, _ why: String) {
-        guard var entry = entries[id] else { return }
-        for taskID in entry.tasks.keys { cancel(taskID) }
-        entry.tasks = [:]
-        entry.record.failure = why
-        entry.store = nil
-        entries[id] = entry
-        try? BackgroundRecords.write(entry.record, in: directory)
+        guard entries[id] != nil else { return }
+        stop(id) { $0.failure = why }
         continuation.yield(.failed(id, message: why))
     }
 

@@ -239,26 +239,7 @@ enum BackgroundRecords {
         do { data = try encoder.encode(record) } catch { throw DownloadError(.io, "cannot encode a record: \(error)") }
         let path = "\(directory)/\(record.id).json"
         let temporary = path + ".tmp"
-        let fd = retryingOnInterrupt { open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-        guard fd >= 0 else { throw .io("cannot write", path: temporary, .current) }
-        var failure: Errno?
-        data.withUnsafeBytes { buffer in
-            var done = 0
-            while done < buffer.count {
-                let n = retryingOnInterrupt { Glibc.write(fd, buffer.baseAddress! + done, buffer.count - done) }
-                if n <= 0 {
-                    failure = n < 0 ? .current : .noSpace
-                    return
-                }
-                done += n
-            }
-        }
-        if failure == nil && syncFile(fd) != 0 { failure = .current }
-        close(fd)
-        if let failure {
-            unlink(temporary)
-            throw .io("cannot write", path: temporary, failure)
-        }
+        try writeSynced(data, to: temporary, what: "background download record")
         guard rename(temporary, path) == 0 else { throw .io("cannot replace", path: path, .current) }
         try syncDirectory(directory)
     }

@@ -214,28 +214,7 @@ enum StateFile {
             throw DownloadError(.io, "cannot encode state: \(error)")
         }
         let temporary = path + ".tmp"
-        let fd = retryingOnInterrupt {
-            open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        }
-        guard fd >= 0 else { throw .io("cannot write state file", path: temporary, .current) }
-        var failure: Errno?
-        data.withUnsafeBytes { buffer in
-            var done = 0
-            while done < buffer.count {
-                let n = retryingOnInterrupt { Glibc.write(fd, buffer.baseAddress! + done, buffer.count - done) }
-                if n <= 0 {
-                    failure = n < 0 ? .current : .noSpace
-                    return
-                }
-                done += n
-            }
-        }
-        if failure == nil && syncFile(fd) != 0 { failure = .current }
-        close(fd)
-        if let failure {
-            unlink(temporary)
-            throw .io("cannot write state file", path: temporary, failure)
-        }
+        try writeSynced(data, to: temporary, what: "state file")
         if let previous {
             switch generation {
             case .keep:
@@ -292,6 +271,31 @@ func readSmallFile(
         if n == 0 { return bytes }
         bytes += chunk[0..<n]
         if bytes.count > maximumSize { throw tooLarge() }
+    }
+}
+
+/// Writes `data` to a new file at `path` (replacing one there) and fsyncs it: the first half of an atomic replace,
+/// whose caller then renames the file over the old one and syncs the directory. On failure the file is removed.
+func writeSynced(_ data: Data, to path: String, what: String) throws(DownloadError) {
+    let fd = retryingOnInterrupt { open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+    guard fd >= 0 else { throw .io("cannot write \(what)", path: path, .current) }
+    var failure: Errno?
+    data.withUnsafeBytes { buffer in
+        var done = 0
+        while done < buffer.count {
+            let n = retryingOnInterrupt { Glibc.write(fd, buffer.baseAddress! + done, buffer.count - done) }
+            if n <= 0 {
+                failure = n < 0 ? .current : .noSpace
+                return
+            }
+            done += n
+        }
+    }
+    if failure == nil && syncFile(fd) != 0 { failure = .current }
+    close(fd)
+    if let failure {
+        unlink(path)
+        throw .io("cannot write \(what)", path: path, failure)
     }
 }
 
