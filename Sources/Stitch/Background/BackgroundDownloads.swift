@@ -782,7 +782,9 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         guard let entry = entries[id] else { return nil }
         switch entry.record.taskKind {
         case .probe:
-            return [0..<configuration.rangeSize]
+            // Whole mebibytes (the smallest piece), so the ranges after it start on a piece boundary.
+            let mib = PieceLayout.minimumPieceSize
+            return [0..<max(mib, (configuration.rangeSize + mib - 1) / mib * mib)]
         case .whole:
             return [0..<Int64.max]
         case .range:
