@@ -304,6 +304,20 @@ import Testing
             }
         }
         #expect(folder.names.isEmpty)
+        // Neither a file at the destination nor another run's partial download is replaced.
+        #expect(FileManager.default.createFile(atPath: folder.file("mine.txt"), contents: Data("mine".utf8)))
+        #expect(FileManager.default.createFile(atPath: folder.file("half.bin.part"), contents: Data("half".utf8)))
+        for (name, message) in [("mine.txt", "mine.txt already exists"), ("half.bin", "is another run's partial download")] {
+            do {
+                _ = try await downloads.add("http://127.0.0.1:1/x", to: folder.file(name))
+                Issue.record("\(name) accepted")
+            } catch let error as DownloadError {
+                #expect(error.code == .destinationExists && error.description.contains(message), "\(error)")
+            }
+        }
+        #expect(Self.contents(folder.file("mine.txt")) == Array("mine".utf8))
+        #expect(Self.contents(folder.file("half.bin.part")) == Array("half".utf8))
+        #expect(folder.names == ["half.bin.part", "mine.txt"])
         await downloads.close()
     }
 

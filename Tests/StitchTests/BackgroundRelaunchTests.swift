@@ -382,4 +382,33 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         #expect(await second.downloads().first { $0.id == id } == nil)
         await second.close()
     }
+
+    @Test func aFileThatAppearsAtTheDestinationIsNotReplaced() async throws {
+        let setup = try Setup(seed: 0xCE)
+        let downloads = try setup.driver()
+        let id = try await downloads.add("http://127.0.0.1:9/file", to: setup.destination)
+        // The probe comes in; then someone puts a file at the destination; then the rest arrives.
+        await setup.drive(downloads) { setup.fake.requests.count > 1 }
+        let mine = Array("someone else's file".utf8)
+        #expect(FileManager.default.createFile(atPath: setup.destination, contents: Data(mine)))
+        let events = Task { await BackgroundDownloadsTests.events(of: downloads, until: id) }
+        await setup.drive(downloads)
+        let seen = await events.value
+        guard case .failed(_, let message) = seen.last else {
+            Issue.record("not failed: \(seen)")
+            return
+        }
+        #expect(message.contains("appeared while downloading and is not replaced"), "\(message)")
+        #expect(BackgroundDownloadsTests.contents(setup.destination) == mine)
+        // Every byte is kept beside it: once the file is moved away, resuming finishes without a request.
+        let asked = setup.fake.requests.count
+        #expect(rename(setup.destination, setup.destination + ".old") == 0)
+        let more = Task { await BackgroundDownloadsTests.events(of: downloads, until: id) }
+        await downloads.resume(id)
+        let after = await more.value
+        #expect(BackgroundDownloadsTests.finished(after), "\(after)")
+        #expect(setup.fake.requests.count == asked)
+        BackgroundDownloadsTests.expectFile(setup.destination, setup.file.data)
+        await downloads.close()
+    }
 }

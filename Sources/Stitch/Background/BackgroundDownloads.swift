@@ -305,6 +305,15 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         guard BackgroundRecords.isDirectory(folder) else {
             throw DownloadError(.io, "no folder \(folder) for \(destination)")
         }
+        // Neither a file nor another run's partial download is replaced (the part file would be truncated).
+        let paths = DownloadPaths(destination: destination)
+        guard !BackgroundRecords.exists(destination) else {
+            throw DownloadError(.destinationExists, "\(destination) already exists; remove it first")
+        }
+        guard !BackgroundRecords.exists(paths.part), !BackgroundRecords.exists(paths.state) else {
+            throw DownloadError(
+                .destinationExists, "\(paths.part) is another run's partial download; finish or remove it first")
+        }
         var id = DownloadID.random()
         while entries[id] != nil { id = DownloadID.random() }
         let record = BackgroundRecord(
@@ -743,6 +752,13 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
                     )
                     return
                 }
+            }
+            // A file that appeared at the destination meanwhile is not ours to replace.
+            guard !BackgroundRecords.exists(store.paths.destination) else {
+                throw DownloadError(
+                    .destinationExists,
+                    "\(store.paths.destination) appeared while downloading and is not replaced; the download is kept as \(store.paths.part)"
+                )
             }
             try store.finish(url: entry.record.url, length: total)
         } catch {
