@@ -288,11 +288,13 @@ import Testing
         let folder = try Folder()
         let downloads = try Self.driver(folder)
         let cases: [(String, [(name: String, value: String)], String)] = [
-            ("not a url", [], "not a URL with a host"),
-            ("ftp://127.0.0.1/x", [], "unsupported scheme ftp"),
+            ("not a url", [], "not a valid URL"),
+            ("http:///x", [], "URL has no host"),
+            ("ftp://127.0.0.1/x", [], "unsupported URL scheme 'ftp'"),
             ("http://127.0.0.1:1/x", [("Authorization", "Bearer x")], "do not send Authorization"),
             ("http://127.0.0.1:1/x", [("X-A", "b\r\nInjected: 1")], "bad header field"),
             ("http://127.0.0.1:1/x", [("Bad Name", "v")], "bad header field"),
+            ("http://127.0.0.1:1/x", [("X-A:B", "v")], "bad header field"),
         ]
         for (url, headers, message) in cases {
             do {

@@ -274,20 +274,14 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         _ url: String, to destination: String, headers: [(name: String, value: String)], checksum: ExpectedChecksum?
     ) throws(DownloadError) -> DownloadID {
         guard !closed else { throw DownloadError(.invalidOption, "the background downloads were closed") }
-        guard let parsed = URL(string: url), let scheme = parsed.scheme?.lowercased(), parsed.host?.isEmpty == false
-        else { throw DownloadError(.invalidURL, "not a URL with a host: \(url)") }
-        guard scheme == "http" || scheme == "https" else {
-            throw DownloadError(.unsupportedScheme, "unsupported scheme \(scheme) (http and https only)")
-        }
+        _ = try validateURL(url)
         var fields: [String] = []
         for (name, value) in headers {
-            // A token for the name (RFC 9110 §5.1); no control character but tab in the value (a CR or LF would
-            // split the request's header lines).
-            let tokenBytes = Set("!#$%&'*+-.^_`|~".utf8)
-            guard !name.isEmpty,
-                name.utf8.allSatisfy({ $0 < 0x80 && (tokenBytes.contains($0) || Character(Unicode.Scalar($0)).isLetter || Character(Unicode.Scalar($0)).isNumber) }),
-                !value.unicodeScalars.contains(where: { ($0.value < 0x20 && $0 != "\t") || $0.value == 0x7F })
-            else { throw DownloadError(.invalidOption, "bad header field \(name.debugDescription)") }
+            // The engine's check (a token for the name, no control character but tab in the value), on the line
+            // the record keeps; a name with a colon in it would split elsewhere.
+            guard let (parsed, value) = Downloader.parseHeaderLine("\(name): \(value)"), parsed == name else {
+                throw DownloadError(.invalidOption, "bad header field \(name.debugDescription)")
+            }
             if name.lowercased() == "authorization" {
                 throw DownloadError(
                     .invalidOption,
@@ -833,9 +827,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         guard let entry = entries[label.download], !closed else { return }
         var user = HTTPHeaders()
         for field in entry.record.headers {
-            guard let colon = field.firstIndex(of: ":") else { continue }
-            user.add(
-                name: String(field[..<colon]), value: String(field[field.index(after: colon)...]).trimming(" \t"))
+            guard let (name, value) = Downloader.parseHeaderLine(field) else { continue }
+            user.add(name: name, value: value)
         }
         // As the engine: stitch's User-Agent unless the caller set one (not the session's default, which names the
         // app and the HTTP library).
