@@ -58,13 +58,18 @@ heavy='--skip SegmentedTests --skip DownloadManagerTests --skip HostileServerTes
 # shellcheck disable=SC2086 # $heavy is a list of options
 timeout 1200 swift test --skip-build --disable-default-traits --build-path "$build" --filter 'StitchTests\.' \
     --skip URLSessionTransportTests $heavy
+# The heavy suites in two more processes: all four at once left some downloads' bytes undelivered for 30 s once
+# checkpoints began proving what they make durable (state format 3); each pair passes (issue 30's note).
 timeout 1200 swift test --skip-build --disable-default-traits --build-path "$build" \
-    --filter 'SegmentedTests|DownloadManagerTests|HostileServerTests|ManagerDaemonReadinessTests'
+    --filter 'SegmentedTests|HostileServerTests'
+timeout 1200 swift test --skip-build --disable-default-traits --build-path "$build" \
+    --filter 'DownloadManagerTests|ManagerDaemonReadinessTests'
 # On its own: it needs the loopback server to outrun a rate-limited sink, which other tests' load can prevent.
 timeout 300 swift test --skip-build --disable-default-traits --build-path "$build" --filter URLSessionTransportTests
 # The CLI suites with this build's stitch (the daemon's included); the matrix on its own below. Needs STITCH_NGINX_DIR.
+# The power cuts run in test.sh, over libcurl: what they check is the order of writes and syncs, the same here.
 timeout 900 swift test --skip-build --disable-default-traits --build-path "$build" --filter 'StitchCLITests\.' \
-    --skip MatrixTests
+    --skip MatrixTests --skip PowerCut --skip PowerLossFS
 # Rule 6's combination matrix (433 cases) with this build's stitch binary, so every download goes over URLSession:
 # the same checks as over libcurl (byte-exact, If-Range, connection counts, nothing saved fetched again, the
 # bytes sent within docs/overlap.md's bound, the achieved rate). Needs STITCH_NGINX_DIR.

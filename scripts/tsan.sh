@@ -36,7 +36,7 @@ if [[ ${1:-} == --filter ]]; then
     run --no-parallel --filter "$2" || status=$?
 else
     run --no-parallel --filter "$library" --skip "$timing" || status=$?
-    run --skip "$library|$timing|MatrixTests|DaemonTests" || status=$?  # the matrix runs once, in test.sh
+    run --skip "$library|$timing|MatrixTests|DaemonTests|PowerCut|PowerLossFS" || status=$?  # the matrix and the power cuts run once, in test.sh
     # The daemon's suite on its own: its instrumented `stitch serve` processes and their downloads would load the
     # machine under the crash tests' timing.
     run --filter DaemonTests || status=$?

@@ -185,6 +185,39 @@ uint32_t stitch_crc32c_update(uint32_t crc, const void *data, size_t length) {
     return ~portable_raw(~crc, (const unsigned char *)data, length);
 }
 
+/* Polynomials over GF(2) modulo P, reflected as the CRC register is: bit 31 holds x^0, bit 0 holds x^31. */
+
+/* a * b mod P. */
+static uint32_t multiply_mod_p(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+        if (a & m) {
+            product ^= b;
+            if ((a & (m - 1)) == 0) break;
+        }
+        b = (b & 1) ? (b >> 1) ^ STITCH_CRC32C_POLY : b >> 1;
+    }
+    return product;
+}
+
+/* x^(2^k) mod P for k = 0...66: enough for x^(8 * len) with any 64-bit len (8 * len = 2^3 * len). */
+static uint32_t x_power_table[67];
+static pthread_once_t x_power_once = PTHREAD_ONCE_INIT;
+
+static void x_power_setup(void) {
+    uint32_t p = 1u << 30; /* x^1 */
+    x_power_table[0] = p;
+    for (int k = 1; k < 67; k++) x_power_table[k] = p = multiply_mod_p(p, p);
+}
+
+uint32_t stitch_crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2) {
+    pthread_once(&x_power_once, x_power_setup);
+    uint32_t power = 1u << 31; /* x^0 */
+    for (int k = 3; len2 != 0; len2 >>= 1, k++)
+        if (len2 & 1) power = multiply_mod_p(x_power_table[k], power);
+    return multiply_mod_p(power, crc1) ^ crc2;
+}
+
 int stitch_crc32c_hardware_available(void) {
     pthread_once(&setup_once, setup);
     return use_hardware;

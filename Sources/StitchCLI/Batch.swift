@@ -283,7 +283,7 @@ enum Batch {
             folders.insert(folder)
         }
         for folder in folders where !folder.isEmpty {
-            try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            try? DownloadPaths.createFolder(folder)
         }
     }
 }

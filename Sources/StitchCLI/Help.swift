@@ -102,9 +102,10 @@ enum Help {
     static let verify = """
         USAGE: stitch verify DEST [--json]
 
-        Re-reads the pieces of the partial download at DEST whose checksums (CRC32C) were recorded as they
-        became durable, and marks every damaged piece as not downloaded: the next 'stitch get' of DEST fetches
-        only those pieces again. Finds torn or rotted writes after a crash without asking the server.
+        Re-reads every byte of the partial download at DEST that its state counts as durable, against the
+        checksums (CRC32C) recorded as they became durable, and marks every damaged piece as not downloaded:
+        the next 'stitch get' of DEST fetches only those pieces again. Finds torn or rotted writes after a crash
+        without asking the server.
 
         EXIT STATUS: 0 no damage   1 damaged pieces found (and marked)   64 no partial download at DEST
         """

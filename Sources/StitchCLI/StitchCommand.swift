@@ -124,8 +124,7 @@ struct StitchCommand {
         if let directory = options.directory {
             // `-d` names where to save, created (with its parents) as for a list of URLs.
             do {
-                try FileManager.default.createDirectory(
-                    atPath: normalizedPath(directory), withIntermediateDirectories: true)
+                try DownloadPaths.createFolder(normalizedPath(directory))
             } catch {
                 let reason = (error as NSError).localizedFailureReason ?? "\(error)"
                 output.error("-d \(directory): cannot create the directory: \(reason)")

@@ -40,7 +40,7 @@ extension Aria2RPC {
         }
         if let folder = options.directory {
             // Made here, inside the served folder (checked by `apply`), as aria2 makes its `dir`.
-            try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            try? DownloadPaths.createFolder(folder)
         }
         if let out = options.out {
             let base = await manager.configuration.downloadDirectory

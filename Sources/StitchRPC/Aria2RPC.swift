@@ -274,7 +274,7 @@ public final class Aria2RPC: Sendable {
             try await manager.pause(id)
             return .string("\(id)")
         case "aria2.pauseAll", "aria2.forcePauseAll":
-            await manager.pauseAll()
+            try await manager.pauseAll()
             return .string("OK")
         case "aria2.unpause":
             let id = try await gid(params, 0)
@@ -284,7 +284,7 @@ public final class Aria2RPC: Sendable {
             try await manager.resume(id)
             return .string("\(id)")
         case "aria2.unpauseAll":
-            await manager.resumeAll()
+            try await manager.resumeAll()
             return .string("OK")
         case "stitch.retry":
             let id = try await gid(params, 0)

@@ -64,7 +64,7 @@ public enum Daemon {
             ? options.directory : FileManager.default.currentDirectoryPath + "/" + options.directory
         let state = folder + "/" + stateFolder
         do {
-            try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+            try DownloadPaths.createFolder(state)
         } catch {
             log.error("cannot create \(state): \(error.localizedDescription)")
             return 74

@@ -186,7 +186,7 @@ struct SegmentedCLITests {
     // MARK: 9. stitch verify
 
     /// A partial left by SIGINT while 4 lanes were stalled 1.5 MiB into their 2 MiB segments has pieces 0, 2, 4
-    /// and 6 recorded. `stitch verify` says none is damaged (0); after two bytes are flipped in pieces 2 and 4 it
+    /// and 6 recorded and the durable halves of 1, 3, 5 and 7 proven. `stitch verify` says none is damaged (0); after two bytes are flipped in pieces 2 and 4 it
     /// names exactly those (1) and marks them; `--json` parses and reports the state after that; a flipped byte in
     /// piece 6 shows up in JSON; the rerun fetches only the marked pieces and the tails and is byte-exact; with no
     /// partial left, `verify` is a usage error (64).
@@ -231,7 +231,7 @@ struct SegmentedCLITests {
 
         let clean = try await sandbox.run(["verify", "v.bin"])
         #expect(clean.status == 0, "\(clean)")
-        #expect(clean.stdout == "v.bin: 4 pieces checked, none damaged\n", "\(clean)")
+        #expect(clean.stdout == "v.bin: 8 pieces checked, none damaged\n", "\(clean)")
 
         try Self.flipByte(in: part, at: 2 * mib + 4321)
         try Self.flipByte(in: part, at: 4 * mib + 1_000_000)
@@ -242,7 +242,7 @@ struct SegmentedCLITests {
                 "damaged piece 2: bytes 2097152-3145727", "damaged piece 4: bytes 4194304-5242879",
             ],
             "\(damaged)")
-        #expect(damaged.stderr.contains("2 of 4 pieces damaged"), "\(damaged)")
+        #expect(damaged.stderr.contains("2 of 8 pieces damaged"), "\(damaged)")
 
         let after = try await sandbox.run(["verify", "v.bin", "--json"])
         #expect(after.status == 0, "\(after)")
@@ -250,7 +250,7 @@ struct SegmentedCLITests {
         #expect(report["v"] as? Int == 1)
         #expect(report["event"] as? String == "verify")
         #expect(report["piece_size"] as? Int == mib)
-        #expect(report["pieces_checked"] as? Int == 2, "pieces 2 and 4 are no longer recorded: \(report)")
+        #expect(report["pieces_checked"] as? Int == 6, "pieces 2 and 4 are no longer recorded: \(report)")
         #expect((report["damaged"] as? [Any])?.isEmpty == true, "\(report)")
 
         try Self.flipByte(in: part, at: 6 * mib + 77)
@@ -263,7 +263,7 @@ struct SegmentedCLITests {
         #expect(pieces.first?["index"] as? Int == 6)
         #expect(pieces.first?["start"] as? Int == 6 * mib)
         #expect(pieces.first?["end"] as? Int == 7 * mib)
-        #expect(lines.first?["pieces_checked"] as? Int == 2)
+        #expect(lines.first?["pieces_checked"] as? Int == 6, "0 and 6 recorded, 1, 3, 5 and 7 proven")
 
         // The rerun fetches the three marked pieces and the four unfinished half-pieces: 5 MiB.
         #expect(await server.settled())

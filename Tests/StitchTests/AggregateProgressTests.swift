@@ -147,9 +147,15 @@ import Testing
         #expect(aggregate.totalBytes == Int64((64 << 10) + (512 << 10) + (1 << 20)))
         #expect(aggregate.unknownTotalCount == 2)
         #expect(aggregate.fractionCompleted == Double(bytes) / Double((64 << 10) + (512 << 10) + (1 << 20)))
-        #expect(aggregate == AggregateProgress(await manager.downloads()))
+        // The same sums from the list of downloads (read by a second call: the speed of the held download may have
+        // moved in between, so it is left out here).
+        var listed = AggregateProgress(await manager.downloads())
+        var summed = aggregate
+        listed.bytesPerSecond = 0
+        summed.bytesPerSecond = 0
+        #expect(summed == listed, "aggregateProgress \(aggregate), from the list \(listed)")
 
-        await manager.pauseAll()
+        try await manager.pauseAll()
         let rest = await manager.aggregateProgress()
         #expect(Self.counts(rest) == [0, 0, 4, 1, 1], "\(rest)")
         #expect(rest.bytesPerSecond == 0)

@@ -71,6 +71,57 @@ import Testing
         }
     }
 
+    // MARK: Combining without the data
+
+    /// `combine(CRC(a), CRC(b), |b|)` is `CRC(a ++ b)` for random splits, empty parts on either side and lengths at
+    /// and about powers of two included; chaining it over many parts gives the whole's CRC.
+    @Test func combineEqualsTheDirectComputation() {
+        let seed: UInt64 = 0xC0B1_4E00_0000_0030
+        var rng = SplitMix64(seed: seed)
+        let data = Self.randomBytes(count: (1 << 20) + 4099, using: &rng)
+        #expect(CRC32C.combine(0, 0, length2: 0) == 0)
+        #expect(CRC32C.combine(0xE306_9283, 0, length2: 0) == 0xE306_9283, "nothing after: unchanged")
+        data.withUnsafeBytes { all in
+            var lengths: [Int] = [0, 1, 2, 3, 7, 8, 9, 255, 256, 257, 4096, 65_536, 1 << 20, all.count]
+            lengths += (0..<400).map { _ in Int.random(in: 0...all.count, using: &rng) }
+            for cut in lengths {
+                let a = UnsafeRawBufferPointer(rebasing: all[0..<cut])
+                let b = UnsafeRawBufferPointer(rebasing: all[cut...])
+                let combined = CRC32C.combine(CRC32C.checksum(a), CRC32C.checksum(b), length2: Int64(b.count))
+                #expect(combined == CRC32C.checksum(all), "seed \(seed) cut \(cut)")
+                // The empty second part, at any place.
+                #expect(CRC32C.combine(CRC32C.checksum(a), 0, length2: 0) == CRC32C.checksum(a))
+                // An empty first part.
+                #expect(CRC32C.combine(0, CRC32C.checksum(a), length2: Int64(a.count)) == CRC32C.checksum(a))
+            }
+            // Many parts chained, some empty: each combine joins the running CRC with the next part.
+            for trial in 0..<50 {
+                let cuts = (0..<Int.random(in: 1...40, using: &rng)).map { _ in Int.random(in: 0...all.count, using: &rng) }
+                    .sorted()
+                var crc: UInt32 = 0
+                var start = 0
+                for end in cuts + [all.count] {
+                    let part = UnsafeRawBufferPointer(rebasing: all[start..<end])
+                    crc = CRC32C.combine(crc, CRC32C.checksum(part), length2: Int64(part.count))
+                    start = end
+                }
+                #expect(crc == CRC32C.checksum(all), "seed \(seed) trial \(trial) cuts \(cuts)")
+            }
+        }
+        // Lengths far past any buffer: combining over len zeros equals continuing the CRC over len zero bytes.
+        let zeros = [UInt8](repeating: 0, count: 3 << 20)
+        for length in [1 << 20, (3 << 20) - 5] {
+            let direct = zeros.withUnsafeBytes { CRC32C.portableUpdate(0x1234_5678, UnsafeRawBufferPointer(rebasing: $0[0..<length])) }
+            let zerosCRC = zeros.withUnsafeBytes { CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[0..<length])) }
+            #expect(CRC32C.combine(0x1234_5678, zerosCRC, length2: Int64(length)) == direct, "length \(length)")
+        }
+        // A length near 2^63 terminates and is consistent: combining in two halves equals combining at once.
+        let half = Int64(1) << 62
+        let once = CRC32C.combine(0xDEAD_BEEF, 0, length2: Int64.max)
+        let twice = CRC32C.combine(CRC32C.combine(0xDEAD_BEEF, 0, length2: half), 0, length2: Int64.max - half)
+        #expect(once == twice)
+    }
+
     // MARK: Hardware and table paths agree
 
     @Test func hardwareAndPortableAgree() {

@@ -550,7 +550,7 @@ import Testing
         #expect(f.server.requests.count == p.serialsBefore + 1)
         #expect(f.server.requests.last?.askedRange == "bytes=\(PersistenceSetup.cutAt)-")
         for id in [p.b, p.d, p.e] { #expect(await manager.download(id)?.status == .paused) }
-        await manager.resumeAll()
+        try await manager.resumeAll()
         await manager.waitUntilIdle()
         for id in p.order { #expect(await manager.download(id)?.status == .completed) }
         await manager.close()

@@ -1021,8 +1021,9 @@ import Testing
         try #require(state.segments.count == 1)
         state.bootID = "a-previous-boot"
         state.segments[0].durable = 1_000_000
-        // That checkpoint could record only the checksums of pieces wholly below 1 000 000.
+        // That checkpoint could record only the checksums of pieces wholly below 1 000 000, and a proof of the rest.
         state.pieces = Array(state.pieces.prefix(Int(1_000_000 / state.pieceSize)))
+        state.proofs = [Proof(start: 0, end: 1_000_000, crc: CRC32C.checksum(Array(file.data[0..<1_000_000])))]
         try StateFile.write(state, to: f.paths.state)
         var part = try readFile(f.paths.part)
         var scrambler = SplitMix64(seed: 99)

@@ -32,7 +32,7 @@ import Testing
         try StateFile.write(segmented, to: path)
         let read = try #require(try StateFile.read(path))
         #expect(read == segmented)
-        #expect(read.schemaVersion == 2)
+        #expect(read.schemaVersion == 3)
         #expect(read.durableBytes == (1 << 20) + 5)
         #expect(read.durablePrefix == 1 << 20)
     }
@@ -88,7 +88,7 @@ import Testing
         ("binary", "\u{0}\u{1}\u{2}\u{ff}"),
         ("truncated", "TRUNCATED"),
         ("other format", "{\"schemaVersion\": 1}"),
-        ("newer format", "{\"schemaVersion\": 3}"),
+        ("newer format", "{\"schemaVersion\": 4}"),
         ("format as a string", "{\"schemaVersion\": \"2\"}"),
         ("missing fields", "{\"schemaVersion\": 2, \"url\": \"http://x/\"}"),
         ("wrong type", "REPLACE:\"durable\":10=\"durable\":\"ten\""),
@@ -130,6 +130,7 @@ import Testing
         let error = #expect(throws: DownloadError.self) { try StateFile.read(path) }
         #expect(error?.code == .unusableState)
         #expect(error?.message.contains("state format 1") == true, "\(error?.message ?? "")")
+        #expect(error?.message.contains("format 3") == true, "\(error?.message ?? "")")
         #expect(error?.message.contains("format 2") == true, "\(error?.message ?? "")")
     }
 
@@ -306,7 +307,11 @@ import Testing
         let data = ServedFile.randomBytes(count: max(0, c.partSize), seed: 5)
         if c.partSize >= 0 { try writeFile(paths.part, data) }
         var state = makeState(durable: c.durable, total: c.total)
-        if !c.sameBoot { state.bootID = "another-boot" }
+        if !c.sameBoot {
+            state.bootID = "another-boot"
+            // The proofs its last checkpoint wrote: after the reboot they are read back and hold.
+            state = Self.proven(state, data)
+        }
         try StateFile.write(state, to: paths.state)
         if let live = c.live {
             _ = try LiveRecord(creatingAt: paths.live, nonce: c.liveNonceMatches ? state.nonce : state.nonce &+ 1,
@@ -391,7 +396,13 @@ import Testing
             var crc = CRC32C()
             Array(data[(1 << 20)..<(2 << 20)]).withUnsafeBytes { crc.update($0) }
             state.pieces[1] = crc.value
+            // And the proofs of the durable bytes no recorded piece covers.
+            state = Self.proven(state, data)
             expectedPieces = state.pieces
+        }
+        if name == "same boot, clamped" {
+            // Piece 0 is now all durable (its two segments' parts): its checksum is recorded, from the bytes.
+            expectedPieces[0] = CRC32C.checksum(Array(data[0..<(1 << 20)]))
         }
         try writeFile(paths.part, data)
         try StateFile.write(state, to: paths.state)
@@ -778,7 +789,8 @@ import Testing
         let state = try #require(try StateFile.read(paths.state))
         #expect(state.segments == [Segment(start: 0, end: nil, durable: 0)])
         #expect(state.bootID == BootID.current && state.headers == ["X-A: b"])
-        #expect(state.schemaVersion == 2 && state.pieceSize == PieceLayout.minimumPieceSize && state.pieces.isEmpty)
+        #expect(state.schemaVersion == 3 && state.pieceSize == PieceLayout.minimumPieceSize && state.pieces.isEmpty)
+        #expect(state.proofs.isEmpty)
         #expect(LiveRecord.read(at: paths.live, nonce: state.nonce) == Self.slots([0]))
         _ = store
     }
@@ -958,6 +970,22 @@ import Testing
 
     func makeState(segments: [Segment], total: Int64?) -> DownloadState {
         Self.makeState(segments: segments, total: total)
+    }
+
+    /// `state` with the piece checksums and proofs a checkpoint writes for its durable bytes, `data` being the part
+    /// file's bytes.
+    static func proven(_ state: DownloadState, _ data: [UInt8]) -> DownloadState {
+        var state = state
+        do {
+            try Proofs.update(&state, previous: [], pending: [:]) { (start, end, crc) throws(DownloadError) in
+                var running = CRC32C(value: crc)
+                data[Int(start)..<Int(end)].withUnsafeBytes { running.update($0) }
+                return running.value
+            }
+        } catch {
+            Issue.record("cannot prove \(state): \(error)")
+        }
+        return state
     }
 
     /// A whole live record's slots: `values`, then zeros.

@@ -726,7 +726,8 @@ import Testing
     // MARK: 6. Piece checks
 
     /// Cancelled with every lane stalled 1.5 MiB into its 2 MiB segment: the first piece of each segment (0, 2, 4, 6)
-    /// is complete and recorded. Two bytes are flipped inside pieces 2 and 4 of the part file. Found by
+    /// is complete and recorded (the durable halves of pieces 1, 3, 5 and 7 have proofs). Two bytes are flipped
+    /// inside pieces 2 and 4 of the part file. Found by
     /// `Downloader.verify(at:)`, or by the re-check after a reboot (another boot id in the state): exactly those two
     /// pieces. The resumed run fetches exactly those pieces and the unfinished tails, nothing else, byte-exact.
     @Test(arguments: [PieceCheck.verify, .reboot])
@@ -752,12 +753,13 @@ import Testing
         case .verify:
             let report = try Downloader.verify(at: f.dest)
             #expect(report.pieceSize == mib)
-            #expect(report.piecesChecked == 4)
+            // The four recorded pieces and the four partial ones (1, 3, 5, 7), whose durable halves have proofs.
+            #expect(report.piecesChecked == 8)
             #expect(report.damagedPieces.map(\.index) == [2, 4])
             #expect(report.damagedPieces.map(\.bytes) == [2 * mib..<3 * mib, 4 * mib..<5 * mib])
             #expect(try StateFile.read(f.paths.state)?.recordedPieces == [0, 6])
             let again = try Downloader.verify(at: f.dest)
-            #expect(again.damagedPieces.isEmpty && again.piecesChecked == 2, "\(again)")
+            #expect(again.damagedPieces.isEmpty && again.piecesChecked == 6, "\(again)")
         case .reboot:
             var state = saved
             state.bootID = "stitch-test-another-boot"  // never a real boot id (those are UUIDs)

@@ -1,6 +1,10 @@
 // One download through `BackgroundDownloads` (download tasks: FoundationNetworking's on Linux), for
 // bench/background.sh: `stitch-background-bench URL DEST STATE_DIR [RANGE_MIB]`. Exits 0 once the file is in place,
 // 1 if the download failed (the message on stderr), 64 for bad arguments.
+//
+// Run again after it was killed (or the power was cut: PowerCutTests), it does what an app does at launch: reattaches
+// and carries on with the download to DEST it finds in STATE_DIR (resuming it if it had stopped), or, finding none and
+// DEST in place, is done.
 import Foundation
 import Stitch
 
@@ -20,7 +24,28 @@ if arguments.count == 5 {
 do {
     let downloads = try BackgroundDownloads(
         identifier: "bench", stateDirectory: arguments[3], configuration: configuration)
-    let id = try await downloads.add(arguments[1], to: arguments[2])
+    await downloads.reattach()
+    let destination = URL(fileURLWithPath: arguments[2]).standardizedFileURL.path
+    let known = await downloads.downloads().first {
+        URL(fileURLWithPath: $0.destination).standardizedFileURL.path == destination
+    }
+    let id: DownloadID
+    if let known {
+        id = known.id
+        if known.phase != .active { await downloads.resume(id) }
+    } else if FileManager.default.fileExists(atPath: destination) {
+        await downloads.close()
+        exit(0)
+    } else {
+        id = try await downloads.add(arguments[1], to: arguments[2])
+    }
+    // Finished while reattaching (every byte was already durable).
+    if FileManager.default.fileExists(atPath: destination),
+        await !downloads.downloads().contains(where: { $0.id == id })
+    {
+        await downloads.close()
+        exit(0)
+    }
     for await event in downloads.events {
         switch event {
         case .finished(id, _):

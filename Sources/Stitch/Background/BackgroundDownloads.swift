@@ -506,7 +506,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
                 return
             }
             if stops(at: .accepted) { return }
-            commit(path, accepted)
+            commit(path, accepted, label: label)
         case .probed(let validators):
             startRanges(id, probe: file, validators: validators)
         case .whole(let validators):
@@ -623,7 +623,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
                 }
                 slot = next
             }
-            let pieces = try BackgroundStaging.copy(file, into: store, at: 0, pieceSize: pieceSize, total: total)
+            let pieces = try BackgroundStaging.copy(
+                file, length: probed, into: store, at: 0, pieceSize: pieceSize, total: total)
             store.noteWritten(0, probed)
             for (piece, crc) in pieces { store.notePiece(piece, crc: crc) }
             try store.checkpoint(force: true)
@@ -650,7 +651,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
                 headers: entry.record.headers, checksum: entry.record.checksum, validators: validators)
             // (An empty file's answer may be a 416 with a page: nothing of it is copied.)
             let pieces =
-                total == 0 ? [] : try BackgroundStaging.copy(file, into: store, at: 0, pieceSize: store.pieceSize, total: total)
+                total == 0
+                ? [] : try BackgroundStaging.copy(file, length: total, into: store, at: 0, pieceSize: store.pieceSize, total: total)
             store.noteWritten(0, total)
             for (piece, crc) in pieces { store.notePiece(piece, crc: crc) }
             try store.checkpoint(force: true)
@@ -664,7 +666,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     }
 
     /// Copies an accepted range into its part file, syncs it, records it durably, then removes the accepted file.
-    private func commit(_ path: String, _ accepted: BackgroundStaging.Accepted) {
+    /// `label`: the task that brought it, when it is committed as that task ends.
+    private func commit(_ path: String, _ accepted: BackgroundStaging.Accepted, label: TaskLabel? = nil) {
         let id = accepted.download
         guard let entry = entries[id], accepted.nonce == entry.record.nonce, entry.record.taskKind == .range,
             accepted.boot == BackgroundStaging.boot, let store = openStore(id)
@@ -689,9 +692,19 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
             if store.snapshot.durableBytes == total { finish(id) }
             return
         }
+        // An accepted file holds exactly its range (it was judged so). One that does not is dropped, nothing of it
+        // claimed: a task that just ended is retried (counted); at a launch or a resume, the range is among those
+        // the caller finds missing. (A file of the right size whose pages a power cut zeroed is kept out by its
+        // name's boot id: it is from another boot.)
+        guard BackgroundStaging.size(of: path) == Int64(accepted.range.count) else {
+            BackgroundStaging.discard(path)
+            if let label { retry(label, "the range's file does not hold its \(accepted.range.count) bytes") }
+            return
+        }
         do throws(DownloadError) {
             let pieces = try BackgroundStaging.copy(
-                path, into: store, at: accepted.range.lowerBound, pieceSize: state.pieceSize, total: total)
+                path, length: Int64(accepted.range.count), into: store, at: accepted.range.lowerBound,
+                pieceSize: state.pieceSize, total: total)
             store.noteWritten(slot, accepted.range.upperBound)
             for (piece, crc) in pieces { store.notePiece(piece, crc: crc) }
             if stops(at: .copied) { return }
@@ -754,7 +767,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
                     "\(store.paths.destination) appeared while downloading and is not replaced; the download is kept as \(store.paths.part)"
                 )
             }
-            try store.finish(url: entry.record.url, length: total)
+            try store.finish(url: entry.record.url, length: total, durableCleanup: true)
         } catch {
             fail(id, error.description)
             return

@@ -310,6 +310,15 @@ final class DownloadRun: @unchecked Sendable {
                     "\(paths.destination) already exists (the partial download beside it is kept)",
                     remedy: .overwrite(.replace))
             }
+            // Finished but not renamed into place (a cut between the final sync and the rename): finished now.
+            var recheck = false
+            if partial.partExists {
+                switch try finishMarkedPart(partial, state: state) {
+                case .finished(let done): return done
+                case .failedCheck: recheck = true
+                case .none: break
+                }
+            }
             var state = state
             if state.url != request.url {
                 // The same download under a new URL: saved at the next checkpoint. The saved validators decide
@@ -318,7 +327,7 @@ final class DownloadRun: @unchecked Sendable {
                 state.url = request.url
             }
             let reopened = Result { () throws(DownloadError) in
-                try PartStore.reopen(paths: paths, state: state, fromPrevious: damagedState != nil)
+                try PartStore.reopen(paths: paths, state: state, fromPrevious: damagedState != nil, recheck: recheck)
             }
             if case .failure(let error) = reopened, request.overwrite, error.code == .unusableState {
                 // A repair (a fallback, or damage found after a reboot) cannot be done in place, and the user asked
@@ -329,13 +338,18 @@ final class DownloadRun: @unchecked Sendable {
             var (store, point) = try reopened.get()
             self.store = store
             if let damagedState {
-                // reopen kept only what the previous state's piece checksums prove.
+                // reopen kept only what the previous state's checksums prove.
                 point.note =
                     "\(damagedState); resuming from the checkpoint before it, keeping the \(point.bytes) bytes its "
-                    + "piece checksums prove and fetching the rest again"
-            } else if !point.damagedPieces.isEmpty {
-                // reopen re-checked every recorded piece (the state was written before a reboot).
-                point.note = "\(point.damagedPieces.count) damaged piece(s) found after the restart; fetching only those again"
+                    + "checksums prove and fetching the rest again"
+            } else if let cut = Self.cutNote(point) {
+                // reopen re-checked every recorded piece and proof (the state was written before a reboot).
+                point.note = cut
+            }
+            if recheck {
+                point.note =
+                    "\(paths.part) was marked complete but does not read back to the CRC32C recorded with the mark; "
+                    + "keeping only the \(point.bytes) saved bytes its checksums prove"
             }
             // Validators matter when bytes are kept, or when segments (even empty ones) are to be asked for by range.
             known = point.bytes > 0 || store.snapshot.segments.count > 1 ? state.validators : nil
@@ -352,7 +366,95 @@ final class DownloadRun: @unchecked Sendable {
             emit(.resuming(from: point.bytes, note: point.note))
             return nil
         }
-        return try checkDestination(partial, exists: destinationExists)
+        if let done = try checkDestination(partial, exists: destinationExists) { return done }
+        // A small download has no state file: one finished but not renamed into place is finished now.
+        if partial.partExists, case .finished(let done) = try finishMarkedPart(partial, state: nil) { return done }
+        return nil
+    }
+
+    /// What the check after a reboot cut, for the user; nil when it cut nothing.
+    static func cutNote(_ point: ResumePoint) -> String? {
+        var found: [String] = []
+        if !point.damagedPieces.isEmpty { found.append("\(point.damagedPieces.count) damaged piece(s) found after the restart") }
+        if !point.unprovenPieces.isEmpty {
+            found.append(
+                "\(point.unprovenPieces.count) piece(s) saved without a checksum (by an older stitch) cannot be proven "
+                    + "after the restart")
+        }
+        if found.isEmpty && point.cutBytes > 0 {
+            found.append("\(point.cutBytes) saved bytes failed their checksums after the restart")
+        }
+        guard !found.isEmpty else { return nil }
+        return found.joined(separator: "; ") + "; fetching only those again"
+    }
+
+    /// Finishes a part file the previous run had finished writing — its completion mark, with the whole file's
+    /// CRC32C, made durable by the sync before the rename — when a power cut or a kill came before the rename into
+    /// place (``PartialDownload/finishMarkedPart(matching:verify:)``): the mark must be this download's (URL; the
+    /// length and ETag of `state` when there is one), and the bytes must read back to its CRC. Under a checksum the
+    /// file is read and its digest compared before the rename. Returns the result (nothing fetched); `.none` when
+    /// there is no such file; `.failedCheck` when its bytes do not match (the mark is removed, and the resume that
+    /// follows checks every piece).
+    private func finishMarkedPart(_ partial: PartialDownload, state: DownloadState?) throws -> MarkedPartOutcome {
+        let paths = partial.paths
+        let expected = request.checksum
+        var mismatch: [UInt8]?
+        let found: PartStore.MarkedPart
+        do {
+            found = try partial.finishMarkedPart(
+                matching: { mark in
+                    guard request.owns(mark.url) else { return false }
+                    if let total = state?.validators.totalLength, total != mark.length { return false }
+                    if let etag = state?.validators.etag, etag != mark.etag { return false }
+                    return true
+                },
+                verify: { (part: String) throws(DownloadError) in
+                    guard let expected else { return }
+                    let digest = try FileOperations.digest(ofFileAt: part, expected.algorithm)
+                    guard expected.matches(digest) else {
+                        mismatch = digest
+                        throw DownloadError(.checksumMismatch, "checksum mismatch")
+                    }
+                })
+        } catch {
+            guard let mismatch, let expected else { throw error }
+            let got = "\(expected.algorithm.name)=\(ExpectedChecksum.hexString(mismatch))"
+            if state?.adoption?.kept == true, !request.overwrite {
+                throw DownloadError(
+                    .checksumMismatch,
+                    "checksum mismatch: expected \(expected), got \(got); the file was continued from another program's partial download, which may differ from the server's between the samples compared: it is kept as \(paths.part), and nothing was saved at \(paths.destination)",
+                    remedy: .overwrite(.downloadAgain))
+            }
+            try discardLeftovers(paths)
+            throw DownloadError(
+                .checksumMismatch,
+                "checksum mismatch: expected \(expected), got \(got); the downloaded data was deleted and nothing was saved at \(paths.destination)"
+            )
+        }
+        let mark: CompletionMark
+        switch found {
+        case .none: return .none
+        case .failedCheck: return .failedCheck
+        case .finished(let finished): mark = finished
+        }
+        if state?.adoption?.origin == .aria2 { ForeignPartial.removeControlFile(of: paths.destination) }
+        emit(.destinationResolved(paths.destination))
+        emit(
+            .resuming(
+                from: mark.length,
+                note: "the previous run had finished writing \(paths.part) (all \(mark.length) bytes read back to the "
+                    + "CRC32C it recorded) but was stopped before moving it into place; moved it there, nothing fetched"))
+        return .finished(
+            DownloadResult(
+                destination: paths.destination, bytes: mark.length, bytesTransferred: 0, resumedFrom: mark.length,
+                alreadyComplete: false, checksum: expected))
+    }
+
+    /// What ``finishMarkedPart(_:state:)`` did.
+    private enum MarkedPartOutcome {
+        case none
+        case finished(DownloadResult)
+        case failedCheck
     }
 
     /// Whether a file at the destination that Stitch did not finish may be replaced by the finished download: with

@@ -279,7 +279,7 @@ public enum Connections {
 public struct VerifyReport: Sendable, Hashable {
     /// Bytes per checksummed piece (the last piece may be shorter).
     public var pieceSize: Int64
-    /// Pieces that had a checksum and were read back.
+    /// Pieces whose durable bytes had checksums (a whole piece's, or proofs of its durable parts) and were read back.
     public var piecesChecked: Int
     /// Pieces whose bytes did not match; they are now marked to be fetched again.
     public var damagedPieces: [DamagedPiece]

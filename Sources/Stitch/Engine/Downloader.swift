@@ -73,8 +73,9 @@ public struct Downloader: Sendable {
     /// Re-reads the checksummed pieces of the partial download at `destination` and marks every damaged one as
     /// not downloaded, so that the next ``download(_:options:onEvent:)`` fetches only those pieces again.
     ///
-    /// Finds torn or rotted writes after a crash without asking the server. Pieces are recorded once they are
-    /// durable; a piece written by two connections, or not yet durable, has no checksum and is not checked.
+    /// Finds torn or rotted writes after a crash without asking the server. A piece's checksum is recorded once all
+    /// of it is durable; the durable bytes of a piece not yet complete have checksums of their own (proofs, by
+    /// range), checked too. Bytes not yet durable are not checked.
     /// - Throws: ``DownloadError`` (`.nothingToResume`, `.unusableState`, `.io`).
     public static func verify(at destination: String) throws -> VerifyReport {
         let paths = DownloadPaths(destination: absolutePath(destination))
@@ -90,17 +91,25 @@ public struct Downloader: Sendable {
         let (store, point) = try PartStore.reopen(paths: paths, state: state)
         defer { store.unlock() }
         // After a reboot reopen has checked and cut the damaged pieces already.
-        let damaged = (point.damagedPieces + store.damagedPieces()).sorted()
-        try store.invalidate(pieces: damaged)
-        let snapshot = store.snapshot
-        let total = snapshot.validators.totalLength ?? 0
+        let before = store.snapshot
+        let check = store.check()
+        let damaged = Array(Set(point.damagedPieces + check.damaged)).sorted()
+        var ranges: [DamagedPiece] = []
+        if let total = before.validators.totalLength {
+            try store.invalidate(pieces: check.damaged)
+            ranges = damaged.map { index in
+                let start = Int64(index) * before.pieceSize
+                return DamagedPiece(index: index, bytes: start..<min(start + before.pieceSize, total))
+            }
+        } else if let end = check.provenEnd, let only = before.segments.first, end < only.durable {
+            // One prefix (an unknown length): cut where its checks stop holding; all from there is fetched again.
+            let index = Int(end / before.pieceSize)
+            try store.invalidate(pieces: [index])
+            ranges = [DamagedPiece(index: index, bytes: end..<only.durable)]
+        }
         return VerifyReport(
-            pieceSize: snapshot.pieceSize,
-            piecesChecked: snapshot.pieces.count { $0 != nil } + damaged.count,
-            damagedPieces: damaged.map { index in
-                let start = Int64(index) * snapshot.pieceSize
-                return DamagedPiece(index: index, bytes: start..<min(start + snapshot.pieceSize, total))
-            })
+            pieceSize: before.pieceSize, piecesChecked: check.checked + point.damagedPieces.count,
+            damagedPieces: ranges)
     }
 
     /// Checks that `url` is one the engine can download (http or https, with a host).

@@ -126,14 +126,20 @@ public final class DownloadList {
     }
 
     /// Pauses every queued and running download (``DownloadManager/pauseAll()``).
-    public func pauseAll() async {
-        await manager.pauseAll()
+    public func pauseAll() async throws {
+        do { try await manager.pauseAll() } catch {
+            await refresh()
+            throw error
+        }
         await refresh()
     }
 
     /// Queues every paused download again (``DownloadManager/resumeAll()``).
-    public func resumeAll() async {
-        await manager.resumeAll()
+    public func resumeAll() async throws {
+        do { try await manager.resumeAll() } catch {
+            await refresh()
+            throw error
+        }
         await refresh()
     }
 

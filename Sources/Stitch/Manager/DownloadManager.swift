@@ -138,6 +138,12 @@ public actor DownloadManager {
     public nonisolated let restoreReport: RestoreReport
 
     private let catalog: Catalog
+    /// The manager runs on threads of its own, not on the cooperative pool: each change is committed to the catalog,
+    /// and synced, before the call returns (``BlockingSerialExecutor``).
+    private let executor = BlockingSerialExecutor()
+    /// The executor the manager's work runs on: a serial executor over the blocking pool's threads, so that a catalog
+    /// sync never holds a thread of the cooperative pool.
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
     private let downloader: Downloader
     /// The limit over all downloads; always there, switched off without a limit, so that a limit set later applies
     /// to running downloads too.
@@ -153,6 +159,8 @@ public actor DownloadManager {
     private var nextSubscriber = 0
     private var idleWaiters: [CheckedContinuation<Void, Never>] = []
     private var isClosed = false
+    /// Downloads whose last status change the catalog did not take (``transition(_:_:)``).
+    private var unsaved: Set<DownloadID> = []
 
     private struct Managed {
         var entry: CatalogEntry
@@ -433,15 +441,17 @@ public actor DownloadManager {
 
     /// Stops a queued or running download, keeping its partial data; ``resume(_:)`` queues it again.
     public func pause(_ id: DownloadID) throws {
-        try transition(id, .pause)
+        let notKept = try transition(id, .pause)
         stopRun(id)
+        if let notKept { throw notKept }
     }
 
     /// Queues a paused or failed download again; it continues from its saved partial data.
     public func resume(_ id: DownloadID) throws {
-        try transition(id, .resume)
+        let notKept = try transition(id, .resume)
         resetMirrors(id)
         schedule()
+        if let notKept { throw notKept }
     }
 
     /// Every mirror is worth a try again once the user resumes a download.
@@ -453,8 +463,9 @@ public actor DownloadManager {
 
     /// Stops a download for good unless resumed: it becomes failed (cancelled) and keeps its partial data.
     public func cancel(_ id: DownloadID) throws {
-        try transition(id, .cancel)
+        let notKept = try transition(id, .cancel)
         stopRun(id)
+        if let notKept { throw notKept }
     }
 
     /// Removes a download from the manager, stopping it first.
@@ -492,19 +503,32 @@ public actor DownloadManager {
     }
 
     /// Pauses every queued and running download.
-    public func pauseAll() {
+    /// - Throws: ``DownloadManagerError`` when the catalog did not take a change (every download is paused all the
+    ///   same; the first error is thrown).
+    public func pauseAll() throws {
+        try checkOpen()
+        var first: (any Error)?
         for id in order where table[id]?.status == .queued || table[id]?.status == .running {
-            try? pause(id)
+            do { try pause(id) } catch { first = first ?? error }
         }
+        if let first { throw first }
     }
 
     /// Queues every paused download again (not failed ones: ``resume(_:)`` retries those one by one).
-    public func resumeAll() {
+    /// - Throws: ``DownloadManagerError`` when the catalog did not take a change (as ``pauseAll()``).
+    public func resumeAll() throws {
+        try checkOpen()
+        var first: (any Error)?
         for id in order where table[id]?.status == .paused {
-            try? transition(id, .resume)
+            do {
+                if let notKept = try transition(id, .resume) { first = first ?? notKept }
+            } catch {
+                first = first ?? error
+            }
             resetMirrors(id)
         }
         schedule()
+        if let first { throw first }
     }
 
     /// Where in the queue to put a download.
@@ -875,6 +899,7 @@ public actor DownloadManager {
         for task in tasks { await task.value }
         // What running downloads learnt (their file's path, its length) is saved for the next manager.
         for (_, managed) in table where managed.status == .running { try? catalog.update(managed.entry) }
+        saveUnsaved()
         for (_, subscriber) in subscribers { subscriber.continuation.finish() }
         subscribers.removeAll()
         catalog.close()
@@ -926,18 +951,38 @@ public actor DownloadManager {
         return sorted
     }
 
-    /// Applies a user's action, persisting and announcing the new status.
-    private func transition(_ id: DownloadID, _ action: DownloadAction) throws {
+    /// Applies `action` to download `id`; throws if it cannot be applied. Returns the catalog's error when the
+    /// change was made but not kept: the caller finishes what the change needs (stopping the run, scheduling) and
+    /// then throws it, so a client is never told a change is kept that a power cut would undo (an RPC's pause
+    /// answered while the disk failed was waiting after the reboot, PowerCutServeTests). The row is written again
+    /// with the next change and at close (``saveUnsaved()``).
+    @discardableResult
+    private func transition(_ id: DownloadID, _ action: DownloadAction) throws -> DownloadManagerError? {
         try checkOpen()
+        saveUnsaved()
         guard let managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
         guard let next = managed.status.after(action) else {
             throw DownloadManagerError(.illegalTransition(from: managed.status, action: action))
         }
-        setStatus(id, next)
+        return setStatus(id, next).map { DownloadManagerError(.catalog($0.description)) }
     }
 
-    private func setStatus(_ id: DownloadID, _ status: DownloadStatus) {
-        guard var managed = table[id], managed.status != status else { return }
+    /// Writes again the rows whose last change the catalog did not take.
+    private func saveUnsaved() {
+        for id in unsaved {
+            guard let entry = table[id]?.entry else {
+                unsaved.remove(id)
+                continue
+            }
+            if (try? catalog.update(entry)) != nil { unsaved.remove(id) }
+        }
+    }
+
+    /// Sets the status, and writes it to the catalog unless it is `running` or `removed`; returns the catalog's
+    /// error if that write failed.
+    @discardableResult
+    private func setStatus(_ id: DownloadID, _ status: DownloadStatus) -> CatalogError? {
+        guard var managed = table[id], managed.status != status else { return nil }
         activeCount += (Self.isActive(status) ? 1 : 0) - (Self.isActive(managed.status) ? 1 : 0)
         if status == .queued { queueCache = nil }
         managed.status = status
@@ -956,15 +1001,23 @@ public actor DownloadManager {
         // `running` is not written: a download the catalog says is queued is restored exactly like a running one,
         // and the many-small-files case pays one catalog write per download instead of several. The whole row goes
         // in, so the path and length learnt while running are saved with the status that follows.
-        // A catalog that cannot be written is reported by the next call that can throw; the status change
-        // itself is what the user asked for and stands.
+        // A catalog that cannot be written is reported to the caller that asked for the change (and by the next
+        // call that can throw); the status change itself is what the user asked for and stands.
+        var failure: CatalogError?
         if status != .removed && status != .running {
             managed.entry.updatedAt = Date().timeIntervalSince1970
             table[id] = managed
-            try? catalog.update(managed.entry)
+            do {
+                try catalog.update(managed.entry)
+                unsaved.remove(id)
+            } catch {
+                failure = error
+                unsaved.insert(id)
+            }
         }
         publish(.statusChanged(id, status))
         if isIdle { resumeIdleWaiters() }
+        return failure
     }
 
     /// Starts queued downloads while slots are free, in queue order, skipping those whose host is at its cap.
@@ -1467,6 +1520,9 @@ final class PathClaims: Sendable {
             if partial.destinationExists {
                 return partial.completion.map { urls.contains($0.url) } ?? false
             }
+            // A part file another download finished writing (its completion mark set) is that download's: its next
+            // run moves it into place.
+            if let mark = partial.partCompletion { return urls.contains(mark.url) }
             // A part file another run holds (a small download has no state file yet) is taken.
             return !partial.partIsHeldByAnotherRun
         }

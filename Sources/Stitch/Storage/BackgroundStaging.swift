@@ -26,9 +26,10 @@ struct BackgroundStaging: Sendable {
         self.launch = String(UInt64.random(in: 1...UInt64.max), radix: 16)
     }
 
-    /// The first 16 hexadecimal digits of the boot id: what an accepted file's name says about its boot.
+    /// The boot id's hexadecimal digits (all of them: two boots may share a prefix, as the power-cut tests' ids
+    /// do): what an accepted file's name says about its boot.
     static var boot: String {
-        String(BootID.current.filter(\.isHexDigit).prefix(16)).lowercased()
+        String(BootID.current.filter(\.isHexDigit)).lowercased()
     }
 
     struct Accepted: Sendable, Hashable {
@@ -120,12 +121,18 @@ struct BackgroundStaging: Sendable {
         return ok
     }
 
-    /// Copies the file at `path` (all of it) into `store` at `start`, in 1 MiB chunks, so memory stays flat; returns
-    /// the CRC32C of every piece that lies wholly within the copied bytes (pieces of `pieceSize` from offset 0; the
-    /// last one ends at `total`).
-    static func copy(_ path: String, into store: PartStore, at start: Int64, pieceSize: Int64, total: Int64)
-        throws(DownloadError) -> [(piece: Int, crc: UInt32)]
-    {
+    /// Copies the file at `path` into `store` at `start`, in 1 MiB chunks, so memory stays flat; returns the CRC32C
+    /// of every piece that lies wholly within the copied bytes (pieces of `pieceSize` from offset 0; the last one
+    /// ends at `total`). `length`: the bytes the file must hold; a file of another size is refused with nothing
+    /// written.
+    static func copy(
+        _ path: String, length: Int64, into store: PartStore, at start: Int64, pieceSize: Int64, total: Int64
+    ) throws(DownloadError) -> [(piece: Int, crc: UInt32)] {
+        guard let found = size(of: path), found == length else {
+            throw DownloadError(
+                .io, "\(path) holds \(size(of: path).map(String.init) ?? "nothing"), not the \(length) bytes it was accepted with",
+                resumable: true)
+        }
         let input = retryingOnInterrupt { open(path, O_RDONLY | O_CLOEXEC) }
         guard input >= 0 else { throw .io("cannot read", path: path, .current) }
         defer { close(input) }

@@ -85,3 +85,60 @@ final class BlockingPool: Sendable {
         }
     }
 }
+
+extension BlockingPool {
+    /// Threads for the actors whose jobs may block on the disk (``BlockingSerialExecutor``): one per actor with work
+    /// queued, apart from the syncs and decisions of the other pools.
+    static let actors = BlockingPool(maximumThreads: 64)
+
+    /// Runs `job` on one of the pool's threads, without waiting for it.
+    func execute(_ job: @escaping @Sendable () -> Void) { submit(job) }
+}
+
+/// A serial executor whose jobs run on ``BlockingPool/actors``' threads: for an actor whose methods make blocking
+/// file-system calls, so that a slow disk holds that actor, never the cooperative pool every other task needs.
+///
+/// The download manager commits each change to its catalog before the call returns, with the write-ahead log synced
+/// (`synchronous=FULL`). On the cooperative pool, with one thread per core, a few managers waiting on a busy disk
+/// stopped every other task in the process: the test suite on a loaded machine saw downloads make no progress for a
+/// minute. As swift-nio's event loops, the actor gets a thread of its own while it has jobs; none while it is idle.
+final class BlockingSerialExecutor: SerialExecutor {
+    private struct State {
+        var jobs: [UnownedJob] = []
+        var draining = false
+    }
+    private let state = Mutex(State())
+    private let pool: BlockingPool
+
+    init(pool: BlockingPool = .actors) { self.pool = pool }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let start = state.withLock { state in
+            state.jobs.append(job)
+            if state.draining { return false }
+            state.draining = true
+            return true
+        }
+        if start { pool.execute { [self] in drain() } }
+    }
+
+    /// Runs the jobs in the order they came, until none is left; after a few batches the thread is given back and
+    /// the rest waits its turn in the pool (as swift-nio's event loops take turns), so that actors kept busy for good
+    /// cannot hold every thread from the others.
+    private func drain() {
+        let executor = asUnownedSerialExecutor()
+        for _ in 0..<16 {
+            let batch = state.withLock { state in
+                let batch = state.jobs
+                state.jobs = []
+                if batch.isEmpty { state.draining = false }
+                return batch
+            }
+            if batch.isEmpty { return }
+            for job in batch { job.runSynchronously(on: executor) }
+        }
+        // Still draining (no other drain can start): continue as a new job of the pool.
+        pool.execute { [self] in drain() }
+    }
+}

@@ -5,6 +5,12 @@ import Foundation
 /// extent is trusted.
 enum BootID {
     static let current: String = {
+        #if DEBUG
+        // Test builds only: the power-cut tests (Tests/StitchCLITests/PowerCutTests.swift) "reboot" a test file
+        // system that forgets what was never synced, and the next run must see another boot. A release build never
+        // reads this, so nothing in a user's environment can make stitch trust a live record across a real reboot.
+        if let id = ProcessInfo.processInfo.environment["STITCH_TEST_BOOT_ID"], !id.isEmpty { return id }
+        #endif
         let raw = (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? ""
         let id = raw.trimmingCharacters(in: .whitespacesAndNewlines)
         // Unknown: a value no other process shares, so only the durable extent is ever trusted.

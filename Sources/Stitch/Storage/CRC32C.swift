@@ -37,6 +37,13 @@ struct CRC32C: Sendable, Hashable {
         bytes.withUnsafeBytes { checksum($0) }
     }
 
+    /// The CRC-32C of `a ++ b` from `crc1` = CRC(`a`), `crc2` = CRC(`b`) and `length2` = the byte count of `b`, without
+    /// the data (x^(8·`length2`) mod P times `crc1`, xor `crc2`; zlib's `crc32_combine` for this polynomial).
+    static func combine(_ crc1: UInt32, _ crc2: UInt32, length2: Int64) -> UInt32 {
+        precondition(length2 >= 0, "a negative length")
+        return stitch_crc32c_combine(crc1, crc2, UInt64(length2))
+    }
+
     /// Whether `update` uses the SSE4.2 instruction (otherwise the table fallback).
     static var isHardwareAccelerated: Bool { stitch_crc32c_hardware_available() != 0 }
 

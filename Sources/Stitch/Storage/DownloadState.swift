@@ -3,7 +3,10 @@ import Foundation
 /// The state file beside a partial download (`NAME.stitch`): versioned JSON, rewritten atomically at each
 /// durable checkpoint. Documented in docs/state-file.md.
 struct DownloadState: Codable, Sendable, Hashable {
-    static let currentSchemaVersion = 2
+    /// The format this stitch writes.
+    static let currentSchemaVersion = 3
+    /// The formats it reads: 2 (written before proofs existed; upgraded at the next write) and 3.
+    static let readableSchemaVersions = 2...3
 
     var schemaVersion: Int = DownloadState.currentSchemaVersion
     /// The URL the user asked for (before redirects).
@@ -19,6 +22,10 @@ struct DownloadState: Codable, Sendable, Hashable {
     var pieceSize: Int64 = PieceLayout.minimumPieceSize
     /// CRC32C of each piece known to be durable and correct, by piece index; nil where not (yet) recorded.
     var pieces: [UInt32?] = []
+    /// CRC32C of the durable bytes no recorded piece covers, by range (format 3; empty in a format 2 state). Written
+    /// by every state write of a ``PartStore``: then every durable byte lies in a recorded piece or in exactly one
+    /// proof, and each proof lies within one piece and one segment's durable extent (``Proofs``).
+    var proofs: [Proof] = []
     /// Set for a download that began from another program's partial download (`--adopt`); absent otherwise (and
     /// in state files written before it existed).
     var adoption: AdoptionRecord? = nil
@@ -79,7 +86,56 @@ struct DownloadState: Codable, Sendable, Hashable {
             return "too many pieces"
         }
         if total == nil, !pieces.isEmpty { return "pieces without a length" }
+        if let problem = proofProblem() { return problem }
         return nil
+    }
+
+    /// What is wrong with `proofs`, or nil: each must be a non-empty range within one segment's durable extent and
+    /// (with a known length) within one piece, in order without overlapping, and there may be no more than a state
+    /// written by a checkpoint can hold.
+    private func proofProblem() -> String? {
+        guard !proofs.isEmpty else { return nil }
+        guard proofs.count <= Proofs.maximumCount else { return "too many proofs" }
+        let durable = segments.filter { $0.durable > $0.start }.sorted { $0.start < $1.start }
+        var previousEnd: Int64 = 0
+        for proof in proofs {
+            guard proof.start >= previousEnd, proof.end > proof.start else { return "impossible proof" }
+            guard durable.contains(where: { $0.start <= proof.start && proof.end <= $0.durable }) else {
+                return "proof outside the durable bytes"
+            }
+            if validators.totalLength != nil, proof.start / pieceSize != (proof.end - 1) / pieceSize {
+                return "proof across pieces"
+            }
+            previousEnd = proof.end
+        }
+        return nil
+    }
+}
+
+/// The CRC32C of the bytes `start..<end` of the part file, as they were when a checkpoint made them durable.
+struct Proof: Codable, Sendable, Hashable {
+    var start: Int64
+    var end: Int64
+    var crc: UInt32
+}
+
+extension DownloadState {
+    /// Decodes format 2 (which has no `proofs`) and format 3 (which must have them).
+    init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        schemaVersion = try container.decode(Int.self, forKey: .schemaVersion)
+        url = try container.decode(String.self, forKey: .url)
+        headers = try container.decode([String].self, forKey: .headers)
+        checksum = try container.decodeIfPresent(String.self, forKey: .checksum)
+        validators = try container.decode(Validators.self, forKey: .validators)
+        segments = try container.decode([Segment].self, forKey: .segments)
+        pieceSize = try container.decode(Int64.self, forKey: .pieceSize)
+        pieces = try container.decode([UInt32?].self, forKey: .pieces)
+        proofs = schemaVersion < 3 ? [] : try container.decode([Proof].self, forKey: .proofs)
+        adoption = try container.decodeIfPresent(AdoptionRecord.self, forKey: .adoption)
+        bootID = try container.decode(String.self, forKey: .bootID)
+        liveNonce = try container.decode(String.self, forKey: .liveNonce)
+        updatedAt = try container.decode(Int64.self, forKey: .updatedAt)
     }
 }
 
@@ -152,7 +208,7 @@ enum StateFile {
             let data = FileManager.default.contents(atPath: path),
             let version = (try? JSONDecoder().decode(VersionProbe.self, from: data))?.schemaVersion
         else { return true }
-        return version == DownloadState.currentSchemaVersion
+        return DownloadState.readableSchemaVersions.contains(version)
     }
 
     /// Reads the state at `path`; `nil` if there is none.
@@ -167,10 +223,11 @@ enum StateFile {
         guard let probe = try? decoder.decode(VersionProbe.self, from: Data(bytes)) else {
             throw DownloadError(.unusableState, "\(path) is corrupt (not a Stitch state file)")
         }
-        guard probe.schemaVersion == DownloadState.currentSchemaVersion else {
+        guard DownloadState.readableSchemaVersions.contains(probe.schemaVersion) else {
             throw DownloadError(
                 .unusableState,
-                "\(path) has state format \(probe.schemaVersion); this stitch reads format \(DownloadState.currentSchemaVersion)"
+                "\(path) has state format \(probe.schemaVersion); this stitch reads format \(DownloadState.currentSchemaVersion) "
+                    + "(and format 2, which it upgrades)"
             )
         }
         do {

@@ -32,15 +32,30 @@ public struct DownloadPaths: Sendable, Hashable {
 
     /// The paths for the file at `destination`.
     public init(destination: String) { self.destination = destination }
+
+    /// Creates the folder `directory` (and its parents) for downloads, durably: each folder created is synced into
+    /// its parent, so that a power cut cannot take a folder away with the files finished in it. One that exists is
+    /// fine.
+    public static func createFolder(_ directory: String) throws {
+        try FileOperations.createDirectory(directory)
+    }
 }
 
 /// The mark a finished download leaves on its file (an extended attribute), so that a rerun of the same
 /// command can say "already complete" instead of refusing to clobber a file it does not know.
+///
+/// It is set on the part file before the sync that precedes the rename into place, with the CRC32C of the whole
+/// file: the final record that every byte is durable, made durable by that same sync. A part file that carries it
+/// (a power cut before the rename, or before the rename's directory sync, became durable) is finished by the
+/// next run once its bytes read back to that CRC (``PartialDownload/finishMarkedPart(matching:verify:)``), not
+/// fetched again.
 struct CompletionMark: Codable, Hashable {
     static let attributeName = "user.stitch"
     var url: String
     var length: Int64
     var etag: String?
+    /// CRC32C of the file's `length` bytes; absent in marks written before it existed.
+    var crc32c: UInt32?
 
     static func read(at path: String) -> CompletionMark? {
         var buffer = [UInt8](repeating: 0, count: 16 * 1024)
@@ -51,6 +66,38 @@ struct CompletionMark: Codable, Hashable {
         #endif
         guard n > 0 else { return nil }
         return try? JSONDecoder().decode(CompletionMark.self, from: Data(buffer[0..<n]))
+    }
+
+    /// The mark on the open file `fd`, if it has one that reads.
+    static func read(fd: Int32) -> CompletionMark? {
+        var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+        #if canImport(Darwin)
+        let n = buffer.withUnsafeMutableBytes { fgetxattr(fd, attributeName, $0.baseAddress, $0.count, 0, 0) }
+        #else
+        let n = buffer.withUnsafeMutableBytes { fgetxattr(fd, attributeName, $0.baseAddress, $0.count) }
+        #endif
+        guard n > 0 else { return nil }
+        return try? JSONDecoder().decode(CompletionMark.self, from: Data(buffer[0..<n]))
+    }
+
+    /// Sets the mark on the open file `fd`. Best effort: a file system without user xattrs only loses the "already
+    /// complete" message and the finish of a part file whose rename a power cut undid.
+    func write(fd: Int32) {
+        guard let data = try? JSONEncoder().encode(self) else { return }
+        #if canImport(Darwin)
+        _ = data.withUnsafeBytes { fsetxattr(fd, Self.attributeName, $0.baseAddress, $0.count, 0, 0) }
+        #else
+        _ = data.withUnsafeBytes { fsetxattr(fd, Self.attributeName, $0.baseAddress, $0.count, 0) }
+        #endif
+    }
+
+    /// Removes the mark from the open file `fd` (best effort).
+    static func remove(fd: Int32) {
+        #if canImport(Darwin)
+        _ = fremovexattr(fd, attributeName, 0)
+        #else
+        _ = fremovexattr(fd, attributeName)
+        #endif
     }
 }
 
@@ -64,8 +111,13 @@ struct ResumePoint: Sendable {
     var note: String?
     /// The state was written in another boot: the durable pieces are worth re-checking.
     var rebooted = false
-    /// The recorded pieces found damaged and cut when reopening after a reboot (they are fetched again).
+    /// The pieces whose recorded checksum or proof failed when reopening after a reboot, cut (fetched again).
     var damagedPieces: [Int] = []
+    /// The pieces holding durable bytes that no checksum proved when reopening after a reboot (a state an older
+    /// stitch wrote), cut (fetched again).
+    var unprovenPieces: [Int] = []
+    /// Durable bytes of the state that the check after a reboot (or a fallback) did not keep.
+    var cutBytes: Int64 = 0
 }
 
 /// Owns what is on disk for one download. Every write the crash rules depend on goes through here.
@@ -179,14 +231,22 @@ final class PartStore: @unchecked Sendable {
     /// Reopens a partial download from its state file and decides how much of each segment to trust: the live
     /// record's extent within the same boot, else the durable extent. Untrusted bytes are fetched again.
     ///
+    /// After a reboot (the state names another boot), before anything is written, every recorded piece and every
+    /// proof is read back (``Proofs/check(_:read:)``): a piece whose check fails, or that holds durable bytes no
+    /// checksum covers (a format 2 state), is cut, so a disk that acknowledged a sync but dropped the data costs
+    /// a refetch, never a wrong file.
+    ///
     /// `fromPrevious`: `state` was read from ``DownloadPaths/previousState`` because the state file is damaged. Then
-    /// the live record is not applied (it cannot prove anything the previous state's checksums do not), every
-    /// piece no recorded checksum proves is cut (``unprovenPieces()``) before anything is written, and the first
+    /// the live record is not applied (it cannot prove anything the previous state's checksums do not), the same
+    /// check cuts every piece its checksums do not prove before anything is written, and the first
     /// state written replaces the damaged file while the previous generation stays: a crash or an error at any
     /// point leaves either the damaged file beside the previous one (the next run falls back again) or a state
     /// that claims only proven bytes.
+    ///
+    /// `recheck`: treat the state as if written before a reboot (the live record is not applied, everything is
+    /// checked): the disk was found not to hold what a run wrote (a completion mark whose CRC the bytes failed).
     static func reopen(
-        paths: DownloadPaths, state: DownloadState, fromPrevious: Bool = false
+        paths: DownloadPaths, state: DownloadState, fromPrevious: Bool = false, recheck: Bool = false
     ) throws(DownloadError) -> (PartStore, ResumePoint) {
         let fd = try openLocked(paths)
         // The state was read before the lock; another run may have finished or restarted in between.
@@ -224,18 +284,30 @@ final class PartStore: @unchecked Sendable {
         var note: String?
         let rebooted = state.bootID != BootID.current
         let liveWritten =
-            state.bootID == BootID.current && !fromPrevious ? LiveRecord.read(at: paths.live, nonce: state.nonce) : nil
+            !rebooted && !fromPrevious && !recheck ? LiveRecord.read(at: paths.live, nonce: state.nonce) : nil
         if rebooted, state.segments.contains(where: { $0.durable < min($0.end ?? Int64.max, size) }) {
             note = "the machine restarted since the last run; trusting only the \(state.durableBytes) bytes synced to disk"
         }
-        if fromPrevious && state.validators.totalLength == nil {
-            // No length, no piece checksums: the previous state proves nothing (the tail is cut below).
-            state.segments = wholeFile(state.validators)
-            state.pieces = []
-        } else if state.segments.contains(where: { $0.durable > $0.start && $0.durable > size }) {
+        let claimed = state.durableBytes
+        var check: Proofs.Check?
+        if state.segments.contains(where: { $0.durable > $0.start && $0.durable > size }) {
             note = "the part file is shorter than its state records; starting over"
             state.segments = wholeFile(state.validators)
             state.pieces = []
+            state.proofs = []
+        } else if rebooted || fromPrevious || recheck {
+            // Nothing durable is taken on the disk's word: every recorded piece and proof is read back now, and what
+            // fails or was never proven is cut below, before anything is written.
+            let found = Proofs.check(state) { (start, end, crc) throws(DownloadError) in
+                try Self.checksum(of: fd, from: start, to: end, continuing: crc)
+            }
+            check = found
+            if let end = found.provenEnd, var only = state.segments.first {
+                // One prefix (an unknown length): kept up to the first chunk that fails or that nothing proves.
+                only.durable = max(only.start, min(only.durable, end))
+                state.segments = [only]
+                state.proofs = state.proofs.filter { $0.end <= only.durable }
+            }
         } else {
             for index in state.segments.indices {
                 var segment = state.segments[index]
@@ -264,23 +336,17 @@ final class PartStore: @unchecked Sendable {
         // data it vouches for is durable.
         let store = PartStore(paths: paths, fd: fd, live: live, state: state)
         // Pieces are checked before the first state write: a state with this boot's id is never checked again.
-        var damaged: [Int] = []
-        if fromPrevious {
-            store.replacesDamagedState = true
-            // Writes the checked state (when something is cut) as the first state since the fallback.
-            try store.invalidate(pieces: store.unprovenPieces())
-        } else if rebooted {
-            // After a power cut even durable bytes may be torn: re-check every recorded piece.
-            damaged = store.damagedPieces()
-            try store.invalidate(pieces: damaged)
-        }
+        // After a fallback, the first state written (the checked one) replaces the damaged file.
+        if fromPrevious { store.replacesDamagedState = true }
+        if let check { try store.invalidate(pieces: check.cut) }
         try store.checkpoint(force: true)
         let checked = store.snapshot
         return (
             store,
             ResumePoint(
                 bytes: checked.durableBytes, prefix: checked.durablePrefix, note: note, rebooted: rebooted,
-                damagedPieces: damaged)
+                damagedPieces: check?.damaged ?? [], unprovenPieces: check?.unproven ?? [],
+                cutBytes: check == nil ? 0 : max(0, claimed - checked.durableBytes))
         )
     }
 
@@ -317,6 +383,56 @@ final class PartStore: @unchecked Sendable {
         return DownloadError(
             .io, "\(paths.destination) is being downloaded by another stitch run; wait for it to end or stop it",
             cause: error, resumable: true)
+    }
+
+    /// Finishes the part file an earlier run finished writing but did not rename into place (a power cut or a kill
+    /// between the sync that made its completion mark durable and the rename, or before the rename's directory sync
+    /// was): when its mark has a CRC, is this download's (`matching`: URL, length, validators), the file has the
+    /// marked length and its bytes read back to the marked CRC32C, then `verify` (an expected digest, read from the
+    /// file) is asked, the file is renamed into place, the directory synced and the sidecars removed. Returns the
+    /// mark then. Returns nil, changing nothing, when there is no such part file or mark; a mark whose CRC the
+    /// bytes do not match is removed (and nil returned): the ordinary resume decides what the bytes are worth.
+    /// - Throws: another run holds the part file; `verify`'s error; the rename or the directory sync failed.
+    static func finishMarkedPart(
+        at paths: DownloadPaths, matching: (CompletionMark) -> Bool,
+        verify: (_ part: String) throws(DownloadError) -> Void
+    ) throws(DownloadError) -> MarkedPart {
+        let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+        guard fd >= 0 else { return .none }
+        defer { unlockAndClose(fd) }
+        guard let mark = CompletionMark.read(fd: fd), let expected = mark.crc32c, matching(mark) else { return .none }
+        if let busy = lock(fd, paths) { throw busy }
+        var opened = stat()
+        var named = stat()
+        guard fstat(fd, &opened) == 0, stat(paths.part, &named) == 0, opened.st_ino == named.st_ino,
+            opened.st_dev == named.st_dev
+        else { return .none }
+        guard Int64(opened.st_size) == mark.length,
+            (try? checksum(of: fd, from: 0, to: mark.length, continuing: 0)) == expected
+        else {
+            CompletionMark.remove(fd: fd)
+            return .failedCheck(mark)
+        }
+        try verify(paths.part)
+        guard rename(paths.part, paths.destination) == 0 else {
+            throw .io("cannot rename into place", path: paths.destination, .current)
+        }
+        try DirectorySync.shared.sync((paths.destination as NSString).deletingLastPathComponent)
+        // The previous generation first: a state file left alone always has the newest beside it.
+        unlink(paths.previousState)
+        for sidecar in paths.sidecars { unlink(sidecar) }
+        return .finished(mark)
+    }
+
+    /// What ``finishMarkedPart(at:matching:verify:)`` found.
+    enum MarkedPart {
+        /// No part file, or none with this download's completion mark (with a CRC).
+        case none
+        /// The part file was complete: it is at the destination now.
+        case finished(CompletionMark)
+        /// The part file carried the mark, but its size or bytes do not match it: the disk does not hold what the
+        /// run wrote. The mark is removed; nothing the state calls durable may be taken on the disk's word.
+        case failedCheck(CompletionMark)
     }
 
     /// Removes the part file, state and live record an earlier run left at `paths` — unless a running download
@@ -466,20 +582,10 @@ final class PartStore: @unchecked Sendable {
             for index in next.segments.indices {
                 next.segments[index].durable = Self.written(next.segments[index], live.load(slot: index))
             }
-            let pending = pendingPieces.withLock { $0 }
-            // A piece's checksum is recorded once all of its bytes are in this checkpoint.
-            var recorded: [Int] = []
-            if let total = next.validators.totalLength {
-                for (piece, crc) in pending {
-                    let start = Int64(piece) * next.pieceSize
-                    let end = min(start + next.pieceSize, total)
-                    guard next.segments.contains(where: { $0.start <= start && end <= $0.durable }) else { continue }
-                    if next.pieces.count <= piece { next.pieces += Array(repeating: nil, count: piece + 1 - next.pieces.count) }
-                    next.pieces[piece] = crc
-                    recorded.append(piece)
-                }
-            }
-            if next.segments == state.segments && recorded.isEmpty && !force { return }
+            // A piece's checksum is recorded once all of its bytes are in this checkpoint; the other durable bytes
+            // are proven (the new bytes of pieces not yet complete are read back, from the page cache).
+            try prove(&next, from: state)
+            if next == state && !force { return }
             guard syncData(fd) == 0 else {
                 let error = Errno.current
                 broken.store(true, ordering: .releasing)
@@ -494,8 +600,15 @@ final class PartStore: @unchecked Sendable {
                 fd, from: state.segments, to: next.segments, keepingBelow: cacheKeptBelow.load(ordering: .relaxed))
             state = next
             durable.store(next.durableBytes, ordering: .releasing)
-            pendingPieces.withLock { pending in
-                for piece in recorded { pending[piece] = nil }
+            forgetRecordedPieces(next)
+        }
+    }
+
+    /// Drops the pending checksums of pieces `state` records.
+    private func forgetRecordedPieces(_ state: DownloadState) {
+        pendingPieces.withLock { pending in
+            for piece in pending.keys where piece < state.pieces.count && state.pieces[piece] != nil {
+                pending[piece] = nil
             }
         }
     }
@@ -534,74 +647,86 @@ final class PartStore: @unchecked Sendable {
     /// changeable for tests.
     let cacheKeptBelow = Atomic<Int64>(1 << 30)
 
-    /// The pieces holding bytes the state counts as written that no recorded checksum vouches for: those without
-    /// one (a piece not yet complete at the checkpoint) and those whose bytes no longer match it. After falling
-    /// back to the previous state, only the rest is kept. Empty when the length is unknown (no pieces).
-    func unprovenPieces() -> [Int] {
-        let snapshot = self.snapshot
-        guard let total = snapshot.validators.totalLength, total > 0 else { return [] }
-        let size = snapshot.pieceSize
-        var unproven: Set<Int> = []
-        for (slot, segment) in snapshot.segments.enumerated() {
-            let written = Self.written(segment, live.load(slot: slot))
-            guard written > segment.start else { continue }
-            for piece in Int(segment.start / size)...Int((written - 1) / size) {
-                let start = Int64(piece) * size
-                let end = min(start + size, total)
-                guard piece < snapshot.pieces.count, let recorded = snapshot.pieces[piece],
-                    checksum(from: start, to: end) == recorded
-                else {
-                    unproven.insert(piece)
-                    continue
-                }
-            }
-        }
-        return unproven.sorted()
-    }
-
     /// A writer finished piece `index` with checksum `crc` (recorded at the checkpoint that makes it durable).
     func notePiece(_ index: Int, crc: UInt32) {
         pendingPieces.withLock { $0[index] = crc }
     }
 
-    /// Re-reads every recorded piece and returns the indices whose bytes no longer match their checksum.
-    func damagedPieces() -> [Int] {
+    /// Reads back every recorded piece and every proof of the current state and compares them with the bytes
+    /// (``Proofs/check(_:read:)``): what ``Downloader/verify(at:)`` reports and cuts.
+    func check() -> Proofs.Check {
         let snapshot = self.snapshot
-        guard let total = snapshot.validators.totalLength else { return [] }
-        var damaged: [Int] = []
-        for (index, recorded) in snapshot.pieces.enumerated() {
-            guard let recorded else { continue }
-            let start = Int64(index) * snapshot.pieceSize
-            let end = min(start + snapshot.pieceSize, total)
-            if checksum(from: start, to: end) != recorded { damaged.append(index) }
+        return Proofs.check(snapshot) { (start, end, crc) throws(DownloadError) in
+            try Self.checksum(of: fd, from: start, to: end, continuing: crc)
         }
-        return damaged
     }
 
-    /// CRC32C of `start..<end` of the part file, read in 1 MiB chunks (memory stays flat for any piece size);
-    /// nil if the file is shorter.
+    /// CRC32C of `start..<end` of the part file, read in chunks of up to 1 MiB (memory stays flat for any piece
+    /// size); nil if the file is shorter.
     func checksum(from start: Int64, to end: Int64) -> UInt32? {
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        try? Self.checksum(of: fd, from: start, to: end, continuing: 0)
+    }
+
+    /// `crc` continued over `start..<end` of the file `fd`; throws when the file is shorter or cannot be read.
+    static func checksum(of fd: Int32, from start: Int64, to end: Int64, continuing crc: UInt32) throws(DownloadError)
+        -> UInt32
+    {
+        guard end > start else { return crc }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(min(end - start, 1 << 20)), alignment: 16)
         defer { buffer.deallocate() }
-        var crc = CRC32C()
+        var crc = CRC32C(value: crc)
         var at = start
         while at < end {
             let count = Int(min(Int64(buffer.count), end - at))
-            let target = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count])
-            guard read(into: target, at: at) == count else { return nil }
-            crc.update(UnsafeRawBufferPointer(target))
+            var done = 0
+            while done < count {
+                let n = retryingOnInterrupt {
+                    pread(fd, buffer.baseAddress! + done, count - done, off_t(at) + off_t(done))
+                }
+                if n < 0 { throw DownloadError(.io, "cannot read back the saved bytes: \(Errno.current)", resumable: true) }
+                if n == 0 {
+                    throw DownloadError(
+                        .io, "the part file ends at \(at + Int64(done)), before the \(end) bytes saved in it",
+                        resumable: true)
+                }
+                done += n
+            }
+            crc.update(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
             at += Int64(count)
         }
         return crc.value
     }
 
+    /// Brings `next`'s piece checksums and proofs up to date (``Proofs/update(_:previous:pending:read:)``), from the
+    /// proofs of `current` (less those in `cut` pieces), the writers' pending checksums and the part file. Returns
+    /// the pieces whose pending checksum it recorded. Call with the state lock held.
+    @discardableResult
+    private func prove(_ next: inout DownloadState, from current: DownloadState, cut: Set<Int> = []) throws(DownloadError)
+        -> [Int]
+    {
+        var pending = pendingPieces.withLock { $0 }
+        var previous = current.proofs
+        if !cut.isEmpty {
+            for piece in cut { pending[piece] = nil }
+            previous.removeAll { cut.contains(Int($0.start / current.pieceSize)) }
+        }
+        let fd = self.fd
+        return try Proofs.update(&next, previous: previous, pending: pending) { (start, end, crc) throws(DownloadError) in
+            try Self.checksum(of: fd, from: start, to: end, continuing: crc)
+        }
+    }
+
     /// Marks pieces as not downloaded, so that only they are fetched again: the segment list is rebuilt (durable
-    /// bytes outside the pieces stay), their checksums dropped, and a new nonce voids the live record's slots.
+    /// bytes outside the pieces stay), their checksums and proofs dropped, and a new nonce voids the live record's
+    /// slots. With an unknown length (one prefix) the download is cut at the first of them.
     func invalidate(pieces damaged: [Int]) throws(DownloadError) {
         guard !damaged.isEmpty else { return }
         try state.withLock { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
-            guard let total = state.validators.totalLength else { return }
+            guard let total = state.validators.totalLength else {
+                try cutPrefix(&state, at: Int64(damaged.min()!) * state.pieceSize)
+                return
+            }
             var done: [(Int64, Int64)] = state.segments.enumerated().map { index, segment in
                 (segment.start, Self.written(segment, live.load(slot: index)))
             }.filter { $0.0 < $0.1 }
@@ -631,6 +756,8 @@ final class PartStore: @unchecked Sendable {
             for piece in damaged where piece < next.pieces.count { next.pieces[piece] = nil }
             next.liveNonce = Self.newNonce()
             next.updatedAt = now()
+            // The kept bytes proven (those only written so far read back); nothing of the cut pieces is reused.
+            try prove(&next, from: state, cut: Set(damaged))
             // Durable data first: the kept bytes may have been only written, not yet synced.
             guard syncData(fd) == 0 else {
                 broken.store(true, ordering: .releasing)
@@ -643,7 +770,39 @@ final class PartStore: @unchecked Sendable {
             pendingPieces.withLock { pending in
                 for piece in damaged { pending[piece] = nil }
             }
+            forgetRecordedPieces(next)
             durable.store(next.durableBytes, ordering: .releasing)
+        }
+    }
+
+    /// Cuts the one segment of a download of unknown length at `offset` (when it is written past it): the bytes from
+    /// there are fetched again, and the file is cut there (its end is where the data ends). Call with the state
+    /// lock held.
+    private func cutPrefix(_ state: inout DownloadState, at offset: Int64) throws(DownloadError) {
+        guard let only = state.segments.first, state.segments.count == 1 else { return }
+        let written = Self.written(only, live.load(slot: 0))
+        let kept = max(only.start, offset)
+        guard kept < written else { return }
+        var next = state
+        next.segments[0].durable = kept
+        next.proofs.removeAll { $0.end > kept }
+        next.liveNonce = Self.newNonce()
+        next.updatedAt = now()
+        var current = state
+        current.proofs = next.proofs
+        try prove(&next, from: current)
+        // Durable data first: the kept bytes may have been only written, not yet synced.
+        guard syncData(fd) == 0 else {
+            broken.store(true, ordering: .releasing)
+            throw .io("cannot sync", path: paths.part, .current)
+        }
+        try writeState(next)
+        state = next
+        live.reset(nonce: next.nonce, written: [kept])
+        durable.store(next.durableBytes, ordering: .releasing)
+        guard ftruncate(fd, off_t(kept)) == 0 else {
+            broken.store(true, ordering: .releasing)
+            throw .io("cannot truncate", path: paths.part, .current)
         }
     }
 
@@ -683,6 +842,8 @@ final class PartStore: @unchecked Sendable {
             next.segments = Self.wholeFile(validators)
             next.pieceSize = PieceLayout.pieceSize(forTotal: validators.totalLength)
             next.pieces = []
+            next.proofs = []
+            next.schemaVersion = DownloadState.currentSchemaVersion
             // An adopted partial's bytes are gone: the download now replaces the file it began from.
             next.adoption?.kept = false
             pendingPieces.withLock { $0.removeAll() }
@@ -725,12 +886,20 @@ final class PartStore: @unchecked Sendable {
                 next.segments = Self.wholeFile(validators)
                 next.pieceSize = PieceLayout.pieceSize(forTotal: validators.totalLength)
                 next.pieces = []
+                next.proofs = []
                 next.liveNonce = Self.newNonce()
                 relaid = true
             }
             next.updatedAt = now()
+            if relaid {
+                next.schemaVersion = DownloadState.currentSchemaVersion
+            } else {
+                // A length learnt: the proofs of the chunks join into the pieces' (nothing is read again).
+                try prove(&next, from: state)
+            }
             try writeState(next, generation: relaid ? .remove : .keep)
             state = next
+            forgetRecordedPieces(next)
             if relaid {
                 live.reset(nonce: next.nonce, written: next.segments.map(\.durable))
                 pendingPieces.withLock { $0.removeAll() }
@@ -745,8 +914,10 @@ final class PartStore: @unchecked Sendable {
     func holes(before length: Int64) -> [Range<Int64>] { fileHoles(fd, before: length) }
 
     /// Completes the download: sync the data, mark it, rename it into place, sync the directory, then
-    /// remove the state and live record.
-    func finish(url: String, length: Int64) throws(DownloadError) {
+    /// remove the state and live record. `durableCleanup`: the removals are synced too (one more sync of the folder),
+    /// for a caller that forgets the download durably right after (the background driver removes its record: without
+    /// this sync a power cut left the sidecar files with no record to clean them up, PowerCutTests).
+    func finish(url: String, length: Int64, durableCleanup: Bool = false) throws(DownloadError) {
         try state.withLock { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
             // The file ends where the data ends (a preallocation past it, or an untrusted tail, is cut).
@@ -754,19 +925,27 @@ final class PartStore: @unchecked Sendable {
                 broken.store(true, ordering: .releasing)
                 throw .io("cannot truncate", path: paths.part, .current)
             }
-            let mark = CompletionMark(url: url, length: length, etag: state.validators.etag)
-            if let data = try? JSONEncoder().encode(mark) {
-                // Best effort: a file system without user xattrs only loses the "already complete" message.
-                #if canImport(Darwin)
-                _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0, 0) }
-                #else
-                _ = data.withUnsafeBytes { fsetxattr(fd, CompletionMark.attributeName, $0.baseAddress, $0.count, 0) }
-                #endif
+            // The whole file's CRC32C, from the piece checksums and proofs known (joined without the data) and the
+            // bytes none covers, read back (mostly pieces shared between connections, from the page cache).
+            var known = state.validators.totalLength == length ? pendingPieces.withLock { $0 } : [:]
+            if state.validators.totalLength == length {
+                for (piece, crc) in state.pieces.enumerated() { if let crc { known[piece] = crc } }
             }
+            let fd = self.fd
+            let crc = try Proofs.wholeFile(
+                length: length, pieceSize: state.pieceSize, pieces: known, ranges: state.proofs
+            ) { (start, end, crc) throws(DownloadError) in
+                try Self.checksum(of: fd, from: start, to: end, continuing: crc)
+            }
+            CompletionMark(url: url, length: length, etag: state.validators.etag, crc32c: crc).write(fd: fd)
             // fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes.
             guard syncFile(fd) == 0 else {
+                let error = Errno.current
                 broken.store(true, ordering: .releasing)
-                throw .io("cannot sync", path: paths.part, .current)
+                // The sync failed: the page cache may read back what the disk does not hold, so no later run may
+                // take the mark's word that the file is complete.
+                CompletionMark.remove(fd: fd)
+                throw .io("cannot sync", path: paths.part, error)
             }
             var info = stat()
             if fstat(fd, &info) == 0, info.st_nlink == 0 {
@@ -787,6 +966,7 @@ final class PartStore: @unchecked Sendable {
                 unlink(paths.state + ".tmp")
             }
             if live.isFileBacked { unlink(paths.live) }
+            if durableCleanup { try? syncDirectory(containing: paths.destination) }
         }
     }
 

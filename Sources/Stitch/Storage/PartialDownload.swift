@@ -1,3 +1,4 @@
+import CStitchSystem
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -52,14 +53,16 @@ struct PartialDownload: Sendable {
         }
     }
 
-    /// False only when neither a state file nor a destination file is at `paths` (both lookups say `ENOENT`): then
-    /// there is nothing of an earlier run to look at. Any other answer is for the full look to judge and report.
+    /// False only when no state file, destination file or part file is at `paths` (each lookup says `ENOENT`):
+    /// then there is nothing of an earlier run to look at. Any other answer is for the full look to judge and report.
     static func mayBeThere(_ paths: DownloadPaths) -> Bool {
         func mayExist(_ path: String) -> Bool {
             var info = stat()
             return lstat(path, &info) == 0 || errno != ENOENT
         }
-        return mayExist(paths.state) || mayExist(paths.destination)
+        // The part file too: a small download has no state file, and one finished but not yet renamed into place
+        // is finished by the look.
+        return mayExist(paths.state) || mayExist(paths.destination) || mayExist(paths.part)
     }
 
     /// Whether anything is at the destination.
@@ -74,6 +77,20 @@ struct PartialDownload: Sendable {
         var info = stat()
         guard stat(paths.destination, &info) == 0, Int64(info.st_size) == mark.length else { return nil }
         return mark
+    }
+
+    /// Finishes the part file an earlier run had finished writing (its completion mark set and synced) when a cut
+    /// came before its rename into place: see ``PartStore/finishMarkedPart(at:matching:verify:)``.
+    func finishMarkedPart(
+        matching: (CompletionMark) -> Bool, verify: (_ part: String) throws(DownloadError) -> Void
+    ) throws(DownloadError) -> PartStore.MarkedPart {
+        try PartStore.finishMarkedPart(at: paths, matching: matching, verify: verify)
+    }
+
+    /// The completion mark on the part file: a download that finished writing it but was stopped before its
+    /// rename into place (its next run finishes it).
+    var partCompletion: CompletionMark? {
+        CompletionMark.read(at: paths.part).flatMap { $0.crc32c == nil ? nil : $0 }
     }
 
     /// Whether another run holds the part file (a small download has no state file before its first
@@ -126,9 +143,23 @@ enum FileOperations {
         unlink(path)
     }
 
-    /// Creates `directory` and its parents; one that exists is fine.
+    /// Creates `directory` and its parents; one that exists is fine. Each folder it creates is made durable in its
+    /// parent (the parent is synced), so a power cut cannot take away a folder with the downloads finished in it: a
+    /// finish syncs the folder holding the file, not the folders above (PowerCutTests found a new `STATE` folder of
+    /// the background driver gone after a cut, with the downloads' files beside their destinations kept).
     static func createDirectory(_ directory: String) throws {
+        var missing: [String] = []
+        var current = directory
+        while !current.isEmpty, access(current, F_OK) != 0 {
+            missing.append(current)
+            let parent = (current as NSString).deletingLastPathComponent
+            if parent == current { break }
+            current = parent
+        }
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        for created in missing.reversed() {
+            try syncDirectory((created as NSString).deletingLastPathComponent)
+        }
     }
 
     /// The destinations whose state files lie in `directory` (`NAME` for each `NAME.stitch`), sorted.
