@@ -312,6 +312,75 @@ func renamedAndSynced(_ trace: [TraceLine], folder: String) -> Set<String> {
     return synced
 }
 
+/// Rule 2's order, read from the trace of a run that ended on its own (a persistence check in the manner of ALICE: it
+/// needs no cut to fire, so it also catches a missing sync whose loss a cut at the wrong moment would not show). For
+/// the downloads `names` in `folder`:
+/// - a file is renamed onto a download's state (`NAME.stitch`) or into place (`NAME`) only once its data is synced;
+/// - each state written after the first comes after a sync of the part file, unless nothing was written to it since
+///   the previous state (data before the state that describes it);
+/// - every such rename is followed by a sync of the folder before the same name is replaced again and before the run
+///   ends (a state or a destination that a power cut could take back is not durable).
+func durabilityOrderProblems(_ trace: [TraceLine], folder: String, names: [String]) -> [String] {
+    var watched: Set<String> = []
+    for name in names { watched.formUnion([name, name + ".stitch", name + ".stitch.prev"]) }
+    var unsynced: Set<String> = []
+    var awaitingFolderSync: Set<String> = []
+    // For each part file: written since its last sync; written (or left unsynced) since the last state; synced since
+    // the last state; and whether a state was written yet.
+    var writtenSinceSync: Set<String> = []
+    var claimable: Set<String> = []
+    var syncedSinceState: Set<String> = []
+    var statesWritten: Set<String> = []
+    var problems: [String] = []
+    for (step, line) in trace.enumerated() {
+        switch line.kind {
+        case "write", "truncate", "fallocate":
+            unsynced.insert(line.name)
+            if line.kind == "write" {
+                writtenSinceSync.insert(line.name)
+                claimable.insert(line.name)
+            }
+        case "fsync", "fdatasync":
+            unsynced.remove(line.name)
+            writtenSinceSync.remove(line.name)
+            syncedSinceState.insert(line.name)
+        case "fsyncdir" where line.name == folder:
+            awaitingFolderSync.removeAll()
+        case "rename" where watched.contains(line.target):
+            let target = line.target
+            if unsynced.contains(line.name) {
+                problems.append("step \(step): \(line.name) renamed onto \(target) before its data was synced")
+            }
+            if awaitingFolderSync.contains(target) {
+                problems.append(
+                    "step \(step): \(target) replaced again before the folder was synced after its previous rename")
+            }
+            if target.hasSuffix(".stitch") {
+                let part = String(target.dropLast(".stitch".count)) + ".part"
+                // Bytes this state may claim: those written since the previous state, and those that were not yet
+                // synced when it was written.
+                if statesWritten.contains(target) && claimable.contains(part) && !syncedSinceState.contains(part) {
+                    problems.append(
+                        "step \(step): a state of \(part) written with no sync of the bytes written since the last one")
+                }
+                statesWritten.insert(target)
+                syncedSinceState.remove(part)
+                if writtenSinceSync.contains(part) { claimable.insert(part) } else { claimable.remove(part) }
+            }
+            awaitingFolderSync.insert(target)
+            if unsynced.remove(line.name) != nil { unsynced.insert(target) }
+        case "rename":
+            if unsynced.remove(line.name) != nil { unsynced.insert(line.target) }
+        default:
+            break
+        }
+    }
+    for name in awaitingFolderSync.sorted() {
+        problems.append("\(name) was renamed, and the run ended without syncing its folder")
+    }
+    return problems
+}
+
 /// One line of a plfs trace: `SEQ KIND NAME [TO]`.
 struct TraceLine: Sendable, Hashable {
     var kind: String

@@ -28,6 +28,10 @@ struct PowerCutTests {
         var executable: String?
         /// Bytes the cut left durable that a rerun may fetch again: 0 but where a known cause is documented.
         var refetchAllowance = 0
+        /// How the server misbehaves for each file.
+        var faults: FaultPolicy = .none
+        /// The uncut run must take over part of another connection's segment (a steal splits it).
+        var steals = false
         var description: String { name }
     }
 
@@ -86,9 +90,19 @@ struct PowerCutTests {
         // twice, never a wrong file (the driver keeps its record and the state file apart; issue 30's note).
         refetchAllowance: 1 << 20)
 
+    /// `-c 4` where the last quarter's connection is slow: the other three finish theirs and take over parts of it (a
+    /// steal splits its segment in memory), so the checkpoints cut at every step record split segments.
+    static let steal = Kind(
+        name: "get -c 4 with a steal", files: [file("steal.bin", size: 8 << 20, seed: 8)], throttle: 4 << 20,
+        arguments: { rig in ["get", rig.server.url("/steal.bin"), "-o", "steal.bin", "-c", "4"] },
+        faults: FaultPolicy { request, _ in
+            request.header("Range")?.hasPrefix("bytes=\(6 << 20)-") == true ? .throttle(bytesPerSecond: 256 << 10) : .none
+        },
+        steals: true)
+
     /// Every kind, or those whose names contain `STITCH_POWERCUT_KINDS` (a comma-separated list) when it is set.
     static let kinds: [Kind] = {
-        let all = [single, four, limited, list, adopt, background]
+        let all = [single, four, steal, limited, list, adopt, background]
         guard let chosen = ProcessInfo.processInfo.environment["STITCH_POWERCUT_KINDS"], !chosen.isEmpty else {
             return all
         }
@@ -188,6 +202,9 @@ struct PowerCutTests {
         for problem in reference.problems { Issue.record(Comment(rawValue: problem)) }
         let lines = TraceLine.read(trace)
         try #require(!lines.isEmpty, "no trace of the second run")
+        for problem in durabilityOrderProblems(lines, folder: PowerCutRig.folderName, names: kind.files.map(\.name)) {
+            Issue.record(Comment(rawValue: "\(name) reference: \(problem)"))
+        }
         // The steps of what this path does first (before the part file is written again) and of its first
         // checkpoint; the finish and later checkpoints are everyStep's.
         let first = lines.first.map { "\($0.kind):\($0.target):1+" } ?? "-"
@@ -296,11 +313,21 @@ struct PowerCutTests {
         let run = try await rig.run(kind.arguments(rig), options: .init(trace: trace), executable: kind.executable)
         #expect(!run.cut)
         #expect(run.result.status == 0, "\(run.result)")
+        if kind.steals {
+            // A range asked for from inside another connection's segment: from within the last quarter.
+            let starts = rig.server.requests.compactMap { request in
+                request.header("Range").flatMap { Int($0.dropFirst("bytes=".count).prefix { $0 != "-" }) }
+            }
+            #expect(starts.contains { $0 > 6 << 20 }, "no steal; ranges from \(starts.sorted())")
+        }
         for problem in try await Self.checkFinished(rig, kind, label: "\(kind.name) reference") {
             Issue.record(Comment(rawValue: problem))
         }
         let lines = TraceLine.read(trace)
         try #require(!lines.isEmpty, "no trace")
+        for problem in durabilityOrderProblems(lines, folder: PowerCutRig.folderName, names: kind.files.map(\.name)) {
+            Issue.record(Comment(rawValue: "\(kind.name) reference: \(problem)"))
+        }
         var cuts: [String] = []
         for file in kind.files { cuts += stepCuts(lines, part: file.name + ".part") }
         return Array(Set(cuts)).sorted()
@@ -372,6 +399,9 @@ struct PowerCutTests {
         let first = try await rig.run(arguments, options: traced, executable: kind.executable)
         guard first.cut else {
             if first.result.status != 0 { problems.append("\(label), uncut: \(first.result)") }
+            let lines = TraceLine.read(traced.trace!)
+            problems += durabilityOrderProblems(lines, folder: PowerCutRig.folderName, names: kind.files.map(\.name))
+                .map { "\(label), uncut: \($0)" }
             problems += try await Self.checkFinished(rig, kind, label: label)
             return Outcome(spec: spec, cut: false, refetched: 0, nondurable: 0, problems: problems.count)
         }
@@ -428,6 +458,7 @@ struct PowerCutTests {
     /// A rig for `kind`, with what the kind finds on the disk already there (durably: written on a boot of its own).
     static func rig(_ kind: Kind, _ label: String) async throws -> PowerCutRig {
         let rig = try PowerCutRig(label, files: kind.files, throttle: kind.throttle)
+        for file in kind.files { rig.server.setFaults(file.path, kind.faults) }
         if !kind.prepared.isEmpty {
             do {
                 try await rig.prepare { folder in
