@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Power-cut soak: TRIALS downloads of every kind PowerCutTests knows (get, get -c 4 --checksum, --limit-rate, -i,
-# --adopt, the background driver), each on Tests/PowerLoss/plfs.c (a FUSE file system that keeps only what was
-# synced), cut at a seeded byte count or operation count with torn writeback (3 in 4) or on a disk that lies to
-# fdatasync (1 in 4), one in three cut again during its recovery, then rerun to the end and checked (byte-exact, the
-# destination only ever the complete file, nothing the cut left durable fetched again).
+# Power-cut soak: TRIALS downloads of every kind PowerCutTests knows (get, get -c 4 --checksum, get -c 4 with a
+# steal, --limit-rate, -i, --adopt, the background driver), each on Tests/PowerLoss/plfs.c (a FUSE file system that
+# keeps only what was synced), cut at a seeded byte count or operation count with torn writeback (3 in 4) or on a
+# disk that lies to fdatasync (1 in 4), one in three cut again during its recovery, then rerun to the end and checked
+# (byte-exact, the destination only ever the complete file, nothing the cut left durable fetched again).
 #
 #   bench/powercut.sh                  # 200 trials (about 5 minutes here)
 #   TRIALS=1000 SEED=7 bench/powercut.sh

@@ -125,8 +125,15 @@ final class PowerLossMount: Sendable {
         let done = await waitUntil(timeout: .seconds(20)) { umount2(mountpoint, 0) == 0 || errno == EINVAL }
         let process = self.process
         let termination = try await offload { process.waitUntilExit() }
-        guard done, termination.status == 0 else {
-            let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        // Once in several hundred mounts the kernel ends the connection with ECONNABORTED rather than ENODEV as the
+        // unmount completes; libfuse then exits with 8, after its destroy callback has saved the image. Only the
+        // processes' runs were over by then (nothing but the writeback of the live record's pages could still come,
+        // and a later boot never trusts that record), so the image is as a clean shutdown leaves it.
+        let abortedAtTheEnd =
+            termination.status == 8 && termination.signal == nil
+            && text.contains("Software caused connection abort") && FileManager.default.fileExists(atPath: image)
+        guard done, termination.status == 0 || abortedAtTheEnd else {
             throw PowerCutError("plfs did not unmount cleanly: \(termination) \(text)")
         }
     }
