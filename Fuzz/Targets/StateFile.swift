@@ -46,7 +46,10 @@ public func fuzzStateFile(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
         state = nil
     }
     if let state {
-        check(state.schemaVersion == DownloadState.currentSchemaVersion, "schema \(state.schemaVersion) accepted")
+        check(
+            DownloadState.readableSchemaVersions.contains(state.schemaVersion),
+            "schema \(state.schemaVersion) accepted")
+        check(state.schemaVersion >= 3 || state.proofs.isEmpty, "a format-2 state with proofs")
         check(state.problem() == nil, "accepted a state with a problem")
         let total = state.validators.totalLength
         check(state.durableBytes >= 0 && state.durableBytes <= (total ?? Int64.max), "durable bytes \(state.durableBytes)")
