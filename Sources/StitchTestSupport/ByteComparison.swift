@@ -34,6 +34,30 @@ public func != (lhs: [UInt8], rhs: [UInt8]) -> Bool { !(lhs == rhs) }
 /// Whether two optional byte arrays differ (`memcmp`).
 public func != (lhs: [UInt8]?, rhs: [UInt8]?) -> Bool { !(lhs == rhs) }
 
+/// Whether `needle`'s UTF-8 bytes occur in `haystack` (`memchr` for the first byte, `memcmp` for the rest): for
+/// looking for text in files that may be binary, where `String(decoding:as:)` would repair every ill-formed sequence
+/// (see ``textIfUTF8(_:)``). Glibc's `memmem` is a GNU extension the Swift module does not export.
+public func bytes(_ haystack: [UInt8], contain needle: some StringProtocol) -> Bool {
+    let pattern = Array(needle.utf8)
+    guard !pattern.isEmpty else { return true }
+    return haystack.withUnsafeBytes { hay in
+        pattern.withUnsafeBytes { pin in
+            guard hay.count >= pin.count else { return false }
+            let last = hay.count - pin.count  // the last offset where the pattern fits
+            var offset = 0
+            while offset <= last {
+                guard let found = memchr(hay.baseAddress! + offset, Int32(pin[0]), last - offset + 1) else {
+                    return false
+                }
+                offset = found - UnsafeMutableRawPointer(mutating: hay.baseAddress!)
+                if memcmp(hay.baseAddress! + offset, pin.baseAddress!, pin.count) == 0 { return true }
+                offset += 1
+            }
+            return false
+        }
+    }
+}
+
 /// `bytes` as text when they are well-formed UTF-8, else a short note of how many bytes they were.
 ///
 /// Not `String(decoding:as:)` on binary output: it repairs every ill-formed sequence through a thrown error, and

@@ -115,6 +115,15 @@ struct TestServerTests {
         #expect(textIfUTF8(Array("ok\n".utf8)) == "ok\n")
     }
 
+    @Test func textIsFoundInBinaryBytes() {
+        var data = ServedFile.randomBytes(count: 1 << 20, seed: 2)
+        #expect(!bytes(data, contain: "pa:ss-secret"))
+        data.replaceSubrange(700_000..<700_012, with: Array("pa:ss-secret".utf8))
+        #expect(bytes(data, contain: "pa:ss-secret"))
+        #expect(bytes(data, contain: "pa:ss-secret".dropLast(3)))
+        #expect(!bytes(Array("pa:ss".utf8), contain: "pa:ss-secret"), "a needle longer than the bytes")
+    }
+
     // MARK: Ranges
 
     @Test func rangeRequests() throws {
