@@ -19,6 +19,11 @@ bash scripts/nginx.sh start "$nginx_dir" >/dev/null
 export STITCH_NGINX_DIR="$nginx_dir"
 # The engine keeps a trace in memory, which a test that waited in vain prints (with every thread's stack).
 export STITCH_TRACE=1
+# At most 12 tests of a process at once (Swift Testing starts every test together otherwise). All of them share the
+# concurrency pool's two threads, so each test's bounds (a 60 s watchdog, a 30 s wait for a stall) counted the CPU
+# work of every other test queued before its next step. Under two busy loops the main run failed with 21 and 33
+# such issues; at 12 it passed twice, faster (100-105 s against 109-128 s). The variable is Swift Testing's (6.3).
+export SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH="${SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH:-12}"
 
 # Swift 6 strict concurrency must stay warning-free.
 build_log=$(mktemp)
