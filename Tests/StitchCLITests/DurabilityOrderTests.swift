@@ -79,4 +79,48 @@ import Testing
         let problems = durabilityOrderProblems(Self.without(22), folder: "dl", names: ["f"])
         #expect(problems == ["step 22: f.part renamed onto f before its data was synced"])
     }
+
+    /// The finish's clean-up: the live record and the previous state removed before the state file, which goes last.
+    static func cleanUp(_ removals: String) -> [TraceLine] {
+        trace(
+            """
+            create f.part
+            create f.stitch.tmp
+            write f.stitch.tmp
+            fsync f.stitch.tmp
+            rename f.stitch.tmp f.stitch
+            fsyncdir dl
+            create f.stitch-live
+            link f.stitch f.stitch.lnk
+            rename f.stitch.lnk f.stitch.prev
+            create f.stitch.tmp
+            write f.stitch.tmp
+            fsync f.stitch.tmp
+            rename f.stitch.tmp f.stitch
+            fsyncdir dl
+            write f.part
+            truncate f.part
+            fsync f.part
+            rename f.part f
+            fsyncdir dl
+            \(removals)
+            """)
+    }
+
+    @Test func theStateFileRemovedLastPasses() {
+        let problems = durabilityOrderProblems(
+            Self.cleanUp("unlink f.stitch-live\nunlink f.stitch.prev\nunlink f.stitch"), folder: "dl", names: ["f"])
+        #expect(problems == [])
+    }
+
+    @Test func aSidecarThatCouldOutliveTheStateFileIsNamed() {
+        // The state file first: a cut that keeps one of the three removals leaves the live record and the previous
+        // state beside the finished file, and a rerun, finding no state, would leave them there for good.
+        let problems = durabilityOrderProblems(
+            Self.cleanUp("unlink f.stitch\nunlink f.stitch.prev\nunlink f.stitch-live"), folder: "dl", names: ["f"])
+        #expect(problems.count == 2)
+        #expect(problems.contains { $0.contains("could leave f.stitch-live beside the finished f") })
+        #expect(problems.contains { $0.contains("could leave f.stitch.prev beside the finished f") })
+        #expect(problems.allSatisfy { $0.hasPrefix("step 19:") && $0.contains("(1 of the folder's 1 unsynced changes kept)") })
+    }
 }

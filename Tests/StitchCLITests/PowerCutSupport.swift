@@ -326,8 +326,13 @@ func renamedAndSynced(_ trace: [TraceLine], folder: String) -> Set<String> {
 /// - each state written after the first comes after a sync of the part file, unless nothing was written to it since
 ///   the previous state (data before the state that describes it);
 /// - every such rename is followed by a sync of the folder before the same name is replaced again and before the run
-///   ends (a state or a destination that a power cut could take back is not durable).
+///   ends (a state or a destination that a power cut could take back is not durable);
+/// - no power cut leaves a sidecar (live record, state temporary or link, previous state) beside a finished download
+///   without its state file: the rerun finds the file complete and, with no state, nothing to clean up, so the
+///   sidecar stays for good. Checked after every step for every prefix of the folder's unsynced log (a journal
+///   commits a folder's changes in order, and plfs's torn cuts keep such a prefix).
 func durabilityOrderProblems(_ trace: [TraceLine], folder: String, names: [String]) -> [String] {
+    var problems = orphanedSidecarProblems(trace, folder: folder, names: names)
     var watched: Set<String> = []
     for name in names { watched.formUnion([name, name + ".stitch", name + ".stitch.prev"]) }
     var unsynced: Set<String> = []
@@ -338,7 +343,6 @@ func durabilityOrderProblems(_ trace: [TraceLine], folder: String, names: [Strin
     var claimable: Set<String> = []
     var syncedSinceState: Set<String> = []
     var statesWritten: Set<String> = []
-    var problems: [String] = []
     for (step, line) in trace.enumerated() {
         switch line.kind {
         case "write", "truncate", "fallocate":
@@ -384,6 +388,50 @@ func durabilityOrderProblems(_ trace: [TraceLine], folder: String, names: [Strin
     }
     for name in awaitingFolderSync.sorted() {
         problems.append("\(name) was renamed, and the run ended without syncing its folder")
+    }
+    return problems
+}
+
+/// The sidecars a power cut could leave beside a finished download with no state file (see
+/// ``durabilityOrderProblems(_:folder:names:)``), each named once, at the first step where it could.
+func orphanedSidecarProblems(_ trace: [TraceLine], folder: String, names: [String]) -> [String] {
+    // The folder's names as a reboot would find them: those its last sync made durable, and after them any prefix
+    // of the changes since (all names are last path components; the downloads share one folder).
+    var durable: Set<String> = []
+    var log: [TraceLine] = []
+    func apply(_ line: TraceLine, to names: inout Set<String>) {
+        switch line.kind {
+        case "create", "mkdir", "link": names.insert(line.target)
+        case "unlink", "rmdir": names.remove(line.name)
+        case "rename":
+            if names.remove(line.name) != nil { names.insert(line.target) }
+        default: break
+        }
+    }
+    let sidecars = [".stitch-live", ".stitch.tmp", ".stitch.lnk", ".stitch.prev"]
+    var named: Set<String> = []
+    var problems: [String] = []
+    for (step, line) in trace.enumerated() {
+        switch line.kind {
+        case "create", "mkdir", "link", "unlink", "rmdir", "rename": log.append(line)
+        case "fsyncdir" where line.name == folder:
+            for change in log { apply(change, to: &durable) }
+            log.removeAll()
+            continue
+        default: continue
+        }
+        var found = durable
+        for kept in 0...log.count {
+            if kept > 0 { apply(log[kept - 1], to: &found) }
+            for name in names where found.contains(name) && !found.contains(name + ".stitch") {
+                for suffix in sidecars where found.contains(name + suffix) && !named.contains(name + suffix) {
+                    named.insert(name + suffix)
+                    problems.append(
+                        "step \(step): a power cut could leave \(name + suffix) beside the finished \(name) with no "
+                            + "state file to have it removed (\(kept) of the folder's \(log.count) unsynced changes kept)")
+                }
+            }
+        }
     }
     return problems
 }

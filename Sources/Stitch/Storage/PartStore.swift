@@ -28,7 +28,11 @@ public struct DownloadPaths: Sendable, Hashable {
     static let longestSuffixBytes = 12
 
     /// Every file a partial download may leave beside the destination, the part file aside.
-    var sidecars: [String] { [state, state + ".tmp", state + ".lnk", previousState, live] }
+    ///
+    /// In the order they are removed: the state file last. A power cut keeps a prefix of a folder's unsynced changes,
+    /// and a rerun that finds the download finished cleans up only when the state file is still there to show it
+    /// (PowerCutTests' soak left a live record beside finished files when the state went first).
+    var sidecars: [String] { [live, state + ".tmp", state + ".lnk", previousState, state] }
 
     /// The paths for the file at `destination`.
     public init(destination: String) { self.destination = destination }
@@ -418,8 +422,6 @@ final class PartStore: @unchecked Sendable {
             throw .io("cannot rename into place", path: paths.destination, .current)
         }
         try DirectorySync.shared.sync((paths.destination as NSString).deletingLastPathComponent)
-        // The previous generation first: a state file left alone always has the newest beside it.
-        unlink(paths.previousState)
         for sidecar in paths.sidecars { unlink(sidecar) }
         return .finished(mark)
     }
@@ -958,14 +960,11 @@ final class PartStore: @unchecked Sendable {
             try DirectorySync.shared.sync((paths.destination as NSString).deletingLastPathComponent)
             // Unlinking a name that is not there still takes the directory's lock: skip what a small download
             // never created.
-            if stateOnDisk.load(ordering: .relaxed) {
-                // The previous generation first: a state file left alone always has the newest beside it.
-                unlink(paths.previousState)
-                unlink(paths.state + ".lnk")
-                unlink(paths.state)
-                unlink(paths.state + ".tmp")
+            // In `sidecars`' order, the state file last: a cut that keeps only some of these removals leaves the state
+            // beside whatever remains, and the rerun removes it all.
+            for sidecar in paths.sidecars {
+                if sidecar == paths.live ? live.isFileBacked : stateOnDisk.load(ordering: .relaxed) { unlink(sidecar) }
             }
-            if live.isFileBacked { unlink(paths.live) }
             if durableCleanup { try? syncDirectory(containing: paths.destination) }
         }
     }
