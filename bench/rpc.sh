@@ -11,6 +11,7 @@
 # polled/unpolled throughput; then stitch/aria2c ratios (rps: higher is better for stitch; p99: lower is).
 #
 #   ROUNDS=3 DOWNLOADS=50 RATE=1m QUIET=15 DURATION=60 WS_CLIENTS=20 bench/rpc.sh
+#   STITCH_B=/path/to/other/stitch bench/rpc.sh     # also an A/B: a second stitch binary, stitch-b, in the same rounds
 #
 # Needs: wrk, aria2, nginx-light, python3 (websocket-client comes from PyPI into .build/aria2p-venv), and a
 # release build (`swift build -c release`; STITCH=path overrides).
@@ -28,9 +29,13 @@ DURATION=${DURATION:-60}
 WS_CLIENTS=${WS_CLIENTS:-20}
 need_posint ROUNDS DOWNLOADS QUIET DURATION WS_CLIENTS
 need_commands wrk aria2c nginx python3
-bench_invocation ROUNDS DOWNLOADS RATE QUIET DURATION WS_CLIENTS STITCH
+bench_invocation ROUNDS DOWNLOADS RATE QUIET DURATION WS_CLIENTS STITCH STITCH_B
 STITCH=${STITCH:-$repo/.build/release/stitch}
+STITCH_B=${STITCH_B:-}
 [[ -x $STITCH ]] || die "no $STITCH (swift build -c release)"
+[[ -z $STITCH_B || -x $STITCH_B ]] || die "STITCH_B=$STITCH_B is not an executable"
+servers=(stitch aria2c)
+[[ -z $STITCH_B ]] || servers=(stitch stitch-b aria2c)
 
 venv=$repo/.build/aria2p-venv
 if ! "$venv/bin/python" -c "import websocket" 2>/dev/null; then
@@ -62,8 +67,10 @@ round() {
     port=$(free_port)
     dir=$work/dl-$name
     rm -rf "$dir" && mkdir -p "$dir"
-    if [[ $name == stitch ]]; then
-        STITCH_RPC_SECRET=$secret "$STITCH" serve --dir "$dir" --rpc-listen "127.0.0.1:$port" \
+    if [[ $name == stitch* ]]; then
+        local binary=$STITCH
+        [[ $name == stitch ]] || binary=$STITCH_B
+        STITCH_RPC_SECRET=$secret "$binary" serve --dir "$dir" --rpc-listen "127.0.0.1:$port" \
             -j "$DOWNLOADS" -c 1 --max-connections-per-host "$DOWNLOADS" 2>"$work/$name.log" &
     else
         aria2c --enable-rpc --rpc-listen-port="$port" --rpc-secret="$secret" --dir="$dir" \
@@ -83,8 +90,11 @@ round() {
     rm -rf "$dir"
 }
 
+# Each round starts with the next server in turn, so no server always runs first (or right after another).
 for ((r = 1; r <= ROUNDS; r++)); do
-    if ((r % 2)); then round stitch; round aria2c; else round aria2c; round stitch; fi
+    for ((i = 0; i < ${#servers[@]}; i++)); do
+        round "${servers[(r - 1 + i) % ${#servers[@]}]}"
+    done
 done
 
 python3 - "$work/results.jsonl" "$invocation" <<'EOF'
@@ -93,10 +103,11 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 def stats(name, key):
     values = [r[key] for r in rows if r["server"] == name]
     return statistics.median(values), min(values), max(values)
-print(f"\n{sys.argv[2]}  ({len(rows) // 2} rounds each, alternating)\n")
+names = [n for n in ("stitch", "stitch-b", "aria2c") if any(r["server"] == n for r in rows)]
+print(f"\n{sys.argv[2]}  ({len(rows) // len(names)} rounds each, alternating)\n")
 print("| server | rps | p50 ms | p99 ms | errors | polled/unpolled throughput | unpolled MiB/s | downloads active |")
 print("|---|---|---|---|---|---|---|---|")
-for name in ("stitch", "aria2c"):
+for name in names:
     mine = [r for r in rows if r["server"] == name]
     ratio = [r["polled_MiBps"] / r["unpolled_MiBps"] for r in mine if r["unpolled_MiBps"] > 0]
     rps, p50, p99 = stats(name, "rps"), stats(name, "p50_ms"), stats(name, "p99_ms")
@@ -109,4 +120,7 @@ s, a = stats("stitch", "rps")[0], stats("aria2c", "rps")[0]
 ps, pa = stats("stitch", "p99_ms")[0], stats("aria2c", "p99_ms")[0]
 print(f"\nstitch/aria2c requests per second: {s / a:.2f}x (higher is better for stitch); "
       f"p99 latency: {ps / pa:.2f}x (lower is better for stitch)")
+if "stitch-b" in names:
+    b, pb = stats("stitch-b", "rps")[0], stats("stitch-b", "p99_ms")[0]
+    print(f"stitch/stitch-b requests per second: {s / b:.2f}x; p99 latency: {ps / pb:.2f}x")
 EOF
