@@ -323,9 +323,14 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         guard !closed else { return }
         staging.removeOrphans()
         commitAccepted()
-        // Listed before this ran: a task whose end was handled since is not running any more.
+        // Listed before this ran: a task whose end was handled since is not running any more, and a task this launch
+        // sent since (a failure's retry that fired first) is running though not listed.
         let running = running.filter { !ended.contains($0.taskID) }
-        let labelled = running.compactMap { task in task.label.flatMap(TaskLabel.init(parsing:)).map { (task.taskID, $0) } }
+        let listed = Set(running.map(\.taskID))
+        var labelled = running.compactMap { task in task.label.flatMap(TaskLabel.init(parsing:)).map { (task.taskID, $0) } }
+        for entry in entries.values {
+            labelled += entry.tasks.filter { !listed.contains($0.key) && !ended.contains($0.key) }.map { ($0.key, $0.value) }
+        }
         for task in running where task.label.flatMap(TaskLabel.init(parsing:)).map({ entries[$0.download] == nil }) ?? true {
             cancel(task.taskID)
         }
@@ -349,6 +354,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
                 kind: entry.record.taskKind, needed: needed)
             for taskID in plan.cancel { cancel(taskID) }
             entry = entries[id] ?? entry
+            for taskID in plan.cancel { entry.tasks[taskID] = nil }
             entry.tasks.merge(plan.keep) { _, new in new }
             entries[id] = entry
             for range in plan.create { sendTask(id, range) }
