@@ -5,6 +5,8 @@ import StitchTestSupport
 import Synchronization
 import Testing
 
+@testable import Stitch
+
 // The power-cut rig: `stitch` runs on Tests/PowerLoss/plfs.c, a FUSE file system that keeps in memory both what the
 // program sees and what a disk would still hold after a power cut (data after fsync/fdatasync, directory entries after
 // the directory's fsync). A cut spec names the operation after which the power goes: the file system saves what would
@@ -408,7 +410,8 @@ func orphanedSidecarProblems(_ trace: [TraceLine], folder: String, names: [Strin
         default: break
         }
     }
-    let sidecars = [".stitch-live", ".stitch.tmp", ".stitch.lnk", ".stitch.prev"]
+    // The engine's own list of what it keeps beside a download, the state file apart (names are last components).
+    let paths = names.map { DownloadPaths(destination: $0) }
     var named: Set<String> = []
     var problems: [String] = []
     for (step, line) in trace.enumerated() {
@@ -423,12 +426,13 @@ func orphanedSidecarProblems(_ trace: [TraceLine], folder: String, names: [Strin
         var found = durable
         for kept in 0...log.count {
             if kept > 0 { apply(log[kept - 1], to: &found) }
-            for name in names where found.contains(name) && !found.contains(name + ".stitch") {
-                for suffix in sidecars where found.contains(name + suffix) && !named.contains(name + suffix) {
-                    named.insert(name + suffix)
+            for download in paths where found.contains(download.destination) && !found.contains(download.state) {
+                for sidecar in download.sidecars where sidecar != download.state && found.contains(sidecar) {
+                    guard named.insert(sidecar).inserted else { continue }
                     problems.append(
-                        "step \(step): a power cut could leave \(name + suffix) beside the finished \(name) with no "
-                            + "state file to have it removed (\(kept) of the folder's \(log.count) unsynced changes kept)")
+                        "step \(step): a power cut could leave \(sidecar) beside the finished \(download.destination) "
+                            + "with no state file to have it removed (\(kept) of the folder's \(log.count) unsynced "
+                            + "changes kept)")
                 }
             }
         }

@@ -329,7 +329,8 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         let listed = Set(running.map(\.taskID))
         var labelled = running.compactMap { task in task.label.flatMap(TaskLabel.init(parsing:)).map { (task.taskID, $0) } }
         for entry in entries.values {
-            labelled += entry.tasks.filter { !listed.contains($0.key) && !ended.contains($0.key) }.map { ($0.key, $0.value) }
+            let sent = entry.tasks.filter { !listed.contains($0.key) && !ended.contains($0.key) }
+            labelled += sent.map { ($0.key, $0.value) }
         }
         for task in running where task.label.flatMap(TaskLabel.init(parsing:)).map({ entries[$0.download] == nil }) ?? true {
             cancel(task.taskID)
