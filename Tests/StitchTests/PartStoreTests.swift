@@ -566,6 +566,97 @@ import Testing
         #expect(open.end(0) == nil)
     }
 
+    /// A writer claims its chunk (up to the segment's end) before it writes it: claimed bytes are never split off,
+    /// and a claim after a split stops at the new end.
+    @Test func aClaimedChunkIsNeverSplitOff() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let total: Int64 = 1_000_000
+        let data = ServedFile.randomBytes(count: Int(total), seed: 13)
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: total).validators)
+        try write(store, data, 0..<100_000)
+        #expect(store.claim(0, upTo: 116_384) == total)
+        #expect(store.split(0, at: 110_000) == nil, "inside the claimed chunk")
+        #expect(store.end(0) == total)
+        #expect(store.split(0, at: 116_384) == 1, "at the claim's end")
+        try write(store, data, 100_000..<116_384)
+        // Split first: the next claim sees the new end, and the write stops there.
+        #expect(store.split(1, at: 200_000) == 2)
+        #expect(store.claim(1, upTo: 216_384) == 200_000)
+        #expect(store.writtenSegments.map(\.end) == [116_384, 200_000, total])
+    }
+
+    /// One writer in chunks, moving to the segment that starts where its own ended (as a thief's lane does), and a
+    /// splitter cutting the writer's segment just ahead of it as fast as it can, over several rounds: every byte is
+    /// written once, no segment is written past its end, and the file is the data.
+    @Test func splitsRacingAWriterNeverMakeItWriteAByteTwice() throws {
+        let dir = try TemporaryDirectory()
+        let total: Int64 = 2 << 20
+        let chunk: Int64 = 4 << 10
+        let data = ServedFile.randomBytes(count: Int(total), seed: 14)
+        final class Shared: Sendable {
+            let slot = Atomic<Int>(0)
+            let done = Atomic<Bool>(false)
+            let splits = Atomic<Int>(0)
+        }
+        var splits = 0
+        for round in 0..<16 {
+            let paths = DownloadPaths(destination: dir.path + "/file\(round).bin")
+            let store = try PartStore.create(
+                paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+                validators: makeState(durable: 0, total: total).validators)
+            let shared = Shared()
+            let splitter = DispatchGroup()
+            DispatchQueue.global().async(group: splitter) {
+                while !shared.done.load(ordering: .acquiring) {
+                    let slot = shared.slot.load(ordering: .acquiring)
+                    let written = store.written(slot)
+                    guard let end = store.end(slot), end - written > 2 else { continue }
+                    if store.split(slot, at: written + Int64.random(in: 1...min(chunk, end - written - 1))) != nil {
+                        shared.splits.add(1, ordering: .relaxed)
+                    }
+                }
+            }
+            while shared.splits.load(ordering: .acquiring) == 0 {}  // the splitter is running
+            var slot = 0
+            var offset: Int64 = 0
+            var counted: Int64 = 0
+            var lost = false
+            while offset < total {
+                let want = min(chunk, total - offset)
+                guard let end = store.claim(slot, upTo: offset + want) else { break }
+                let count = min(want, end - offset)
+                guard count > 0 else {
+                    // This segment is done: on to the one a split made from its end.
+                    let segments = store.writtenSegments
+                    guard let next = segments.indices.first(where: { segments[$0].start == offset }) else {
+                        lost = true
+                        break
+                    }
+                    slot = next
+                    shared.slot.store(slot, ordering: .releasing)
+                    continue
+                }
+                try write(store, data, Int(offset)..<Int(offset + count), slot: slot)
+                offset += count
+                counted += count
+            }
+            shared.done.store(true, ordering: .releasing)
+            splitter.wait()
+            splits += shared.splits.load(ordering: .relaxed)
+            #expect(!lost, "round \(round): the writer passed a segment's end at \(offset)")
+            #expect(counted == total, "round \(round)")
+            let segments = store.writtenSegments
+            #expect(segments.allSatisfy { $0.durable == $0.end }, "round \(round): \(segments)")
+            let same = try readFile(paths.part) == data
+            #expect(same, "round \(round)")
+        }
+        #expect(splits >= 16)
+        print("PartStoreTests.splitsRacingAWriter: \(splits) splits over 16 rounds")
+    }
+
     // MARK: Checkpoints and restarts
 
     /// Bytes written but not checkpointed are trusted after a process crash (live record) and not after a reboot.

@@ -138,7 +138,8 @@ final class SegmentSink: BodySink, @unchecked Sendable {
         var segmentEnd: Int64?
         switch bound {
         case .segmentEnd:
-            guard let end = store.end(slot) else { return false }
+            // Claimed before the end is read: a split either moved the end already, or waits past this chunk.
+            guard let end = store.claim(slot, upTo: offset + Int64(data.count)) else { return false }
             segmentEnd = end
             let room = end - offset
             if room <= 0 {

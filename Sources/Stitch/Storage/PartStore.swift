@@ -147,6 +147,12 @@ final class PartStore: @unchecked Sendable {
     /// Each segment's end (`Int64.max` while open), by slot: read lock-free by the writers on every chunk, so a
     /// checkpoint holding the state lock through its syncs never stalls a transfer. Written under the state lock.
     private let ends = UnsafeMutablePointer<Int64>.allocate(capacity: LiveRecord.slotCount)
+    /// Where each segment's writer may be writing to (by slot; never below its written offset). A writer claims its
+    /// next chunk, up to the segment's end, before it writes it (``claim(_:upTo:)``); a split never cuts a claimed
+    /// chunk (``split(_:at:)``). So no byte is written by two connections (fetched, and counted, twice). Guarded by
+    /// `claimLock`, which is held for a few loads and stores only (never over I/O, never by a checkpoint).
+    private let claims = UnsafeMutablePointer<Int64>.allocate(capacity: LiveRecord.slotCount)
+    private let claimLock = Mutex(())
 
     private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState) {
         self.paths = paths
@@ -155,7 +161,11 @@ final class PartStore: @unchecked Sendable {
         self.state = Mutex(state)
         self.durable = Atomic(state.durableBytes)
         ends.initialize(repeating: Int64.max, count: LiveRecord.slotCount)
+        claims.initialize(repeating: 0, count: LiveRecord.slotCount)
         publishEnds(state.segments)
+        for (slot, segment) in state.segments.enumerated() {
+            claims[slot] = Self.written(segment, live.load(slot: slot))
+        }
     }
 
     deinit {
@@ -165,12 +175,21 @@ final class PartStore: @unchecked Sendable {
         _ = flock(fd, LOCK_UN)
         close(fd)
         ends.deallocate()
+        claims.deallocate()
     }
 
     /// Mirrors the segments' ends for the lock-free readers (call with the state lock held, or before sharing).
     private func publishEnds(_ segments: [Segment]) {
         for (slot, segment) in segments.enumerated() {
             stitch_store_release_i64(ends + slot, segment.end ?? Int64.max)
+        }
+    }
+
+    /// Starts the live record anew (a new layout or a new nonce) and each writer's claim where its slot now is.
+    private func resetLive(nonce: UInt64, written: [Int64]) {
+        live.reset(nonce: nonce, written: written)
+        claimLock.withLock { _ in
+            for (slot, offset) in written.enumerated() { claims[slot] = offset }
         }
     }
 
@@ -510,6 +529,17 @@ final class PartStore: @unchecked Sendable {
         live.store(slot: slot, written: end)
     }
 
+    /// Claims segment `slot` up to `upTo` (or its end, if that comes first) for a write about to start, and returns
+    /// the segment's end (nil while it is open): the write stops there. On the transport's thread, by the segment's
+    /// one writer; until its next claim no split cuts the claimed bytes.
+    func claim(_ slot: Int, upTo: Int64) -> Int64? {
+        claimLock.withLock { _ in
+            let end = stitch_load_acquire_i64(ends + slot)
+            claims[slot] = min(upTo, end)
+            return end == Int64.max ? nil : end
+        }
+    }
+
     /// How far segment `slot` is written (in the page cache).
     @inline(__always)
     func written(_ slot: Int) -> Int64 {
@@ -533,25 +563,33 @@ final class PartStore: @unchecked Sendable {
     }
 
     /// Shortens segment `slot` to end at `offset` and appends a new segment `offset..<oldEnd`; returns its slot,
-    /// or nil when every slot is used. Needs no durable write: until the next checkpoint the state on disk still
-    /// has the longer segment, whose written extent never passes `offset`, and the new slot is beyond the
-    /// state's list and so ignored — a crash only re-fetches the new segment's bytes.
+    /// or nil when every slot is used or the segment's writer has claimed bytes past `offset` (``claim(_:upTo:)``).
+    /// Needs no durable write: until the next checkpoint the state on disk still has the longer segment, whose
+    /// written extent never passes `offset`, and the new slot is beyond the state's list and so ignored — a crash
+    /// only re-fetches the new segment's bytes.
     func split(_ slot: Int, at offset: Int64) -> Int? {
         state.withLock { state in
             guard state.segments.count < LiveRecord.slotCount, let end = state.segments[slot].end,
                 offset > max(state.segments[slot].start, live.load(slot: slot)), offset < end
             else { return nil }
+            let newSlot = state.segments.count
+            let cut = claimLock.withLock { _ in
+                guard claims[slot] <= offset else { return false }
+                claims[newSlot] = offset
+                stitch_store_release_i64(ends + newSlot, end)
+                stitch_store_release_i64(ends + slot, offset)
+                return true
+            }
+            guard cut else { return nil }
             state.segments[slot].end = offset
             state.segments.append(Segment(start: offset, end: end, durable: offset))
-            let newSlot = state.segments.count - 1
             live.store(slot: newSlot, written: offset)
-            publishEnds(state.segments)
             return newSlot
         }
     }
 
     /// How far `segment` is written given its live slot: never below what is durable, never past its end (a
-    /// write racing a split may run past the new end; those bytes belong to the new segment and are fetched again).
+    /// writer's claim keeps it inside its segment; the bound stays as a second line of defence).
     private static func written(_ segment: Segment, _ slot: Int64) -> Int64 {
         min(max(segment.durable, slot), segment.end ?? Int64.max)
     }
@@ -767,7 +805,7 @@ final class PartStore: @unchecked Sendable {
             }
             try writeState(next)
             state = next
-            live.reset(nonce: next.nonce, written: segments.map(\.durable))
+            resetLive(nonce: next.nonce, written: segments.map(\.durable))
             publishEnds(next.segments)
             pendingPieces.withLock { pending in
                 for piece in damaged { pending[piece] = nil }
@@ -800,7 +838,7 @@ final class PartStore: @unchecked Sendable {
         }
         try writeState(next)
         state = next
-        live.reset(nonce: next.nonce, written: [kept])
+        resetLive(nonce: next.nonce, written: [kept])
         durable.store(next.durableBytes, ordering: .releasing)
         guard ftruncate(fd, off_t(kept)) == 0 else {
             broken.store(true, ordering: .releasing)
@@ -860,7 +898,7 @@ final class PartStore: @unchecked Sendable {
             }
             state = next
             durable.store(0, ordering: .releasing)
-            live.reset(nonce: next.nonce, written: [0])
+            resetLive(nonce: next.nonce, written: [0])
             publishEnds(next.segments)
             guard ftruncate(fd, 0) == 0 else {
                 broken.store(true, ordering: .releasing)
@@ -903,7 +941,7 @@ final class PartStore: @unchecked Sendable {
             state = next
             forgetRecordedPieces(next)
             if relaid {
-                live.reset(nonce: next.nonce, written: next.segments.map(\.durable))
+                resetLive(nonce: next.nonce, written: next.segments.map(\.durable))
                 pendingPieces.withLock { $0.removeAll() }
                 durable.store(next.durableBytes, ordering: .releasing)
             }
