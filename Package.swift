@@ -53,10 +53,16 @@ let package = Package(
         ),
         .systemLibrary(name: "CStitchSystem"),
         .target(name: "CStitchCRC"),
+        // The one lock every target uses: a value behind a pthread mutex, which ThreadSanitizer sees (Locked.swift).
+        .target(
+            name: "StitchLocks",
+            swiftSettings: swiftSettings
+        ),
         // What the engine asks of a transport (the two-phase HTTPTransport protocol, its requests, responses and
         // errors), with nothing of any backend: the seam both backends and the engine build on.
         .target(
             name: "StitchTransport",
+            dependencies: ["StitchLocks"],
             swiftSettings: swiftSettings
         ),
         // The libcurl backend (one multi handle on one event-loop thread). Empty without the Libcurl trait, so a
@@ -64,7 +70,7 @@ let package = Package(
         .target(
             name: "StitchCurl",
             dependencies: [
-                "StitchTransport", "CStitchSystem",
+                "StitchTransport", "StitchLocks", "CStitchSystem",
                 .target(name: "CCurl", condition: .when(traits: ["Libcurl"])),
             ],
             swiftSettings: swiftSettings
@@ -72,14 +78,14 @@ let package = Package(
         // The URLSession backend: data tasks with a delegate, asked for in windows (FoundationNetworking on Linux).
         .target(
             name: "StitchURLSession",
-            dependencies: ["StitchTransport"],
+            dependencies: ["StitchTransport", "StitchLocks"],
             swiftSettings: swiftSettings
         ),
         // The engine, storage and the manager; re-exports the transport protocol and the backends this build has.
         .target(
             name: "Stitch",
             dependencies: [
-                "StitchTransport", "StitchURLSession",
+                "StitchTransport", "StitchURLSession", "StitchLocks",
                 .target(name: "StitchCurl", condition: .when(traits: ["Libcurl"])),
                 // Apple platforms have CryptoKit and SQLite3 of their own (Support/DigestContext.swift and
                 // Storage/Catalog/Catalog.swift choose by `canImport`); not built on this project's machines.
@@ -92,20 +98,20 @@ let package = Package(
         // aria2's JSON-RPC over a DownloadManager, without networking: what `stitch serve` hands request bodies to.
         .target(
             name: "StitchRPC",
-            dependencies: ["Stitch"],
+            dependencies: ["Stitch", "StitchLocks"],
             swiftSettings: swiftSettings
         ),
         // `stitch serve`: the RPC over HTTP and WebSocket (libmicrohttpd + libwslay), the daemon's life.
         .target(
             name: "StitchServer",
-            dependencies: ["Stitch", "StitchRPC", "CMicroHTTPD", "CWslay"],
+            dependencies: ["Stitch", "StitchRPC", "StitchLocks", "CMicroHTTPD", "CWslay"],
             // The daemon's web page, built into the binary (PackageResources.index_html, …).
             resources: [.embedInCode("Web")],
             swiftSettings: swiftSettings
         ),
         .executableTarget(
             name: "StitchCLI",
-            dependencies: ["Stitch", "StitchServer", "StitchRPC", "CStitchSystem"],
+            dependencies: ["Stitch", "StitchServer", "StitchRPC", "StitchLocks", "CStitchSystem"],
             swiftSettings: swiftSettings
         ),
         .executableTarget(
@@ -124,7 +130,7 @@ let package = Package(
         // A fault-injecting HTTP server for bench/chaos.sh (SIGKILL + random faults soak).
         .executableTarget(
             name: "stitch-chaos-server",
-            dependencies: ["StitchTestSupport"],
+            dependencies: ["StitchTestSupport", "StitchLocks"],
             path: "bench/ChaosServer",
             swiftSettings: swiftSettings
         ),
@@ -137,20 +143,21 @@ let package = Package(
         ),
         .target(
             name: "StitchTestSupport",
-            dependencies: ["CStitchSystem", "Stitch"],
+            dependencies: ["CStitchSystem", "Stitch", "StitchLocks"],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "StitchTests",
             dependencies: [
                 "Stitch", "StitchTransport", "StitchURLSession", "StitchTestSupport", "StitchRPC", "StitchServer",
+                "StitchLocks",
                 .target(name: "StitchCurl", condition: .when(traits: ["Libcurl"])),
             ],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "StitchCLITests",
-            dependencies: ["Stitch", "StitchTestSupport", "StitchCLI", "StitchRPC"],
+            dependencies: ["Stitch", "StitchTestSupport", "StitchCLI", "StitchRPC", "StitchLocks"],
             swiftSettings: swiftSettings
         ),
     ],

@@ -6,10 +6,10 @@
 #
 #   scripts/tsan.sh [--filter REGEX]
 #
-# Built with -DSTITCH_TSAN, which swaps Synchronization's Mutex for a pthread mutex in every target that uses one
-# (Sources/Stitch/Support/SanitizerMutex.swift): on Linux the standard library's Mutex locks with futex calls in
-# an uninstrumented module, so ThreadSanitizer cannot see it and reports every access it guards as a race.
-# With the swap, a report is a real race. The library suites run one test at a time (--no-parallel):
+# Every target locks with StitchLocks' `Locked`, a pthread mutex that ThreadSanitizer intercepts (Synchronization's
+# `Mutex` locks with futex calls in an uninstrumented module on Linux, which it could not see), so release and
+# sanitized builds run the same lock code.
+# The library suites run one test at a time (--no-parallel):
 # ThreadSanitizer slows everything several times over, and timing-based parts of the engine (slow-connection
 # replacement, steals by time left) would otherwise see a machine far slower than any real one. Every process
 # writes its reports to a log file (TSAN_OPTIONS log_path), children included, whose stderr the tests capture;
@@ -25,7 +25,7 @@ library='SegmentedTests|DownloaderTests|DownloadManagerTests|PartStoreTests|Rate
 # Two more count the ranges asked on resume, which the end game's steals of a slowed client add to.
 # URLSessionTransportTests needs the server to outrun a rate-limited sink, which a loaded, instrumented run may not.
 timing='splitsIntoSegmentsAndIsByteExact|idleLanesTakeOverAStalledSegment|cancelledBeforeAnyLaneByteStartsAfreshQuietly|resumeWithADifferentNumberOfConnections|URLSessionTransportTests'
-swift build --build-tests --sanitize=thread -Xswiftc -DSTITCH_TSAN --scratch-path .build-tsan
+swift build --build-tests --sanitize=thread --scratch-path .build-tsan
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 # log_path is always added: without it a child's reports would sit in stderr the tests capture and drop.

@@ -1,6 +1,6 @@
 import Foundation
 import Stitch
-import Synchronization
+import StitchLocks
 
 /// `stitch get URL1 URL2 …` and `stitch get -i FILE`: many downloads through one ``DownloadManager``, `-j` at
 /// once, one progress view, a summary at the end.
@@ -294,7 +294,7 @@ enum Batch {
 final class BatchView: Sendable {
     private let output: Output
     private let count: Int
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     private struct State {
         var urls: [DownloadID: String] = [:]

@@ -1,6 +1,7 @@
 import Foundation
 import Stitch
 import Synchronization
+import StitchLocks
 
 /// Writes results to stdout and progress/messages to stderr, from any thread.
 ///
@@ -14,8 +15,8 @@ final class Output: Sendable {
     let isTTY: Bool
     /// Standard output is a terminal too (most likely the same one), so a result line must not land on the live area.
     private let stdoutIsTTY: Bool
-    private let state: Mutex<State>
-    private let resizeWatcher = Mutex<ResizeWatcher?>(nil)
+    private let state: Locked<State>
+    private let resizeWatcher = Locked<ResizeWatcher?>(nil)
 
     struct State {
         var meter = SpeedMeter()
@@ -43,7 +44,7 @@ final class Output: Sendable {
         self.stdoutIsTTY = isatty(STDOUT_FILENO) == 1
         var initial = State()
         initial.size = isTTY ? TerminalSize.of(STDERR_FILENO) : nil
-        state = Mutex(initial)
+        state = Locked(initial)
         if isTTY && mode == .human {
             resizeWatcher.withLock {
                 $0 = ResizeWatcher { [weak self] in

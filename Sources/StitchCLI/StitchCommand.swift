@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Stitch
 import Synchronization
+import StitchLocks
 
 /// Exit statuses; documented in `stitch get --help` and docs/cli.md.
 enum ExitStatus: Int32 {
@@ -412,7 +413,7 @@ func isDirectory(_ path: String) -> Bool {
 final class SignalCatcher: @unchecked Sendable {
     private let sources: [any DispatchSourceSignal]
     private let receivedSignal = Atomic<Int32>(0)
-    private let handler = Mutex<(@Sendable () -> Void)?>(nil)
+    private let handler = Locked<(@Sendable () -> Void)?>(nil)
 
     init() {
         var sources: [any DispatchSourceSignal] = []

@@ -11,6 +11,7 @@ import Musl
 import Darwin
 #endif
 import Synchronization
+import StitchLocks
 
 /// The libcurl transport: one multi handle driven by one event-loop thread.
 ///
@@ -137,7 +138,7 @@ final class CurlTransfer: @unchecked Sendable {
     var pausedForDecision = false
     let cancelRequested = Atomic<Bool>(false)
     /// Taken by the loop thread while it resumes a continuation (see `CurlTransport.start`).
-    let completed = Mutex<Bool>(false)
+    let completed = Locked<Bool>(false)
 
     var easy: UnsafeMutableRawPointer?
     var headerList: UnsafeMutablePointer<curl_slist>?
@@ -504,7 +505,7 @@ final class CurlEventLoop: @unchecked Sendable {
     }
 
     private let multi: UnsafeMutableRawPointer
-    private let commands = Mutex<[Command]>([])
+    private let commands = Locked<[Command]>([])
     /// Loop thread only.
     private var active: [UnsafeMutableRawPointer: CurlTransfer] = [:]
 

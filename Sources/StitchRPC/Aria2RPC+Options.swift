@@ -1,6 +1,5 @@
 import Foundation
 import Stitch
-import Synchronization
 
 // addUri, aria2's options (supported, ignored, refused), changeOption and the global options.
 extension Aria2RPC {

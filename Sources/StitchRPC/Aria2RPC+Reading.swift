@@ -1,6 +1,6 @@
 import Foundation
 import Stitch
-import Synchronization
+import StitchLocks
 
 // The read path: answers to calls that change nothing, from a view of the downloads, at once when it is fresh.
 extension Aria2RPC {
@@ -27,7 +27,7 @@ extension Aria2RPC {
     }
 
     final class ResultCache: Sendable {
-        let table = Mutex<(results: [String: [UInt8]], bytes: Int)>(([:], 0))
+        let table = Locked<(results: [String: [UInt8]], bytes: Int)>(([:], 0))
         /// At most this many results, and this many bytes of them, per view.
         static let capacity = 256
         static let byteCapacity = 8 << 20

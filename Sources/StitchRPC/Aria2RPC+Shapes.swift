@@ -1,6 +1,5 @@
 import Foundation
 import Stitch
-import Synchronization
 
 // aria2's shapes: GIDs, parameters, windows of lists, statuses, error codes.
 extension Aria2RPC {

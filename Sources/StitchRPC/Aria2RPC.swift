@@ -1,6 +1,6 @@
 import Foundation
-import Synchronization
 public import Stitch
+import StitchLocks
 
 /// aria2's JSON-RPC interface over a ``DownloadManager``: the JSON-RPC 2.0 envelope (single calls, batches,
 /// `system.multicall`), the secret token, and the methods with aria2's parameter and result shapes (numbers as
@@ -414,5 +414,5 @@ public final class Aria2RPC: Sendable {
     /// The view of the downloads that reads are answered from, and a count of invalidations: a view fetched
     /// across one is not kept (it may predate a change whose answer has already gone out). See
     /// Aria2RPC+Reading.swift.
-    let cache = Mutex<(view: View?, generation: UInt64)>((nil, 0))
+    let cache = Locked<(view: View?, generation: UInt64)>((nil, 0))
 }

@@ -1,6 +1,6 @@
 import Foundation
 import StitchRPC
-import Synchronization
+import StitchLocks
 
 /// Slows down a client that sends wrong secrets, without spending the server's CPU on it: each wrong token from an
 /// address pushes that address's next answer further into the future (doubling, from 0.1 s up to `maxDelay`), and
@@ -13,9 +13,9 @@ final class AuthThrottle: Sendable {
         var until: ContinuousClock.Instant
     }
 
-    private let table = Mutex<[String: Entry]>([:])
+    private let table = Locked<[String: Entry]>([:])
     /// When each address's calls without a token were last logged, and how many went unlogged since.
-    private let missingLog = Mutex<[String: (last: ContinuousClock.Instant, kept: Int)]>([:])
+    private let missingLog = Locked<[String: (last: ContinuousClock.Instant, kept: Int)]>([:])
     let firstDelay: Duration
     let maxDelay: Duration
     /// The longest a request waits for its turn; later ones are refused at once.

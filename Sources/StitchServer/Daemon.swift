@@ -1,7 +1,6 @@
 import Foundation
 import Stitch
 import StitchRPC
-import Synchronization
 
 /// `stitch serve`: a ``DownloadManager`` on one folder, driven over aria2's JSON-RPC, until SIGTERM, SIGINT or an
 /// RPC shutdown. Everything it knows lives in the folder (the catalog in `.stitch/`, each download's partial data

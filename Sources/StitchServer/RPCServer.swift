@@ -1,7 +1,7 @@
 import CMicroHTTPD
 import Foundation
 public import StitchRPC
-import Synchronization
+import StitchLocks
 
 /// The HTTP side of `stitch serve`: libmicrohttpd listens (one daemon per address, each with its own epoll thread)
 /// and hands each `/jsonrpc` request to ``Aria2RPC`` in a task, with the connection suspended meanwhile, so a slow
@@ -121,7 +121,7 @@ final class Core: @unchecked Sendable {
     /// sent or client gone). Once `closed`, no request is suspended any more (keep-alive connections may still
     /// send some after `MHD_quiesce_daemon`): they get 503 at once, so `MHD_stop_daemon` never meets a suspended
     /// connection.
-    private let inFlight = Mutex<(suspended: Int, pending: Int, closed: Bool)>((0, 0, false))
+    private let inFlight = Locked<(suspended: Int, pending: Int, closed: Bool)>((0, 0, false))
     /// Listening sockets handed back by `MHD_quiesce_daemon`, closed after `MHD_stop_daemon` as MHD requires.
     private var quiescedSockets: [Int32] = []
 
@@ -240,7 +240,7 @@ final class Core: @unchecked Sendable {
         let peer: String
         /// What the wrong-token throttle counts by: the address, or an IPv6 address's /64.
         let key: String
-        let answer = Mutex<HTTPAnswer?>(nil)
+        let answer = Locked<HTTPAnswer?>(nil)
         init(peer: String, key: String) {
             self.peer = peer
             self.key = key

@@ -4,6 +4,7 @@ import Foundation
 import Stitch
 import StitchRPC
 import Synchronization
+import StitchLocks
 
 /// The WebSocket clients of `/jsonrpc`: libwslay frames the messages (the pairing aria2 itself uses), one thread
 /// polls every client's socket, and each client's calls run in order in a task of its own. Calls and notifications
@@ -37,7 +38,7 @@ final class WebSocketHub: Sendable {
             var queuedBytes = 0
             var closing = false
         }
-        let shared = Mutex<Shared>(Shared())
+        let shared = Locked<Shared>(Shared())
         let calls: AsyncStream<[UInt8]>.Continuation
         let worker: Task<Void, Never>
 
@@ -110,7 +111,7 @@ final class WebSocketHub: Sendable {
         var stopping = false
     }
 
-    private let state = Mutex<State>(State())
+    private let state = Locked<State>(State())
     private let wake: Int32
     private let finished = DispatchSemaphore(value: 0)
 

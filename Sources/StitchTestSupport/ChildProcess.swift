@@ -1,7 +1,7 @@
 import CStitchSystem
 import Foundation
 import Glibc
-import Synchronization
+import StitchLocks
 
 /// A child process started with `posix_spawn`, for tests that run `stitch`, curl, nginx's script or the manager
 /// harness.
@@ -27,7 +27,7 @@ public final class ChildProcess: Sendable {
     }
 
     public let pid: Int32
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     private struct State {
         var termination: Termination?

@@ -1,5 +1,5 @@
 import Glibc
-import Synchronization
+import StitchLocks
 
 /// How a connection ends.
 enum CloseMode {

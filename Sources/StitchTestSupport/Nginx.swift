@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import StitchLocks
 
 /// A real nginx on loopback for integration tests, started by `scripts/nginx.sh`.
 ///
@@ -23,7 +23,7 @@ public final class Nginx: Sendable {
     /// Each line: method, URI, status, body bytes, Range, If-Range, protocol (see scripts/nginx.sh).
     public let accessLog: String
 
-    private static let instance = Mutex<Result<Nginx, NginxError>?>(nil)
+    private static let instance = Locked<Result<Nginx, NginxError>?>(nil)
 
     /// The process-wide nginx, started on first use.
     public static func shared() throws -> Nginx {
@@ -128,7 +128,7 @@ public final class Nginx: Sendable {
     }
 }
 
-private let startedDirectory = Mutex<String?>(nil)
+private let startedDirectory = Locked<String?>(nil)
 
 /// A `bash -c` prelude that closes every inherited descriptor above 2, then runs `"$@"`.
 ///

@@ -1,6 +1,7 @@
 import Foundation
 public import Stitch
 import Synchronization
+import StitchLocks
 
 /// An in-memory `HTTPTransport` for engine tests: no sockets, no libcurl. It serves one file the way nginx does
 /// (`Range`, `If-Range` against its ETag or Last-Modified, `Content-Range`, `Accept-Ranges`) and misbehaves as the
@@ -46,7 +47,7 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         var random: SplitMix64
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
     private let script: @Sendable (_ request: TransportRequest, _ index: Int) -> Answer
     /// Called (on the delivering task) when a `.hold` answer has delivered its bytes.
     public let onHold: @Sendable () -> Void
@@ -59,7 +60,7 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         file: ServedFile, seed: UInt64 = 1, onHold: @escaping @Sendable () -> Void = {},
         script: @escaping @Sendable (_ request: TransportRequest, _ index: Int) -> Answer
     ) {
-        state = Mutex(State(file: file, random: SplitMix64(seed: seed)))
+        state = Locked(State(file: file, random: SplitMix64(seed: seed)))
         self.script = script
         self.onHold = onHold
     }

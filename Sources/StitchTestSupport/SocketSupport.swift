@@ -1,4 +1,5 @@
 import Glibc
+import StitchLocks
 
 // Low-level helpers shared by the test server: POSIX sockets, threads, and a small
 // condition-variable lock. Only `connectToLoopback` is public (for tests' raw clients).
@@ -150,7 +151,7 @@ func sendAll(_ fd: Int32, _ bytes: [UInt8], more: Bool = false) -> Bool {
 
 /// A value protected by a pthread mutex with an associated condition variable
 /// (monotonic clock), for the few places where a thread must wait for a state change.
-/// `Synchronization.Mutex` has no condition variable, hence this small reviewed type.
+/// `Locked` has no condition variable, hence this small reviewed type.
 final class Condition<Value: Sendable>: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>

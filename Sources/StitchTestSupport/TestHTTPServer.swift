@@ -1,5 +1,5 @@
 import Glibc
-import Synchronization
+import StitchLocks
 
 /// An error starting ``TestHTTPServer``.
 public struct TestServerError: Error, Sendable, CustomStringConvertible {
@@ -281,7 +281,7 @@ struct Route: Sendable {
     var faults: FaultPolicy
 }
 
-/// Server state guarded by a `Mutex`.
+/// Server state guarded by a `Locked`.
 struct ServerState: Sendable {
     var routes: [String: Route] = [:]
     var requests: [RecordedRequest] = []
@@ -341,10 +341,10 @@ final class ServerCore: Sendable {
     let port: Int
     /// A pipe that becomes (and stays) readable once the server stops.
     let stopSignal: (read: Int32, write: Int32)
-    let state = Mutex(ServerState())
+    let state = Locked(ServerState())
     let progress = Condition(Progress())
     /// Set once `stop()` has finished closing the listener and the stop pipe.
-    private let closed = Mutex(false)
+    private let closed = Locked(false)
 
     init() throws(TestServerError) {
         let listener = try makeLoopbackListener()

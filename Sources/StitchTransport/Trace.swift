@@ -6,14 +6,14 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Synchronization
+import StitchLocks
 
 /// A diagnostic record of what the engine and the transport did, kept in memory only when `STITCH_TRACE` is set
 /// in the environment (tests that wait on the engine print it when they fail). Off, each call site costs one load
 /// of a constant: the message is never built.
 package enum Trace {
     package static let enabled = getenv("STITCH_TRACE") != nil
-    private static let lines = Mutex<[String]>([])
+    private static let lines = Locked<[String]>([])
     /// The newest lines kept.
     static let capacity = 200_000
 

@@ -1,10 +1,10 @@
 import Dispatch
 import Foundation
-import Synchronization
 public import StitchTransport
 
 #if canImport(FoundationNetworking)
 import FoundationNetworking
+import StitchLocks
 #endif
 
 /// A ``DownloadTaskSession`` over `URLSession` download tasks: a background session on Apple platforms, an ordinary
@@ -87,17 +87,17 @@ public final class URLSessionDownloadTasks: DownloadTaskSession {
 
 /// The session's delegate: turns its callbacks into ``DownloadTaskEvents`` calls, on the session's serial queue.
 final class DownloadTaskRelay: NSObject, URLSessionDownloadDelegate, Sendable {
-    private let events: Mutex<(any DownloadTaskEvents)?>
+    private let events: Locked<(any DownloadTaskEvents)?>
 
     init(events: any DownloadTaskEvents) {
-        self.events = Mutex(events)
+        self.events = Locked(events)
     }
 
     func stop() { events.withLock { $0 = nil } }
 
     #if canImport(Darwin)
     /// The app's handler for a relaunch's events, called once they have all been delivered.
-    let eventsDelivered = Mutex<(@Sendable () -> Void)?>(nil)
+    let eventsDelivered = Locked<(@Sendable () -> Void)?>(nil)
 
     func urlSessionDidFinishEvents(forBackgroundURLSession session: URLSession) {
         guard let completion = eventsDelivered.withLock({ handler in defer { handler = nil }; return handler }) else {

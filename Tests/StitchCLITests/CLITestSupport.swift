@@ -2,8 +2,8 @@ import Foundation
 import Glibc
 import Stitch
 import StitchTestSupport
-import Synchronization
 import Testing
+import StitchLocks
 
 // Helpers for running the built `stitch` binary, in the spirit of swift-argument-parser's
 // `AssertExecuteCommand`: run it with arguments, environment and working directory, capture stdout,
@@ -94,7 +94,7 @@ final class StitchProcess: Sendable {
             var isComplete: Bool { exited && stdoutDone && stderrDone }
         }
 
-        let state = Mutex(State())
+        let state = Locked(State())
 
         func update(_ body: (inout State) -> Void) {
             let waiters: [CheckedContinuation<Void, Never>] = state.withLock { state in
@@ -211,7 +211,7 @@ final class StitchProcess: Sendable {
 /// ``cleanup()``).
 final class Sandbox: Sendable {
     let directory: String
-    private let processes = Mutex<[StitchProcess]>([])
+    private let processes = Locked<[StitchProcess]>([])
 
     init(_ label: String = "cli") throws {
         var template = Array((NSTemporaryDirectory() + "/stitch-\(label)-XXXXXX").utf8CString)

@@ -3,8 +3,8 @@ import Glibc
 import Stitch
 import StitchRPC
 import StitchTestSupport
-import Synchronization
 import Testing
+import StitchLocks
 
 /// `stitch serve` as clients meet it: the real binary, over real sockets, downloading from the loopback nginx.
 @Suite("stitch serve")
@@ -500,7 +500,7 @@ struct DaemonTests {
         for round in 0..<3 {
             let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
             let port = daemon.port
-            let answered = Mutex(0)
+            let answered = Locked(0)
             let pollers = (0..<8).map { index in
                 Thread {
                     guard let fd = connectToLoopback(port: port) else { return }
@@ -623,7 +623,7 @@ struct DaemonTests {
             environment: ["STITCH_RPC_SECRET": "tls-secret"], sandbox: sandbox)
         let body = #"{"jsonrpc":"2.0","id":1,"method":"aria2.getVersion","params":["token:tls-secret"]}"#
         var output: [UInt8] = []
-        let collected = Mutex<[UInt8]>([])
+        let collected = Locked<[UInt8]>([])
         let curl = try ChildProcess(
             executable: "/usr/bin/curl",
             arguments: ["-sS", "--cacert", nginx.caCertificate, "-d", body, "https://127.0.0.1:\(daemon.port)/jsonrpc"],

@@ -4,6 +4,7 @@ import Stitch
 import StitchTestSupport
 import Synchronization
 import Testing
+import StitchLocks
 
 // The combination matrix of MatrixTests (issue 10, part 3; DEVELOPERS.md rule 6): the dimensions, one case's run
 // against a real server, and the checks. docs/overlap.md says what may be fetched twice and why.
@@ -458,7 +459,7 @@ final class WriteSampler: Sendable {
     }
 
     let started: ContinuousClock.Instant
-    private let samples = Mutex<[Sample]>([])
+    private let samples = Locked<[Sample]>([])
     private let stopped = Atomic<Bool>(false)
 
     init(_ process: StitchProcess, started: ContinuousClock.Instant, served: @escaping @Sendable () -> Int?) {
@@ -926,7 +927,7 @@ enum MatrixRunner {
                 samples: [], signalledAt: nil, endedAt: 0)
         }
         let sampler = WriteSampler(process, started: started) { origin.bodyBytesSent() }
-        let signalled = Mutex<Double?>(nil)
+        let signalled = Locked<Double?>(nil)
         if let interrupt {
             _ = await waitForWritten(interrupt.threshold, by: process, timeout: .seconds(120)) {
                 signalled.withLock { $0 = (ContinuousClock.now - started) / .seconds(1) }
@@ -1133,7 +1134,7 @@ final class NginxLogIndex: Sendable {
         var lines: [String: [String]] = [:]
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// The lines for requests of `path` (query ignored), in log order.
     func lines(for path: String, in log: String) -> [String] {

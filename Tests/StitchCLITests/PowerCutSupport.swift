@@ -2,10 +2,10 @@ import CStitchSystem
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 // The power-cut rig: `stitch` runs on Tests/PowerLoss/plfs.c, a FUSE file system that keeps in memory both what the
 // program sees and what a disk would still hold after a power cut (data after fsync/fdatasync, directory entries after
@@ -160,7 +160,7 @@ final class PowerCutRig: Sendable {
     let server: TestHTTPServer
     let files: [PowerCutFile]
     let trialName: String
-    private let boots = Mutex(0)
+    private let boots = Locked(0)
 
     var mountpoint: String { sandbox.path("disk") }
     /// The folder downloads go to inside the mount (made by plfs, durably, before anything runs).

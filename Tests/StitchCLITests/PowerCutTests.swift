@@ -1,7 +1,6 @@
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 /// Power cuts under every write path, on a file system that forgets what was never synced (PowerCutSupport.swift,

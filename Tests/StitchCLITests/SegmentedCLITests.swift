@@ -2,8 +2,8 @@ import Foundation
 import Glibc
 import Stitch
 import StitchTestSupport
-import Synchronization
 import Testing
+import StitchLocks
 
 /// `stitch get -c N` (segmented downloads) from the outside: `kill -9` at many byte counts while several connections
 /// run, resuming each time with another N; `stitch verify`; and the validation of `--connections`/`--limit-rate`.
@@ -409,7 +409,7 @@ struct SavedState {
 
 /// Collects strings from any thread.
 final class Findings: Sendable {
-    private let list = Mutex<[String]>([])
+    private let list = Locked<[String]>([])
     var items: [String] { list.withLock { $0 } }
     func add(_ item: String) { list.withLock { $0.append(item) } }
 }

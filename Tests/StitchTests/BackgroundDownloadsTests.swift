@@ -1,7 +1,6 @@
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch

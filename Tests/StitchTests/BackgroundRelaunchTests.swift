@@ -6,6 +6,7 @@ import Testing
 
 @testable import Stitch
 @testable import StitchTransport
+import StitchLocks
 
 /// A download-task session that outlives its driver, as the system's daemon does: tasks keep running, and their
 /// results wait, while no driver is attached; a new driver attaches and gets them. Tasks run only when the test says
@@ -27,12 +28,12 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
         var next = 1
         var requests: [DownloadTaskRequest] = []
     }
-    private let state = Mutex(State())
-    let file: Mutex<ServedFile>
+    private let state = Locked(State())
+    let file: Locked<ServedFile>
     let folder: String
 
     init(file: ServedFile, folder: String) {
-        self.file = Mutex(file)
+        self.file = Locked(file)
         self.folder = folder
     }
 
@@ -55,7 +56,7 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
     }
 
     /// Called after each task is started (a test's explicit signal).
-    let afterStart = Mutex<(@Sendable () -> Void)?>(nil)
+    let afterStart = Locked<(@Sendable () -> Void)?>(nil)
 
     func cancel(taskID: Int) {
         let (events, cancelled) = state.withLock { state -> ((any DownloadTaskEvents)?, Pending?) in
@@ -74,7 +75,7 @@ final class FakeDownloadTasks: DownloadTaskSession, @unchecked Sendable {
     }
 
     /// Called right after ``runningTasks()`` has made its list (a test's explicit signal).
-    let afterListing = Mutex<(@Sendable () -> Void)?>(nil)
+    let afterListing = Locked<(@Sendable () -> Void)?>(nil)
 
     /// Ends the oldest pending task with a failure, as a dropped connection would.
     func failFirst() {

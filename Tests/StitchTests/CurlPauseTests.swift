@@ -8,6 +8,7 @@ import Testing
 @testable import Stitch
 @testable import StitchCurl
 @testable import StitchTransport
+import StitchLocks
 
 /// The libcurl transport's pause (rate limiting) against the loopback test server: the bytes a delegate
 /// refuses with `.wait` come again, in order, and a delegate that aborts is never called again.
@@ -26,7 +27,7 @@ import Testing
             var aborted = false
             var pauses = 0
         }
-        let log = Mutex(Log())
+        let log = Locked(Log())
         /// Given the body call's index and whether it is a redelivery after a pause, what to do.
         let script: @Sendable (_ call: Int, _ afterPause: Bool) -> ReceiveDecision
         private let lastWasPause = Atomic<Bool>(false)

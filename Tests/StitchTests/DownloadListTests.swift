@@ -1,10 +1,10 @@
 import Foundation
 import Observation
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// `DownloadList`, the `@Observable` list of a manager's downloads: `withObservationTracking` sees a change when a
 /// download is added, progresses and completes (in `downloads` and in `aggregate`), and once a download has
@@ -143,7 +143,7 @@ final class ChangeSignal: Sendable {
         var timedOut = false
         var waiter: CheckedContinuation<Bool, Never>?
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// Tracks what `read` reads, from now on.
     @MainActor static func arm(_ read: () -> Void) -> ChangeSignal {

@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// The download manager end to end: the status table and the API that applies it, queueing under the concurrency
 /// and per-host caps (counted on the server), pause/resume churn, persistence across managers, source updates,
@@ -1001,7 +1002,7 @@ final class EventLog: Sendable {
         var finished = false
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(_ stream: AsyncStream<DownloadManagerEvent>) {
         Task { [self] in
@@ -1056,11 +1057,11 @@ final class EventLog: Sendable {
 
 /// A bare client socket to a loopback port, for driving the test server by hand.
 final class LoopbackSocket: Sendable {
-    private let fd: Mutex<Int32>
+    private let fd: Locked<Int32>
 
     init(port: Int) throws {
         guard let fd = connectToLoopback(port: port) else { throw Errno(rawValue: errno) }
-        self.fd = Mutex(fd)
+        self.fd = Locked(fd)
     }
 
     deinit { close() }

@@ -1,10 +1,10 @@
 import Dispatch
 import Foundation
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// `DownloadManager.observe(_:isolation:progress:completion:)`: the closures run on the actor the caller chose (its
 /// own by default: an actor's, a global actor's, the main actor's; or one passed as `isolation:`), progress comes
@@ -48,7 +48,7 @@ import Testing
             var outcomes: [DownloadOutcome] = []
             var onActor: [Bool] = []
         }
-        private let state = Mutex(State())
+        private let state = Locked(State())
 
         func progress(_ report: TransferProgress, onActor: Bool) {
             state.withLock {

@@ -2,10 +2,10 @@ import Dispatch
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// End-to-end tests of the engine: `Downloader` over the real libcurl transport against the fault-injecting
 /// loopback server, with a fake clock for backoff. Every successful download is checked byte for byte (SHA-256)
@@ -1122,7 +1122,7 @@ final class Fixture: Sendable {
     let clock = FakeClock()
     let watch: Watch
     let directoryMode: Bool
-    private let snapshotBox = Mutex<[UInt8]?>(nil)
+    private let snapshotBox = Locked<[UInt8]?>(nil)
 
     init(directoryMode: Bool = false) throws {
         server = try TestHTTPServer()
@@ -1222,7 +1222,7 @@ final class Fixture: Sendable {
 
 /// Records the sleeps the engine asks for and returns at once.
 final class FakeClock: DownloadClock {
-    private let recorded = Mutex<[Double]>([])
+    private let recorded = Locked<[Double]>([])
 
     var sleeps: [Double] { recorded.withLock { $0 } }
 
@@ -1248,10 +1248,10 @@ final class Watch: Sendable {
         var violations: [String] = []
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     init(destination: String?) {
-        state = Mutex(State(destination: destination))
+        state = Locked(State(destination: destination))
     }
 
     /// Stops checking the destination (for tests that put a file there on purpose).

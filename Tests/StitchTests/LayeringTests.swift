@@ -11,7 +11,7 @@ import Testing
     static let libraryTargets = ["Stitch", "StitchTransport", "StitchURLSession", "StitchCurl"]
 
     /// Every Swift file of these targets, with its path relative to Sources (`Stitch/Engine/Attempt.swift`) and its
-    /// lines. Symbolic links (the one `SanitizerMutex.swift` every target shares) are read once, in `Stitch`.
+    /// lines. Symbolic links are skipped (there are none; a shared source belongs in a target of its own).
     static func sources(of targets: [String] = libraryTargets) throws -> [(path: String, lines: [Substring])] {
         try targets.flatMap { target in
             let folder = sourcesRoot.appendingPathComponent(target)
@@ -46,6 +46,42 @@ import Testing
             }
         }
         #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
+    }
+
+    /// One lock for every target: StitchLocks' `Locked` (a pthread mutex ThreadSanitizer sees), never
+    /// Synchronization's `Mutex` (which it cannot see on Linux, so a sanitized run would need other lock code than a
+    /// release build); and no source shared by symbolic links between targets.
+    @Test func everyTargetLocksWithTheLockModule() throws {
+        let targets = try FileManager.default.contentsOfDirectory(atPath: Self.sourcesRoot.path).filter {
+            !$0.hasPrefix("C") && !$0.hasPrefix(".")
+        }
+        let testsRoot = Self.sourcesRoot.deletingLastPathComponent().appendingPathComponent("Tests")
+        var found: [String] = []
+        var links: [String] = []
+        var files = 0
+        for root in [Self.sourcesRoot, testsRoot] {
+            let enumerator = FileManager.default.enumerator(atPath: root.path)
+            while let name = enumerator?.nextObject() as? String {
+                guard name.hasSuffix(".swift") else { continue }
+                let path = root.appendingPathComponent(name).path
+                if (try? FileManager.default.destinationOfSymbolicLink(atPath: path)) != nil {
+                    links.append(name)
+                    continue
+                }
+                files += 1
+                let text = try String(contentsOfFile: path, encoding: .utf8)
+                for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+                    let code = line.trimmingCharacters(in: .whitespaces)
+                    if code.hasPrefix("//") { continue }
+                    if code.range(of: #"\bMutex\s*[<(]"#, options: .regularExpression) != nil {
+                        found.append("\(name):\(number + 1): \(code)")
+                    }
+                }
+            }
+        }
+        #expect(targets.contains("StitchLocks") && files > 100, "\(targets), \(files) files")
+        #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
+        #expect(links.isEmpty, "\(links)")
     }
 
     /// Storage owns every file operation: no file-system call (libc's, Foundation's file APIs, SQLite's open)

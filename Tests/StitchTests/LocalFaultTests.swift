@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// Local faults: a full disk, a read-only folder, files changed under a running download, damaged state files and
 /// a damaged catalog. Faults fire on byte counts (server stalls), never on sleeps. The mount-based cases need root;
@@ -440,7 +441,7 @@ import Testing
         #expect(try Downloader.savedDownload(at: f.dest).url == f.url)
 
         let before = f.server.requests.count
-        let notices = Mutex<[String]>([])
+        let notices = Locked<[String]>([])
         let result = try await Self.download(f, f.url, to: f.dest) { event in
             if case .resuming(_, let note?) = event { notices.withLock { $0.append(note) } }
         }
@@ -475,7 +476,7 @@ import Testing
         try Self.damage(f.paths.state, .truncated)
 
         let before = f.server.requests.count
-        let notices = Mutex<[String]>([])
+        let notices = Locked<[String]>([])
         let result = try await Self.download(f, f.url, to: f.dest) { event in
             if case .resuming(_, let note?) = event { notices.withLock { $0.append(note) } }
         }

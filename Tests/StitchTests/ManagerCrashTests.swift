@@ -1,10 +1,10 @@
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// The manager killed with SIGKILL at seeded random moments — each when the server has sent a chosen number of
 /// bytes more — and started again on the same directory, then left to finish: every download that was not added
@@ -191,5 +191,5 @@ final class HarnessProcess: Sendable {
 
 /// Output read from a child process, shared with its reader threads.
 final class CapturedOutput: Sendable {
-    let bytes = Mutex<(stdout: [UInt8], stderr: [UInt8])>(([], []))
+    let bytes = Locked<(stdout: [UInt8], stderr: [UInt8])>(([], []))
 }

@@ -1,10 +1,10 @@
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// What a daemon needs of the manager (issue 11): settings that change while downloads run, aria2's queue
 /// positions, adding a download it already holds, progress that lasts across pauses, and a manager whose list
@@ -322,7 +322,7 @@ import Testing
         f.server.serve("/q.bin", file: file, faults: .onRequest(0, .stallAfter(128 << 10)))
         let manager = try f.open()
         let id = try await manager.add(f.server.url("/q.bin"), options: .init(out: "q.bin"))
-        let seen = Mutex<[Int64]>([])
+        let seen = Locked<[Int64]>([])
         let subscription = await manager.onProgress(id) { progress in seen.withLock { $0.append(progress.bytes) } }
         let server = f.server
         try #require(await blocking { server.waitForStall() })

@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// State format 3's proofs (``Proofs``): every durable byte lies in a recorded piece or in exactly one proof, each
 /// proof within one piece and one segment's durable extent; a state write reads only bytes no earlier checksum
@@ -179,7 +180,7 @@ import Testing
         return crc
     }
 
-    static let zerosCRCs = Mutex<[Int64: UInt32]>([:])
+    static let zerosCRCs = Locked<[Int64: UInt32]>([:])
 
     /// The check after a reboot: recorded pieces and proofs that no longer match are damaged, durable bytes with no
     /// checksum (a format 2 state) are unproven; with an unknown length, proven up to the first chunk that fails.

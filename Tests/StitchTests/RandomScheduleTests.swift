@@ -1,10 +1,10 @@
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// The whole engine over a scripted in-memory transport, on seeded random schedules: chunk sizes, temporary
 /// statuses, bodies cut off, ranges ignored, new versions of the file, and interruptions at exact byte counts,
@@ -21,8 +21,8 @@ import Testing
 
     /// The versions the server has published, by validator (for a file without one: all of them).
     final class Versions: Sendable {
-        private let byValidator = Mutex<[String: [UInt8]]>([:])
-        private let all = Mutex<[[UInt8]]>([])
+        private let byValidator = Locked<[String: [UInt8]]>([:])
+        private let all = Locked<[[UInt8]]>([])
         func add(_ file: ServedFile) {
             all.withLock { $0.append(file.data) }
             if let key = file.etag ?? file.lastModified { byValidator.withLock { $0[key] = file.data } }
@@ -71,11 +71,11 @@ import Testing
         let description =
             "seed \(seed): \(size) bytes, validator \(["ETag", "Last-Modified", "none"][validator]), ranges \(acceptRanges), connections \(options.connections.map(String.init) ?? "auto"), probe \(options.singleConnectionRate == nil ? "off" : "on"), limit \(options.rateLimiter != nil)"
 
-        let script = Mutex(SplitMix64(seed: seed ^ 0xA5A5))
+        let script = Locked(SplitMix64(seed: seed ^ 0xA5A5))
         // How often a request misbehaves: from one in five to three in five, by seed.
         let faultRate = Int.random(in: 200...600, using: &rng)
-        let newVersions = Mutex<UInt64>(0)
-        let current = Mutex<Task<DownloadResult, any Error>?>(nil)
+        let newVersions = Locked<UInt64>(0)
+        let current = Locked<Task<DownloadResult, any Error>?>(nil)
         let transport = ScriptedTransport(
             file: first, seed: seed,
             onHold: { current.withLock { $0 }?.cancel() },

@@ -7,6 +7,7 @@ import Testing
 @testable import Stitch
 @testable import StitchTransport
 @testable import StitchURLSession
+import StitchLocks
 
 /// The URLSession backend's windows (``RangeWindow``): no response brings more than a window, the engine sees the
 /// response it asked for, and bytes of two versions of a file are never joined. First the rules over headers, then
@@ -184,7 +185,7 @@ import Testing
 
     /// A sink that takes everything; it cannot ask for its rest, so the windows must be joined by the transport.
     final class Collect: BodySink, @unchecked Sendable {
-        private let bytes = Mutex<[UInt8]>([])
+        private let bytes = Locked<[UInt8]>([])
         let limit: Int
         let offers = Atomic<Int>(0)
         /// Takes everything, or (with `limit`) chunks up to `limit` bytes in all and then waits for good.
@@ -337,7 +338,7 @@ import Testing
     /// A sink that wants fewer bytes than its response promises (a segment whose end another lane took over).
     final class Wanting: BodySink, @unchecked Sendable {
         let limit: Int
-        private let bytes = Mutex<[UInt8]>([])
+        private let bytes = Locked<[UInt8]>([])
         init(_ limit: Int) { self.limit = limit }
         var taken: [UInt8] { bytes.withLock { $0 } }
         func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {

@@ -1,10 +1,10 @@
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import Stitch
+import StitchLocks
 
 /// Segmented downloads: several connections, each asking for one segment with `Range: bytes=a-b` and `If-Range`,
 /// against the fault-injecting loopback server. Every finished download is checked byte for byte (SHA-256, via
@@ -369,7 +369,7 @@ import Testing
         let size = 12 << 20
         let (a, b) = validator.files(size: size, seeds: (0x5E90, 0x5E91))
         // The second connection that asks for a range is the other edge's, for every request it carries.
-        let edge = Mutex<(seen: Set<Int>, other: Int?)>(([], nil))
+        let edge = Locked<(seen: Set<Int>, other: Int?)>(([], nil))
         f.serve(a) { request, _ in
             let other = edge.withLock { edge -> Bool in
                 if edge.other == nil, request.askedRange != nil, !edge.seen.contains(request.connectionID) {
@@ -693,7 +693,7 @@ import Testing
         options.checkpointBytes = 1 << 40
         let paths = f.paths
         let files = [paths.part, paths.state, paths.live]
-        let copies = Mutex<[[UInt8]]>([])
+        let copies = Locked<[[UInt8]]>([])
         try await Self.interrupt(f, options: options, stalls: 4, written: stops) {
             let taken = try files.map { try readFile($0) }
             copies.withLock { $0 = taken }
@@ -993,7 +993,7 @@ extension SegmentedTests {
 
     /// A flag that is armed until disarmed, and true for `first()` once.
     final class Once: Sendable {
-        private let state = Mutex((armed: true, fired: false))
+        private let state = Locked((armed: true, fired: false))
 
         var isArmed: Bool { state.withLock { $0.armed } }
         func disarm() { state.withLock { $0.armed = false } }

@@ -1,8 +1,8 @@
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
+import StitchLocks
 
 /// Tests of the fault-injecting loopback server itself, using real clients: a raw socket
 /// client (to check exact framing) and /usr/bin/curl (libcurl's behaviour).

@@ -7,6 +7,7 @@ import Testing
 @testable import Stitch
 @testable import StitchTransport
 @testable import StitchURLSession
+import StitchLocks
 
 /// The URLSession backend cannot pause a data task (FoundationNetworking's `suspend()` ends the transfer and
 /// `resume()` sends the request again from its first byte), so it holds what a slow sink has not taken and, past
@@ -96,7 +97,7 @@ import Testing
     /// A sink that takes everything, and says whether its rest can be asked for again.
     final class Collect: BodySink, @unchecked Sendable {
         let canRequestRest: Bool
-        private let bytes = Mutex<[UInt8]>([])
+        private let bytes = Locked<[UInt8]>([])
         init(canRequestRest: Bool) { self.canRequestRest = canRequestRest }
         var taken: [UInt8] { bytes.withLock { $0 } }
         func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {

@@ -9,6 +9,7 @@
 import Glibc
 import StitchTestSupport
 import Synchronization
+import StitchLocks
 
 struct Options {
     var files = 20
@@ -92,9 +93,9 @@ struct Entry: Sendable {
 final class Chaos: Sendable {
     let server: TestHTTPServer
     let options: Options
-    private let state: Mutex<State>
+    private let state: Locked<State>
     /// Serialises replacements and the files they write.
-    private let replaceLock = Mutex(())
+    private let replaceLock = Locked(())
 
     struct State {
         var rng: SplitMix64
@@ -129,7 +130,7 @@ final class Chaos: Sendable {
             }
             entries.append(Entry(name: (index < 10 ? "f0\(index)" : "f\(index)") + ".bin", split: split, size: size, version: 0, sha256: ""))
         }
-        state = Mutex(State(rng: rng, entries: entries))
+        state = Locked(State(rng: rng, entries: entries))
     }
 
     private func path(_ index: Int) -> String { "/" + state.withLock { $0.entries[index].name } }

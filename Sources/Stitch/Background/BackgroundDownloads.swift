@@ -1,6 +1,7 @@
 import Dispatch
 public import Foundation
 import Synchronization
+import StitchLocks
 
 /// Something that happened to a background download.
 public enum BackgroundDownloadEvent: Sendable, Hashable {
@@ -210,13 +211,13 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     let staging: BackgroundStaging
     /// Inactive until the session exists, so no event is handled before `session` can be used.
     private let queue = DispatchQueue(label: "stitch.background", attributes: .initiallyInactive)
-    private let sessionBox = Mutex<(any DownloadTaskSession)?>(nil)
+    private let sessionBox = Locked<(any DownloadTaskSession)?>(nil)
     let events: AsyncStream<BackgroundDownloadEvent>
     private let continuation: AsyncStream<BackgroundDownloadEvent>.Continuation
     private let serial = Atomic<Int>(0)
     /// A test's stop: when it returns true at a step, the driver stops there as if killed (nothing more is written,
     /// the part files are closed).
-    let stopAt = Mutex<(@Sendable (Step) -> Bool)?>(nil)
+    let stopAt = Locked<(@Sendable (Step) -> Bool)?>(nil)
 
     // On `queue` only:
     private struct Entry {

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import StitchLocks
 
 /// `--adopt` (``DownloadRequest/adopt``): taking over a partial download that `wget -c`, `curl -C -` or aria2c
 /// left at the destination, only on proof (docs/adopt.md).
@@ -323,12 +323,12 @@ extension DownloadRun {
 
 /// Keeps a sample's body in memory (at most `limit` bytes: one sample, never a file).
 private final class CollectingSink: BodySink {
-    private let state: Mutex<[UInt8]>
+    private let state: Locked<[UInt8]>
     private let limit: Int
 
     init(limit: Int) {
         self.limit = limit
-        state = Mutex([])
+        state = Locked([])
     }
 
     var bytes: [UInt8] { state.withLock { $0 } }

@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Synchronization
+import StitchLocks
 
 /// Runs durable checkpoints off the transport thread: every `interval` seconds, or sooner when poked
 /// (the sink pokes it every `checkpointBytes`). A failure (disk full while writing the state) is kept for
@@ -18,7 +19,7 @@ final class Checkpointer: Sendable {
     private let running = Atomic<Bool>(false)
     private let trigger: Trigger
     let hasFailed = Atomic<Bool>(false)
-    private let failure = Mutex<DownloadError?>(nil)
+    private let failure = Locked<DownloadError?>(nil)
 
     /// What the clock's thread and the sink hold: the queue, the pending flag and a weak reference to the
     /// checkpointer, resolved only on the queue — so the clock's thread never holds the last reference to a
@@ -26,7 +27,7 @@ final class Checkpointer: Sendable {
     private final class Trigger: Sendable {
         let queue: DispatchQueue
         let pending = Atomic<Bool>(false)
-        private let target = Mutex<WeakReference>(WeakReference())
+        private let target = Locked<WeakReference>(WeakReference())
 
         struct WeakReference {
             weak var checkpointer: Checkpointer?

@@ -7,6 +7,7 @@ import Musl
 import Darwin
 #endif
 import Synchronization
+import StitchLocks
 
 /// One call of ``Downloader/download(_:options:onEvent:)``: the executor of the download's state machine
 /// (``DownloadStateMachine``). It finds what is on disk, performs the machine's actions — the first connection's
@@ -27,7 +28,7 @@ final class DownloadRun: @unchecked Sendable {
     private let onEvent: @Sendable (DownloadEvent) -> Void
     /// Open while events may be delivered. The lock also serialises delivery: the transport thread, the engine
     /// task and the progress ticker all emit, and the callback is promised one event at a time.
-    private let eventGate = Mutex(true)
+    private let eventGate = Locked(true)
     let startURL: URL
 
     // Across attempts.
@@ -41,7 +42,7 @@ final class DownloadRun: @unchecked Sendable {
     var adoption: AdoptionRecord?
     /// The download's state machine, with its lanes' requests beside it: the one lock this run's executors (this
     /// object's task, the lanes, the decisions and the monitor) take to ask it.
-    let core: Mutex<EngineCore>
+    let core: Locked<EngineCore>
     private var currentURL: URL
 
     // Per attempt, set by the delegate.
@@ -79,7 +80,7 @@ final class DownloadRun: @unchecked Sendable {
         self.startURL = try validateURL(request.url)
         self.currentURL = startURL
         self.counters = TransferCounters(checkpointBytes: options.checkpointBytes)
-        self.core = Mutex(
+        self.core = Locked(
             EngineCore(
                 machine: DownloadStateMachine(
                     startURL: startURL, retry: options.retry, maxRedirects: options.maxRedirects,
@@ -654,13 +655,13 @@ final class DownloadRun: @unchecked Sendable {
 
     private final class ProgressTicks: Sendable {
         private let busy = Atomic<Bool>(false)
-        private let run: Mutex<WeakRun>
+        private let run: Locked<WeakRun>
 
         struct WeakRun {
             weak var run: DownloadRun?
         }
 
-        init(_ run: DownloadRun) { self.run = Mutex(WeakRun(run: run)) }
+        init(_ run: DownloadRun) { self.run = Locked(WeakRun(run: run)) }
 
         func fire() {
             guard !busy.exchange(true, ordering: .acquiringAndReleasing) else { return }

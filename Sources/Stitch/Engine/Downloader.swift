@@ -1,5 +1,4 @@
 public import Foundation
-import Synchronization
 
 /// Downloads one URL to one file, resuming whatever an earlier run left, and never putting anything but
 /// the complete, verified file at the destination.

@@ -1,4 +1,5 @@
 import Synchronization
+import StitchLocks
 
 /// A token bucket that caps the bytes per second of every connection sharing it (all connections of a download,
 /// later all downloads).
@@ -22,7 +23,7 @@ import Synchronization
 /// wait for the debt and the average stays right. Waits are always positive and at most ``maximumWait``, so a
 /// rate raised at runtime is noticed within that time by a paused connection.
 ///
-/// Thread-safe: the state is behind a `Mutex`; every method may be called from any thread.
+/// Thread-safe: the state is behind a `Locked`; every method may be called from any thread.
 public final class RateLimiter: Sendable {
     /// The longest wait ``take(_:now:)`` returns; a caller asking again early just gets another wait.
     public static let maximumWait: Double = 1.0
@@ -38,7 +39,7 @@ public final class RateLimiter: Sendable {
         var last: Double?
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
     private let enabled = Atomic<Bool>(true)
     /// The limiter this one is nested within (one download's limit within the limit over all of them).
     public let parent: RateLimiter?
@@ -53,7 +54,7 @@ public final class RateLimiter: Sendable {
         precondition(bytesPerSecond > 0, "RateLimiter: bytesPerSecond must be positive")
         precondition(burst.map { $0 > 0 } ?? true, "RateLimiter: burst must be positive")
         let size = burst ?? Self.defaultBurst(forRate: bytesPerSecond)
-        state = Mutex(
+        state = Locked(
             State(
                 rate: bytesPerSecond, burst: size, burstFollowsRate: burst == nil, tokens: Double(size), last: nil))
     }

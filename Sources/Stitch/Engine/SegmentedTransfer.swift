@@ -7,6 +7,7 @@ import Musl
 import Darwin
 #endif
 import Synchronization
+import StitchLocks
 
 /// The download's state machine (``DownloadStateMachine``) and what the lanes' executor keeps beside it, under the
 /// run's one lock (``DownloadRun/core``).
@@ -63,7 +64,7 @@ final class SegmentedTransfer: Sendable {
     let store: PartStore
     /// The validators the download has; on one connection a response may add to them (see ``onlySegment``).
     var known: Validators { knownBox.withLock { $0 } }
-    private let knownBox: Mutex<Validators>
+    private let knownBox: Locked<Validators>
     /// One lane over the download's one segment: a download on one connection is this transfer with N = 1. The
     /// lane then asks as a resume does (a range from where the file got to, with `If-Range` or, without a strong
     /// validator, re-fetching an overlap to compare; no end), takes the body to its end (a longer one is too long,
@@ -119,7 +120,7 @@ final class SegmentedTransfer: Sendable {
         owner: DownloadRun
     ) {
         self.store = store
-        self.knownBox = Mutex(known)
+        self.knownBox = Locked(known)
         self.onlySegment = lanes == 1 && !split
         self.owner = owner
         self.request = request
@@ -395,7 +396,7 @@ final class LaneRequest: @unchecked Sendable {
     /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
     let replace = AtomicFlag()
     /// The response being received, so that a stalled one can be cut off (no bytes come to notice `replace`).
-    private let response = Mutex<(any TransportResponse)?>(nil)
+    private let response = Locked<(any TransportResponse)?>(nil)
 
     /// Where the body has got to.
     var offset: Int64 { sink?.offset ?? plan.resumeOffset }

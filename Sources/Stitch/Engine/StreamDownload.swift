@@ -6,7 +6,7 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Synchronization
+import StitchLocks
 
 /// Where a streamed download's bytes go (``Downloader/stream(_:headers:options:to:onEvent:)``).
 public enum StreamTarget: Sendable {
@@ -46,7 +46,7 @@ extension Downloader {
                 url: current.absoluteString, headers: ResumePolicy.requestHeaders(user: headers, plan: plan),
                 options: options.transport)
             sink.startRequest()
-            let verdict = Mutex<HeadVerdict?>(nil)
+            let verdict = Locked<HeadVerdict?>(nil)
             let before = written
             let knownNow = known
             let (result, decisionError) = await performAttempt(

@@ -1,6 +1,6 @@
 public import Foundation
 public import Observation
-import Synchronization
+import StitchLocks
 
 /// A ``DownloadManager``'s downloads for a SwiftUI view: an `@Observable` list, on the main actor, that follows the
 /// manager's events, with the intents a row's buttons call.
@@ -35,7 +35,7 @@ public final class DownloadList {
     public private(set) var isFollowing = false
 
     /// The task following the events; cancelled by ``stop()`` or when the list goes away.
-    private let following = Mutex<Task<Void, Never>?>(nil)
+    private let following = Locked<Task<Void, Never>?>(nil)
     /// Bumped by each ``start()`` and ``stop()``: a follower that is not the latest changes nothing.
     @ObservationIgnored private var generation = 0
 

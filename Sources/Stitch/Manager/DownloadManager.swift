@@ -1,5 +1,6 @@
 public import Foundation
 import Synchronization
+import StitchLocks
 
 /// Many downloads, one queue: started in order under a concurrency cap and a per-host connection cap, paused,
 /// resumed, cancelled and removed on request, reported through event streams, and kept in a catalog that
@@ -177,7 +178,7 @@ public actor DownloadManager {
     private final class Run: Sendable {
         let token: Int
         let host: String
-        let task: Mutex<Task<Void, Never>?> = Mutex(nil)
+        let task: Locked<Task<Void, Never>?> = Locked(nil)
         /// Connections this run holds on its host beyond the first.
         let extra = Atomic<Int>(0)
         /// The download's own limit, within the manager's (switched off without one, so that one set while the
@@ -1428,7 +1429,7 @@ public actor DownloadManager {
 /// Connections in use per host, shared with the engine's threads (which ask for more when they split).
 final class HostSlots: Sendable {
     private let cap: Atomic<Int>
-    private let used = Mutex<[String: Int]>([:])
+    private let used = Locked<[String: Int]>([:])
 
     init(cap: Int) { self.cap = Atomic(cap) }
 
@@ -1460,7 +1461,7 @@ final class HostSlots: Sendable {
 /// Which download writes to which path, so two never share a part file. Shared with the engine's threads (a
 /// download into a folder names its file at the first response).
 final class PathClaims: Sendable {
-    private let owners = Mutex<[String: DownloadID]>([:])
+    private let owners = Locked<[String: DownloadID]>([:])
 
     func owner(of path: String) -> DownloadID? { owners.withLock { $0[path] } }
 

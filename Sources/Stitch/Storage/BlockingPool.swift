@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import StitchLocks
 
 /// A few threads for blocking file-system calls (syncs, renames), as swift-nio's `NIOThreadPool`.
 ///
@@ -29,7 +29,7 @@ final class BlockingPool: Sendable {
     func run<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
         // The work's writes (an engine decision sets the download's fields) are ordered before the caller's reads
         // by this lock as well as by the continuation: ThreadSanitizer sees the lock (as the libcurl transport's `start`).
-        let handoff = Mutex(false)
+        let handoff = Locked(false)
         let result: Result<T, DownloadError> = await withCheckedContinuation { continuation in
             submit {
                 let outcome: Result<T, DownloadError>
@@ -107,7 +107,7 @@ final class BlockingSerialExecutor: SerialExecutor {
         var jobs: [UnownedJob] = []
         var draining = false
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let pool: BlockingPool
 
     init(pool: BlockingPool = .actors) { self.pool = pool }

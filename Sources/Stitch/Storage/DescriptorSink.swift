@@ -6,6 +6,7 @@ import Musl
 import Darwin
 #endif
 import Synchronization
+import StitchLocks
 
 /// Writes a body to a descriptor in order, on the transport's thread, never blocking it: a pipe without room
 /// pauses the transfer (the same bytes are offered again, and what was written of them is skipped).
@@ -22,7 +23,7 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
     /// A pipe or socket, whose reader can be slow: written only as far as it has room. A file or a terminal is
     /// written in one go.
     private let pipeLike: Bool
-    private let failureBox = Mutex<DownloadError?>(nil)
+    private let failureBox = Locked<DownloadError?>(nil)
     var failure: DownloadError? { failureBox.withLock { $0 } }
 
     init(fd: Int32, rateLimiter: RateLimiter?) {

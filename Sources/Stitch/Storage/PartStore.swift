@@ -8,6 +8,7 @@ import Musl
 import Darwin
 #endif
 import Synchronization
+import StitchLocks
 
 /// The files of one download: the destination and, beside it until the end, the part file, the state
 /// file and the live record.
@@ -134,7 +135,7 @@ final class PartStore: @unchecked Sendable {
     let paths: DownloadPaths
     let fd: Int32
     private let live: LiveRecord
-    private let state: Mutex<DownloadState>
+    private let state: Locked<DownloadState>
     /// The durable bytes over all segments, mirrored for readers outside the lock.
     let durable: Atomic<Int64>
     /// Set after a failed `fdatasync` or a half-done restart: nothing this store writes may be trusted as
@@ -142,7 +143,7 @@ final class PartStore: @unchecked Sendable {
     /// every later durable step fails and the run ends with the error.
     private let broken = Atomic<Bool>(false)
     /// Piece checksums computed by the writers, waiting for their bytes to become durable.
-    private let pendingPieces = Mutex<[Int: UInt32]>([:])
+    private let pendingPieces = Locked<[Int: UInt32]>([:])
 
     /// Each segment's end (`Int64.max` while open), by slot: read lock-free by the writers on every chunk, so a
     /// checkpoint holding the state lock through its syncs never stalls a transfer. Written under the state lock.
@@ -152,13 +153,13 @@ final class PartStore: @unchecked Sendable {
     /// chunk (``split(_:at:)``). So no byte is written by two connections (fetched, and counted, twice). Guarded by
     /// `claimLock`, which is held for a few loads and stores only (never over I/O, never by a checkpoint).
     private let claims = UnsafeMutablePointer<Int64>.allocate(capacity: LiveRecord.slotCount)
-    private let claimLock = Mutex(())
+    private let claimLock = Locked(())
 
     private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState) {
         self.paths = paths
         self.fd = fd
         self.live = live
-        self.state = Mutex(state)
+        self.state = Locked(state)
         self.durable = Atomic(state.durableBytes)
         ends.initialize(repeating: Int64.max, count: LiveRecord.slotCount)
         claims.initialize(repeating: 0, count: LiveRecord.slotCount)

@@ -1,1 +1,0 @@
-../Stitch/Support/SanitizerMutex.swift

@@ -1,1 +1,0 @@
-../../Sources/Stitch/Support/SanitizerMutex.swift
