@@ -42,6 +42,14 @@ static inline void stitch_store_release_i64(int64_t *pointer, int64_t value) {
 static inline int64_t stitch_load_acquire_i64(const int64_t *pointer) {
     return __atomic_load_n(pointer, __ATOMIC_ACQUIRE);
 }
+/* The calling thread's kernel id (gettid needs _GNU_SOURCE; syscall is variadic). */
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+static inline int32_t stitch_thread_id(void) {
+    return (int32_t)syscall(SYS_gettid);
+}
+#endif
 /* posix_spawn extensions (glibc >= 2.34) that <spawn.h> declares only under _GNU_SOURCE; the test support's
    child processes use them to start in a folder and to inherit no descriptor but 0, 1 and 2. */
 #include <spawn.h>

@@ -22,7 +22,7 @@ public final class CurlTransport: HTTPTransport {
     /// The process-wide transport.
     public static let shared = CurlTransport()
 
-    private let loop: CurlEventLoop
+    let loop: CurlEventLoop
     private let receiveBufferSize: Int
 
     /// A transport with its own event-loop thread and connection cache.
@@ -36,6 +36,20 @@ public final class CurlTransport: HTTPTransport {
 
     /// See ``init(receiveBufferSize:)``.
     public static let defaultReceiveBufferSize = 512 * 1024
+
+    deinit {
+        loop.submit(.shutdown(nil))
+    }
+
+    /// Stops the event-loop thread and frees the multi handle and its connections; returns once the thread has
+    /// ended. Transfers in flight end as cancelled, and every later request fails at once. Calling it again
+    /// returns at once. A transport that is released shuts down by itself (without waiting); ``shared`` lives as
+    /// long as the process.
+    public func shutdown() async {
+        await withCheckedContinuation { continuation in
+            loop.submit(.shutdown(continuation))
+        }
+    }
 
     public func start(_ request: TransportRequest) async -> Result<any TransportResponse, TransportError> {
         let transfer = CurlTransfer(request: request, receiveBufferSize: receiveBufferSize)
@@ -502,10 +516,21 @@ final class CurlEventLoop: @unchecked Sendable {
         /// The engine's decision on a response whose head it has: read the body into a sink, or discard it.
         case body(CurlTransfer, CurlTransfer.Phase, CheckedContinuation<Result<Void, TransportError>, Never>)
         case cancel(CurlTransfer)
+        /// End the loop (resumed once it has); nil from a deinit, which does not wait.
+        case shutdown(CheckedContinuation<Void, Never>?)
+    }
+
+    private struct Queue {
+        var commands: [Command] = []
+        /// Set by the loop as it ends: commands are then answered by `submit` itself, and the multi handle (being
+        /// cleaned up) is never woken again.
+        var stopped = false
     }
 
     private let multi: UnsafeMutableRawPointer
-    private let commands = Locked<[Command]>([])
+    private let queue = Locked(Queue())
+    /// The loop thread's kernel id, once it runs (tests look for it in /proc/self/task).
+    let threadID = Atomic<Int32>(0)
     /// Loop thread only.
     private var active: [UnsafeMutableRawPointer: CurlTransfer] = [:]
 
@@ -519,17 +544,53 @@ final class CurlEventLoop: @unchecked Sendable {
     }
 
     func submit(_ command: Command) {
-        commands.withLock { $0.append(command) }
-        curl_multi_wakeup(multi)
+        let stopped = queue.withLock { queue in
+            guard !queue.stopped else { return true }
+            queue.commands.append(command)
+            // Under the lock, so that it never follows the loop's `curl_multi_cleanup`.
+            curl_multi_wakeup(multi)
+            return false
+        }
+        if stopped { Self.refuse(command) }
     }
 
+    /// Answers a command the loop will never see (it has ended; nothing else touches the transfer any more).
+    private static func refuse(_ command: Command) {
+        switch command {
+        case .add(let transfer):
+            transfer.complete(.failure(Self.shutDown))
+        case .body(let transfer, _, let continuation):
+            transfer.bodyContinuation = continuation
+            transfer.complete(.failure(Self.shutDown))
+        case .cancel:
+            break
+        case .shutdown(let continuation):
+            continuation?.resume()
+        }
+    }
+
+    static let shutDown = TransportError(.cancelled, "the transport was shut down")
+
     private func run() {
-        while true {
-            let batch = commands.withLock { pending -> [Command] in
-                defer { pending.removeAll(keepingCapacity: true) }
-                return pending
+        #if os(Linux)
+        threadID.store(stitch_thread_id(), ordering: .releasing)
+        #endif
+        var waiters: [CheckedContinuation<Void, Never>] = []
+        var stopping = false
+        while !stopping {
+            let batch = queue.withLock { queue -> [Command] in
+                defer { queue.commands.removeAll(keepingCapacity: true) }
+                return queue.commands
             }
-            for command in batch { handle(command) }
+            for command in batch {
+                if case .shutdown(let continuation) = command {
+                    stopping = true
+                    if let continuation { waiters.append(continuation) }
+                } else {
+                    handle(command)
+                }
+            }
+            if stopping { break }
             var running: Int32 = 0
             curl_multi_perform(multi, &running)
             var left: Int32 = 0
@@ -557,6 +618,16 @@ final class CurlEventLoop: @unchecked Sendable {
             var ready: Int32 = 0
             curl_multi_poll(multi, nil, 0, Int32(max(0, timeout.rounded(.up))), &ready)
         }
+        // Shutting down: what is running ends as cancelled; what comes later is refused by `submit`.
+        for (easy, _) in active { finish(easy, outcome: .failure(Self.shutDown), code: CURLE_OK) }
+        let late = queue.withLock { queue -> [Command] in
+            queue.stopped = true
+            defer { queue.commands.removeAll() }
+            return queue.commands
+        }
+        for command in late { Self.refuse(command) }
+        curl_multi_cleanup(multi)
+        for waiter in waiters { waiter.resume() }
     }
 
     /// Ends a pause (the sink's, or the one while the engine decided). libcurl hands back the bytes it held from
@@ -610,6 +681,8 @@ final class CurlEventLoop: @unchecked Sendable {
             Trace.note("\(transfer.request.url) loop cancel, in the multi handle: \(isActive(transfer))")
             guard let easy = transfer.easy, active[easy] != nil else { return }
             finish(easy, outcome: .failure(.cancelled), code: CURLE_OK)
+        case .shutdown:
+            break  // taken by `run`
         }
     }
 
