@@ -9,11 +9,11 @@ import StitchLocks
 ///
 /// Each download has a serial Dispatch queue rather than a thread of its own: starting a thread per download
 /// was a measurable part of fetching thousands of small files; Dispatch reuses its threads, and the queues
-/// still let several downloads sync at once. The interval is kept by the shared ``EngineClock`` (arming a
+/// still let several downloads sync at once. The interval is kept by the download's clock (the shared timer thread) (arming a
 /// Dispatch timer per download woke a thread twice for downloads that end before their first checkpoint).
 final class Checkpointer: Sendable {
     private let store: PartStore
-    private let timer: EngineClock.Timer
+    private let timer: any ClockTimer
     private let stopped = Atomic<Bool>(false)
     /// Set while a checkpoint that has seen `stopped` false runs (see ``stopIfIdle()``).
     private let running = Atomic<Bool>(false)
@@ -44,14 +44,14 @@ final class Checkpointer: Sendable {
         }
     }
 
-    init(store: PartStore, interval: Double) {
+    init(store: PartStore, interval: Double, clock: any DownloadClock = SystemClock()) {
         self.store = store
         // A serial queue of its own (Dispatch's overcommitting root queue): a checkpoint blocks in fdatasync,
         // and the global queues run no more threads than cores on Linux, so many downloads would queue their
         // checkpoints behind each other.
         let trigger = Trigger(queue: DispatchQueue(label: "stitch.checkpoint"))
         self.trigger = trigger
-        timer = EngineClock.shared.every(interval) { trigger.poke() }
+        timer = clock.every(interval) { trigger.poke() }
         trigger.attach(self)
     }
 

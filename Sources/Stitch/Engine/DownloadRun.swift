@@ -514,7 +514,7 @@ final class DownloadRun: @unchecked Sendable {
     }
 
     private func startCheckpointer(_ store: PartStore) {
-        checkpointer = Checkpointer(store: store, interval: options.checkpointInterval)
+        checkpointer = Checkpointer(store: store, interval: options.checkpointInterval, clock: clock)
         counters.resetCheckpointCount()
         hasStore.store(true, ordering: .releasing)
     }
@@ -648,9 +648,9 @@ final class DownloadRun: @unchecked Sendable {
     ///
     /// At most one tick task per download, waiting or running: on a machine too busy to run them, or while a
     /// sync holds the store's lock, ticks are dropped, not queued up on cooperative threads.
-    private func startProgressTicker() -> EngineClock.Timer {
+    private func startProgressTicker() -> any ClockTimer {
         let ticks = ProgressTicks(self)
-        return EngineClock.shared.every(options.progressInterval) { ticks.fire() }
+        return clock.every(options.progressInterval) { ticks.fire() }
     }
 
     private final class ProgressTicks: Sendable {
@@ -717,7 +717,7 @@ final class DownloadRun: @unchecked Sendable {
     private func endProbe(at offset: Int64) -> Bool {
         if probe == nil, reprobe != nil { return lookAgain(at: offset) }
         guard let probe, let store else { return false }
-        let elapsed = monotonicNow() - probe.started
+        let elapsed = clock.uptime() - probe.started
         guard elapsed >= SplitPolicy.probeSeconds || offset >= SplitPolicy.probeBytes else { return false }
         self.probe = nil
         // Only for the response it was set up for: same length, and splitting still allowed.
@@ -732,7 +732,7 @@ final class DownloadRun: @unchecked Sendable {
             return false
         case .keepOne(let notice):
             emit(.notice(notice))
-            let now = monotonicNow()
+            let now = clock.uptime()
             reprobe = Reprobe(
                 started: probe.started, total: probe.total, probeRate: Double(offset) / max(elapsed, 1e-6),
                 lastTime: now, lastOffset: offset)
@@ -751,7 +751,7 @@ final class DownloadRun: @unchecked Sendable {
     /// the transport's thread, from the sink.
     private func lookAgain(at offset: Int64) -> Bool {
         guard var look = reprobe, let store, look.next < SplitPolicy.reprobeSeconds.count else { return false }
-        let now = monotonicNow()
+        let now = clock.uptime()
         guard now - look.started >= SplitPolicy.reprobeSeconds[look.next] else { return false }
         let bytes = offset - look.lastOffset
         let seconds = now - look.lastTime
@@ -936,7 +936,7 @@ final class DownloadRun: @unchecked Sendable {
                 if options.connections == nil, options.singleConnectionRate != nil {
                     // Receive a moment first: the split happens (from where this response got to) unless one
                     // connection turns out to be fast enough on its own.
-                    probe = Probe(started: monotonicNow(), total: total)
+                    probe = Probe(started: clock.uptime(), total: total)
                 } else if lanes(for: validators) > 1 {
                     // Split now and let the lanes request exact ranges; this response's bytes are not needed.
                     split(store, total: total, lanes: lanes(for: validators))
@@ -972,7 +972,8 @@ final class DownloadRun: @unchecked Sendable {
         }
         let sink = SegmentSink(
             store: store, slot: 0, bound: .fileLength(validators.totalLength), offset: start,
-            rateLimiter: options.rateLimiter, checkpointer: checkpointer, counters: counters, digest: hasher,
+            rateLimiter: options.rateLimiter, clock: clock, checkpointer: checkpointer, counters: counters,
+            digest: hasher,
             pieces: pieces,
             // Only while the first response is probed; the sink lives no longer than this run.
             afterWrite: probe == nil ? nil : { [unowned self] offset in endProbe(at: offset) },

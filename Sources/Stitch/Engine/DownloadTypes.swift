@@ -107,26 +107,6 @@ public struct RetryPolicy: Sendable, Hashable {
     }
 }
 
-/// Waits between retries. Tests inject one that records and returns at once.
-public protocol DownloadClock: Sendable {
-    /// Waits `seconds`; throws when the calling task is cancelled.
-    func sleep(seconds: Double) async throws
-    /// Seconds since the epoch, for `Retry-After` dates.
-    func now() -> Int64
-}
-
-/// The real clock.
-public struct SystemClock: DownloadClock {
-    /// The system's clock.
-    public init() {}
-    /// Waits `seconds` (to the millisecond) with `Task.sleep`; throws `CancellationError` when the task is
-    /// cancelled.
-    public func sleep(seconds: Double) async throws {
-        try await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
-    }
-    public func now() -> Int64 { Stitch.now() }
-}
-
 /// Tuning for one download.
 public struct DownloadOptions: Sendable {
     /// Connection settings for every request: timeouts, TLS, user agent, credentials.

@@ -50,6 +50,8 @@ final class SegmentSink: BodySink, @unchecked Sendable {
     /// Bytes before this offset are compared with the disk, not written.
     private let verifyEnd: Int64
     private let rateLimiter: RateLimiter?
+    /// The download's clock, read for the rate limit.
+    private let clock: any DownloadClock
     private let checkpointer: Checkpointer?
     private let counters: TransferCounters
     private let digest: DigestHasher?
@@ -69,7 +71,7 @@ final class SegmentSink: BodySink, @unchecked Sendable {
 
     init(
         store: PartStore, slot: Int, bound: Bound, offset: Int64, verifyEnd: Int64 = 0,
-        rateLimiter: RateLimiter?, checkpointer: Checkpointer?, counters: TransferCounters,
+        rateLimiter: RateLimiter?, clock: any DownloadClock, checkpointer: Checkpointer?, counters: TransferCounters,
         digest: DigestHasher? = nil, pieces: PieceHasher?,
         shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: ((Int64) -> Bool)? = nil,
         canRequestRest: Bool = false
@@ -81,6 +83,7 @@ final class SegmentSink: BodySink, @unchecked Sendable {
         self.offset = offset
         self.verifyEnd = verifyEnd
         self.rateLimiter = rateLimiter
+        self.clock = clock
         self.checkpointer = checkpointer
         self.counters = counters
         self.digest = digest
@@ -113,7 +116,7 @@ final class SegmentSink: BodySink, @unchecked Sendable {
             return .abort
         }
         // The rate limit is shared by every connection (and download) holding the same limiter.
-        if let limiter = rateLimiter, let wait = limiter.take(bytes.count, now: monotonicNow()) {
+        if let limiter = rateLimiter, let wait = limiter.take(bytes.count, now: clock.uptime()) {
             return .wait(.seconds(wait))
         }
         if write(bytes) { return .accepted }

@@ -112,6 +112,8 @@ final class SegmentedTransfer: Sendable {
     /// The download's byte counters, shared with its other attempts.
     let counters: TransferCounters
     private let finishedLanes = Atomic<Int>(0)
+    /// Wakes the monitor and the lanes waiting for work, on the clock's timer.
+    private let beat = Beat()
 
     init(
         store: PartStore, known: Validators, split: Bool, request: DownloadRequest, options: DownloadOptions,
@@ -146,6 +148,14 @@ final class SegmentedTransfer: Sendable {
     func run() async throws {
         Trace.note("\(request.url) transfer run lanes \(lanes) segments \(store.writtenSegments)")
         defer { Trace.note("\(request.url) transfer run ended") }
+        // The monitor's beat, kept by the download's clock: it samples the lanes, and lanes with nothing to take
+        // look again. (A transfer over before the first beat costs no thread a wake-up.)
+        let beat = beat
+        let timer = clock.every(Self.monitorInterval) { beat.fire() }
+        defer {
+            timer.cancel()
+            beat.end()
+        }
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<lanes {
                 group.addTask {
@@ -155,13 +165,12 @@ final class SegmentedTransfer: Sendable {
             }
             if lanes > 1 {
                 group.addTask {
-                    while self.finishedLanes.load(ordering: .acquiring) < self.lanes, !Task.isCancelled {
-                        try? await Task.sleep(for: .milliseconds(Int64(Self.monitorInterval * 1000)))
-                        self.monitor(now: monotonicNow())
+                    while self.finishedLanes.load(ordering: .acquiring) < self.lanes, await beat.next() {
+                        self.monitor(now: self.clock.uptime())
                     }
                 }
             }
-            // The monitor sleeps; once every lane is done it is cancelled rather than waited for. After a halt the
+            // The monitor waits for its beat; once every lane is done it is cancelled rather than waited for. After a halt the
             // lanes still sleeping in a backoff or waiting on a slow server are cancelled too.
             while try await group.next() != nil {
                 if finishedLanes.load(ordering: .acquiring) >= lanes || stopped.load(ordering: .acquiring) {
@@ -178,7 +187,7 @@ final class SegmentedTransfer: Sendable {
     /// file's state, under the same lock.
     private func claim() -> Claim {
         withCore { core in
-            switch core.machine.laneIdle(segments: store.writtenSegments, running: core.running, now: monotonicNow()) {
+            switch core.machine.laneIdle(segments: store.writtenSegments, running: core.running, now: clock.uptime()) {
             case .fetch(let slot):
                 return .fetch(slot)
             case .steal(let victim, let at, let replaceVictim):
@@ -228,7 +237,7 @@ final class SegmentedTransfer: Sendable {
                 // What a new request may expect: this one's speed over its last window, or (too short a request
                 // for a window) over its whole life.
                 let whole = core.requests[slot].flatMap { request -> Double? in
-                    let elapsed = monotonicNow() - request.startedAt
+                    let elapsed = clock.uptime() - request.startedAt
                     let bytes = request.offset - request.plan.resumeOffset
                     return elapsed > 0.01 && bytes >= Self.stealGranule ? Double(bytes) / elapsed : nil
                 }
@@ -249,11 +258,7 @@ final class SegmentedTransfer: Sendable {
                 return
             case .wait:
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
-                do {
-                    try await Task.sleep(for: .milliseconds(Int64(Self.monitorInterval * 1000)))
-                } catch {
-                    return
-                }
+                guard await beat.next() else { return }
             case .fetch(let slot):
                 defer { withCore { $0.machine.released(slot) } }
                 do {
@@ -378,6 +383,54 @@ final class SegmentedTransfer: Sendable {
     }
 }
 
+/// A beat that tasks wait for: ``fire()`` (on a clock's timer thread: it only resumes continuations) wakes every
+/// task waiting in ``next()``. Ended, or the waiting task cancelled, `next()` returns false.
+final class Beat: Sendable {
+    private struct State {
+        var waiters: [UInt64: CheckedContinuation<Bool, Never>] = [:]
+        var nextID: UInt64 = 0
+        var ended = false
+    }
+    private let state = Locked(State())
+
+    func fire() {
+        let waiters = state.withLock { state in
+            defer { state.waiters.removeAll() }
+            return state.waiters
+        }
+        for waiter in waiters.values { waiter.resume(returning: true) }
+    }
+
+    func end() {
+        let waiters = state.withLock { state in
+            state.ended = true
+            defer { state.waiters.removeAll() }
+            return state.waiters
+        }
+        for waiter in waiters.values { waiter.resume(returning: false) }
+    }
+
+    /// Waits for the next beat: true when it came, false once ended or when the task is cancelled.
+    func next() async -> Bool {
+        let id = state.withLock { state in
+            state.nextID += 1
+            return state.nextID
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+                let waiting = state.withLock { state in
+                    guard !state.ended, !Task.isCancelled else { return false }
+                    state.waiters[id] = continuation
+                    return true
+                }
+                if !waiting { continuation.resume(returning: false) }
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume(returning: false)
+        }
+    }
+}
+
 /// One request of a lane: its plan, the engine's reading of its head, and its body's sink (the engine's one
 /// ``SegmentSink``). Touched only on the decision pool and the transport thread during the request and by the
 /// lane after it (the awaits order them); the monitor reads the atomics and the sink's offset.
@@ -392,7 +445,7 @@ final class LaneRequest: @unchecked Sendable {
     /// What the decision could not do (prepare the files).
     private(set) var decisionError: DownloadError?
     /// When this request was made, for the lane's speed.
-    let startedAt = monotonicNow()
+    let startedAt: Double
     /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
     let replace = AtomicFlag()
     /// The response being received, so that a stalled one can be cut off (no bytes come to notice `replace`).
@@ -418,6 +471,7 @@ final class LaneRequest: @unchecked Sendable {
         self.slot = slot
         self.plan = plan
         self.known = known
+        startedAt = transfer.clock.uptime()
     }
 
     /// One request for the lane's range (see ``performAttempt(_:on:hook:started:decide:)``); the decision may
@@ -474,7 +528,8 @@ final class LaneRequest: @unchecked Sendable {
         let transfer = self.transfer
         let sink = SegmentSink(
             store: store, slot: slot, bound: .fileLength(validators.totalLength), offset: start,
-            verifyEnd: verifyEnd, rateLimiter: transfer.options.rateLimiter, checkpointer: transfer.checkpointer,
+            verifyEnd: verifyEnd, rateLimiter: transfer.options.rateLimiter, clock: transfer.clock,
+            checkpointer: transfer.checkpointer,
             counters: transfer.counters, digest: transfer.owner.runningDigest, pieces: pieces,
             shouldStop: { transfer.stopped.load(ordering: .relaxed) }, canRequestRest: validators.canResume)
         self.sink = sink
@@ -496,7 +551,8 @@ final class LaneRequest: @unchecked Sendable {
             let replace = self.replace
             let sink = SegmentSink(
                 store: store, slot: slot, bound: .segmentEnd(requestEnd: plan.rangeEnd ?? Int64.max),
-                offset: start, rateLimiter: transfer.options.rateLimiter, checkpointer: transfer.checkpointer,
+                offset: start, rateLimiter: transfer.options.rateLimiter, clock: transfer.clock,
+                checkpointer: transfer.checkpointer,
                 counters: transfer.counters, pieces: pieces,
                 shouldStop: {
                     transfer.stopped.load(ordering: .relaxed) || replace.isSet

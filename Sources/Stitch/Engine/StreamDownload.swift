@@ -31,7 +31,7 @@ extension Downloader {
     ) async throws(DownloadError) -> Int64 {
         let start = try validateURL(url)
         guard case .fileDescriptor(let fd) = target else { preconditionFailure("one target kind") }
-        let sink = DescriptorSink(fd: fd, rateLimiter: options.rateLimiter)
+        let sink = DescriptorSink(fd: fd, rateLimiter: options.rateLimiter, clock: clock)
         var current = start
         var redirects = RedirectChain(limit: 10)
         var known: Validators?
@@ -125,7 +125,7 @@ extension Downloader {
             default: reason = "the body ended early"
             }
             onEvent(.retrying(attempt: failures, maxRetries: policy.maxRetries, delay: delay, reason: reason))
-            do { try await Task.sleep(for: .seconds(delay)) } catch { throw DownloadError(.cancelled, "cancelled") }
+            do { try await clock.sleep(seconds: delay) } catch { throw DownloadError(.cancelled, "cancelled") }
             redirects.reset()
             current = start
         }

@@ -13,6 +13,8 @@ import StitchLocks
 final class DescriptorSink: BodySink, @unchecked Sendable {
     let fd: Int32
     let rateLimiter: RateLimiter?
+    /// Read for the rate limit.
+    let clock: any DownloadClock
     /// Bytes written to the descriptor; read after the transfer has ended.
     var written: Int64 { total.load(ordering: .acquiring) }
     private let total = Atomic<Int64>(0)
@@ -26,9 +28,10 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
     private let failureBox = Locked<DownloadError?>(nil)
     var failure: DownloadError? { failureBox.withLock { $0 } }
 
-    init(fd: Int32, rateLimiter: RateLimiter?) {
+    init(fd: Int32, rateLimiter: RateLimiter?, clock: any DownloadClock = SystemClock()) {
         self.fd = fd
         self.rateLimiter = rateLimiter
+        self.clock = clock
         var info = stat()
         let kind = fstat(fd, &info) == 0 ? info.st_mode & S_IFMT : S_IFIFO
         pipeLike = kind == S_IFIFO || kind == S_IFSOCK
@@ -43,7 +46,7 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
 
     func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
         if !charged, let limiter = rateLimiter {
-            if let wait = limiter.take(bytes.count, now: monotonicNow()) { return .wait(.seconds(wait)) }
+            if let wait = limiter.take(bytes.count, now: clock.uptime()) { return .wait(.seconds(wait)) }
             charged = true
         }
         while partial < bytes.count {

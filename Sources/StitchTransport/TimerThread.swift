@@ -19,8 +19,8 @@ import Darwin
 /// The work runs on the clock's thread and must neither block nor drop the last reference to anything whose
 /// deinit might (hand anything slow to a queue or a task, and resolve weak references there): every other timer
 /// waits for it.
-final class EngineClock: @unchecked Sendable {
-    static let shared = EngineClock()
+package final class EngineClock: @unchecked Sendable {
+    package static let shared = EngineClock()
 
     /// How early a tick may run so that ticks due close together share a wake-up (at most a quarter of its
     /// period).
@@ -29,7 +29,7 @@ final class EngineClock: @unchecked Sendable {
     static let longestInterval = 1e9
 
     /// A repeating timer; ``cancel()`` stops it (a tick already taken may still run once, none after that).
-    final class Timer: Sendable {
+    package final class Timer: ClockTimer {
         fileprivate let id: UInt64
         fileprivate let clock: EngineClock
 
@@ -38,7 +38,7 @@ final class EngineClock: @unchecked Sendable {
             self.clock = clock
         }
 
-        func cancel() { clock.cancel(id) }
+        package func cancel() { clock.cancel(id) }
     }
 
     private struct Entry {
@@ -56,7 +56,7 @@ final class EngineClock: @unchecked Sendable {
     private var sleepsUntil: UInt64? = .max
     private var started = false
 
-    init() {
+    package init() {
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
         pthread_mutex_init(mutex, nil)
@@ -86,7 +86,7 @@ final class EngineClock: @unchecked Sendable {
     }
 
     /// Runs `work` every `interval` seconds (the first time one interval from now) until cancelled.
-    func every(_ interval: Double, _ work: @escaping @Sendable () -> Void) -> Timer {
+    package func every(_ interval: Double, _ work: @escaping @Sendable () -> Void) -> Timer {
         let seconds = interval.isFinite ? min(max(0.001, interval), Self.longestInterval) : Self.longestInterval
         let period = UInt64(seconds * 1e9)
         let now = Self.now()
@@ -111,7 +111,7 @@ final class EngineClock: @unchecked Sendable {
     }
 
     /// Timers registered and not cancelled (for tests).
-    var count: Int {
+    package var count: Int {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         return entries.count
