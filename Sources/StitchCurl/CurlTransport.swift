@@ -275,7 +275,7 @@ final class CurlTransfer: @unchecked Sendable {
 
     /// Called by libcurl's progress callback. Returns false when the transfer has stalled.
     func checkStall() -> Bool {
-        let now = monotonicNow()
+        let now = request.clock.uptime()
         if !requestSent {
             var pretransfer: curl_off_t = 0
             _ = stitch_easy_getinfo_off(easy, CURLINFO_PRETRANSFER_TIME_T, &pretransfer)
@@ -302,7 +302,7 @@ final class CurlTransfer: @unchecked Sendable {
 
     /// The transfer is making progress now.
     func markActive() {
-        lastActivity = monotonicNow()
+        lastActivity = request.clock.uptime()
         bytesSinceActivity = 0
     }
 
@@ -380,7 +380,7 @@ final class CurlTransfer: @unchecked Sendable {
                 return raw.count
             case .wait(let duration):
                 let (seconds, attoseconds) = duration.components
-                resumeAt = monotonicNow() + max(0.001, Double(seconds) + Double(attoseconds) * 1e-18)
+                resumeAt = request.clock.uptime() + max(0.001, Double(seconds) + Double(attoseconds) * 1e-18)
                 return Int(CURL_WRITEFUNC_PAUSE)
             case .abort:
                 sinkAborted = true
@@ -601,10 +601,10 @@ final class CurlEventLoop: @unchecked Sendable {
             }
             // Paused transfers whose time has come read again; the poll sleeps no longer than the next one.
             var timeout = 1000.0
-            let now = monotonicNow()
             var resumable: [(UnsafeMutableRawPointer, CurlTransfer)] = []
             for transfer in active.values {
                 guard let resumeAt = transfer.resumeAt, let easy = transfer.easy else { continue }
+                let now = transfer.request.clock.uptime()
                 if resumeAt <= now {
                     resumable.append((easy, transfer))
                 } else {

@@ -19,8 +19,9 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
     /// What the script makes of one request.
     public enum Answer: Sendable {
         /// Serve it as nginx would, in chunks whose sizes are drawn from `chunks`; end the body with a network
-        /// error after `cutAfter` body bytes, if given.
-        case serve(chunks: ClosedRange<Int> = 16_384...65_536, cutAfter: Int? = nil)
+        /// error after `cutAfter` body bytes, if given; at `rate` bytes a second of the request's clock, if given
+        /// (after each chunk the body sleeps on that clock for the chunk's time).
+        case serve(chunks: ClosedRange<Int> = 16_384...65_536, cutAfter: Int? = nil, rate: Double? = nil)
         /// Serve it, then hold the body after `bytes` bytes until the download is cancelled (`onHold` is called
         /// once the bytes are delivered: the test interrupts the download there).
         case hold(after: Int)
@@ -45,6 +46,7 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         var file: ServedFile
         var requests: [Seen] = []
         var random: SplitMix64
+        var bodiesInFlight = 0
     }
 
     private let state: Locked<State>
@@ -69,6 +71,8 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
     public var file: ServedFile { state.withLock { $0.file } }
     /// Every request so far, in order.
     public var requests: [Seen] { state.withLock { $0.requests } }
+    /// Bodies being delivered now (in `receive(into:)`).
+    public var bodiesInFlight: Int { state.withLock { $0.bodiesInFlight } }
     /// Body bytes delivered over all requests.
     public var bytesDelivered: Int { state.withLock { $0.requests.reduce(0) { $0 + $1.delivered } } }
 
@@ -109,10 +113,12 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         let chunkSizes: ClosedRange<Int>
         var cutAfter: Int?
         var holdAfter: Int?
+        var rate: Double?
         switch answer {
-        case .serve(let chunks, let cut):
+        case .serve(let chunks, let cut, let bytesPerSecond):
             chunkSizes = chunks
             cutAfter = cut
+            rate = bytesPerSecond
         case .hold(let after):
             chunkSizes = 16_384...65_536
             holdAfter = after
@@ -126,7 +132,11 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         return .success(
             ScriptedResponse(
                 head: head, data: served.data, body: body, chunkSizes: chunkSizes, cutAfter: cutAfter,
-                holdAfter: holdAfter, seed: seed, transport: self, index: index))
+                holdAfter: holdAfter, rate: rate, clock: request.clock, seed: seed, transport: self, index: index))
+    }
+
+    fileprivate func bodyStarted(_ started: Bool) {
+        state.withLock { $0.bodiesInFlight += started ? 1 : -1 }
     }
 
     fileprivate func delivered(_ count: Int, index: Int) {
@@ -176,6 +186,8 @@ final class ScriptedResponse: TransportResponse, Sendable {
     private let chunkSizes: ClosedRange<Int>
     private let cutAfter: Int?
     private let holdAfter: Int?
+    private let rate: Double?
+    private let clock: any DownloadClock
     private let seed: UInt64
     private let transport: ScriptedTransport
     private let index: Int
@@ -183,7 +195,8 @@ final class ScriptedResponse: TransportResponse, Sendable {
 
     init(
         head: ResponseHead, data: [UInt8], body: Range<Int>, chunkSizes: ClosedRange<Int>, cutAfter: Int?,
-        holdAfter: Int?, seed: UInt64, transport: ScriptedTransport, index: Int
+        holdAfter: Int?, rate: Double?, clock: any DownloadClock, seed: UInt64, transport: ScriptedTransport,
+        index: Int
     ) {
         self.head = head
         self.data = data
@@ -191,12 +204,16 @@ final class ScriptedResponse: TransportResponse, Sendable {
         self.chunkSizes = chunkSizes
         self.cutAfter = cutAfter
         self.holdAfter = holdAfter
+        self.rate = rate
+        self.clock = clock
         self.seed = seed
         self.transport = transport
         self.index = index
     }
 
     func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
+        transport.bodyStarted(true)
+        defer { transport.bodyStarted(false) }
         var random = SplitMix64(seed: seed)
         var offset = body.lowerBound
         var sent = 0
@@ -223,14 +240,27 @@ final class ScriptedResponse: TransportResponse, Sendable {
                 offset += count
                 sent += count
                 transport.delivered(count, index: index)
+                if let rate, !(await pause(seconds: Double(count) / rate)) { return .failure(.cancelled) }
             case .wait(let duration):
-                try? await Task.sleep(for: max(.milliseconds(1), duration))
+                let seconds = Double(duration.components.seconds) + Double(duration.components.attoseconds) * 1e-18
+                if !(await pause(seconds: max(0.001, seconds))) { return .failure(.cancelled) }
             case .abort:
                 return .failure(.abortedBySink)
             }
             await Task.yield()
         }
         return .success(())
+    }
+
+    /// Waits on the test's ``ManualClock`` when the request has one; else in real time (a clock that only records
+    /// retries, such as a test's fake, would return at once and turn every pause into a busy loop). False when
+    /// cancelled.
+    private func pause(seconds: Double) async -> Bool {
+        if let manual = clock as? ManualClock {
+            return (try? await manual.sleep(seconds: seconds)) != nil
+        }
+        try? await Task.sleep(for: .milliseconds(max(1, Int64(seconds * 1000))))
+        return !Task.isCancelled
     }
 
     func discard() async -> Result<Void, TransportError> {

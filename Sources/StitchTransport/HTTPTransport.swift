@@ -58,13 +58,19 @@ public struct TransportRequest: Sendable {
     /// waiting for multiplexing and a fresh TLS connection; a URLSession backend: a session per lane) is its own
     /// business.
     public var lane: Int?
+    /// The download's clock: the transport measures stalls and times pauses on it.
+    public var clock: any DownloadClock
 
-    /// A request with these fields; by default on no lane.
-    public init(url: String, headers: HTTPHeaders, options: TransportOptions, lane: Int? = nil) {
+    /// A request with these fields; by default on no lane, on the system's clock.
+    public init(
+        url: String, headers: HTTPHeaders, options: TransportOptions, lane: Int? = nil,
+        clock: any DownloadClock = SystemClock()
+    ) {
         self.url = url
         self.headers = headers
         self.options = options
         self.lane = lane
+        self.clock = clock
     }
 }
 

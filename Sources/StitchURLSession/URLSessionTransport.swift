@@ -219,7 +219,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private let operations = OperationQueue()
     private var session: URLSession?
     private var task: URLSessionDataTask?
-    private var timer: (any DispatchSourceTimer)?
+    private var timer: (any ClockTimer)?
 
     private var phase = Phase.awaitingHead
     private var headContinuation: CheckedContinuation<Result<ResponseHead, TransportError>, Never>?
@@ -839,12 +839,12 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     // MARK: Stalls
 
     private func startTimer() {
-        let timer = DispatchSource.makeTimerSource(queue: queue)
+        // On the download's clock; the check itself runs on this transfer's queue (the clock's thread only posts).
         let interval = max(0.05, min(1, request.options.stallTimeout / 4))
-        timer.schedule(deadline: .now() + interval, repeating: interval)
-        timer.setEventHandler { [weak self] in self?.checkStall() }
-        timer.resume()
-        self.timer = timer
+        let queue = self.queue
+        // Resolved on the queue: the clock's thread must never drop what could be the last reference.
+        let check: @Sendable () -> Void = { [weak self] in self?.checkStall() }
+        timer = request.clock.every(interval) { queue.async(execute: check) }
     }
 
     /// Bytes keep arriving from the network whatever the sink does (nothing is paused), so a stall is the
@@ -861,7 +861,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
             markActive()
             return
         }
-        if monotonicNow() - lastActivity > request.options.stallTimeout { stop(.stalled) }
+        if request.clock.uptime() - lastActivity > request.options.stallTimeout { stop(.stalled) }
     }
 
     private func noteReceived(_ count: Int) {
@@ -870,7 +870,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     }
 
     private func markActive() {
-        lastActivity = monotonicNow()
+        lastActivity = request.clock.uptime()
         bytesSinceActivity = 0
     }
 }

@@ -248,7 +248,7 @@ extension DownloadRun {
         while true {
             if Task.isCancelled { throw DownloadError(.cancelled, "interrupted") }
             let started = await transport.start(
-                TransportRequest(url: url.absoluteString, headers: headers, options: options.transport))
+                TransportRequest(url: url.absoluteString, headers: headers, options: options.transport, clock: clock))
             let response: any TransportResponse
             switch started {
             case .failure(let error):

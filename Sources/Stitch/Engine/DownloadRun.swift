@@ -216,7 +216,8 @@ final class DownloadRun: @unchecked Sendable {
         let before = store?.written(0) ?? 0
         let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
         currentURL = url
-        let result = await attempt(TransportRequest(url: url.absoluteString, headers: headers, options: options.transport))
+        let result = await attempt(
+            TransportRequest(url: url.absoluteString, headers: headers, options: options.transport, clock: clock))
         let written = store?.written(0) ?? 0
         let report = AttemptReport(
             verdict: verdict, result: result, sink: sinkOutcome(), written: written, end: limit,

@@ -298,7 +298,7 @@ final class SegmentedTransfer: Sendable {
             let result = await laneRequest.perform(
                 TransportRequest(
                     url: url.absoluteString, headers: headers, options: options.transport,
-                    lane: options.http2Streams || onlySegment ? nil : slot),
+                    lane: options.http2Streams || onlySegment ? nil : slot, clock: clock),
                 on: transport)
             register(nil, for: slot)
             if stopped.load(ordering: .acquiring) { return .done }

@@ -44,7 +44,7 @@ extension Downloader {
             if written > 0, plan.ifRange == nil { throw Self.noValidator(written) }
             let request = TransportRequest(
                 url: current.absoluteString, headers: ResumePolicy.requestHeaders(user: headers, plan: plan),
-                options: options.transport)
+                options: options.transport, clock: clock)
             sink.startRequest()
             let verdict = Locked<HeadVerdict?>(nil)
             let before = written

@@ -1157,7 +1157,7 @@ public actor DownloadManager {
             .retrying where managed.status != .running:
             break  // the user paused, cancelled or removed it: the run's last words are not news
         case .progress(let progress):
-            managed.meter.add(bytes: progress.bytes, at: monotonicNow())
+            managed.meter.add(bytes: progress.bytes, at: downloader.clock.uptime())
             managed.progress = TransferProgress(
                 bytes: progress.bytes, total: progress.total, durableBytes: progress.durableBytes,
                 bytesPerSecond: managed.meter.bytesPerSecond,
