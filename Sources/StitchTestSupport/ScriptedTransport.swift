@@ -25,6 +25,9 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         /// Serve it, then hold the body after `bytes` bytes until the download is cancelled (`onHold` is called
         /// once the bytes are delivered: the test interrupts the download there).
         case hold(after: Int)
+        /// Serve `after` bytes (at `rate` bytes a second of the request's clock, if given), then send nothing more
+        /// until the response is cancelled: a stalled connection.
+        case stall(after: Int, rate: Double? = nil)
         /// Answer with this status and an empty body.
         case status(Int, retryAfter: String? = nil)
         /// Ignore the `Range` header: the whole file with 200.
@@ -97,7 +100,7 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
             var headers = HTTPHeaders([("Content-Length", "0")])
             if let retryAfter { headers.add(name: "Retry-After", value: retryAfter) }
             head = ResponseHead(status: status, headers: headers)
-        case .serve, .hold, .wholeFile, .newVersion:
+        case .serve, .hold, .stall, .wholeFile, .newVersion:
             let honoured = !Self.isWhole(answer) && served.acceptRanges && Self.validatorMatches(ifRange, served)
             if honoured, let range, let asked = Self.parse(range, count: served.data.count) {
                 body = asked
@@ -114,6 +117,7 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         var cutAfter: Int?
         var holdAfter: Int?
         var rate: Double?
+        var stallAfter: Int?
         switch answer {
         case .serve(let chunks, let cut, let bytesPerSecond):
             chunkSizes = chunks
@@ -122,6 +126,10 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         case .hold(let after):
             chunkSizes = 16_384...65_536
             holdAfter = after
+        case .stall(let after, let bytesPerSecond):
+            chunkSizes = 16_384...65_536
+            stallAfter = after
+            rate = bytesPerSecond
         default:
             chunkSizes = 16_384...65_536
         }
@@ -132,7 +140,8 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         return .success(
             ScriptedResponse(
                 head: head, data: served.data, body: body, chunkSizes: chunkSizes, cutAfter: cutAfter,
-                holdAfter: holdAfter, rate: rate, clock: request.clock, seed: seed, transport: self, index: index))
+                holdAfter: holdAfter, stallAfter: stallAfter, rate: rate, clock: request.clock, seed: seed,
+                transport: self, index: index))
     }
 
     fileprivate func bodyStarted(_ started: Bool) {
@@ -186,6 +195,7 @@ final class ScriptedResponse: TransportResponse, Sendable {
     private let chunkSizes: ClosedRange<Int>
     private let cutAfter: Int?
     private let holdAfter: Int?
+    private let stallAfter: Int?
     private let rate: Double?
     private let clock: any DownloadClock
     private let seed: UInt64
@@ -195,8 +205,8 @@ final class ScriptedResponse: TransportResponse, Sendable {
 
     init(
         head: ResponseHead, data: [UInt8], body: Range<Int>, chunkSizes: ClosedRange<Int>, cutAfter: Int?,
-        holdAfter: Int?, rate: Double?, clock: any DownloadClock, seed: UInt64, transport: ScriptedTransport,
-        index: Int
+        holdAfter: Int?, stallAfter: Int?, rate: Double?, clock: any DownloadClock, seed: UInt64,
+        transport: ScriptedTransport, index: Int
     ) {
         self.head = head
         self.data = data
@@ -204,6 +214,7 @@ final class ScriptedResponse: TransportResponse, Sendable {
         self.chunkSizes = chunkSizes
         self.cutAfter = cutAfter
         self.holdAfter = holdAfter
+        self.stallAfter = stallAfter
         self.rate = rate
         self.clock = clock
         self.seed = seed
@@ -229,8 +240,16 @@ final class ScriptedResponse: TransportResponse, Sendable {
                 }
                 return .failure(.cancelled)
             }
+            if let stallAfter, sent >= stallAfter {
+                // Stalled: nothing more until cancelled (looking again every 50 ms of the clock).
+                while !cancelled.load(ordering: .acquiring) {
+                    guard await pause(seconds: 0.05) else { break }
+                }
+                return .failure(.cancelled)
+            }
             var count = min(Int.random(in: chunkSizes, using: &random), body.upperBound - offset)
             if let cutAfter { count = min(count, max(1, cutAfter - sent)) }
+            if let stallAfter { count = min(count, max(1, stallAfter - sent)) }
             if let holdAfter, !held { count = min(count, max(1, holdAfter - sent)) }
             let decision = data.withUnsafeBytes { bytes in
                 sink.receive(UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + count)]))

@@ -9,6 +9,8 @@ import Testing
 /// scripted rates of that clock (``ScriptedTransport``): what the lanes decide depends on virtual time only, not on
 /// how loaded the machine is.
 @Suite struct LaneTimingTests {
+    static let fast = 8.0 * 1024 * 1024
+
     /// Steps `clock` by `step` until `done()`: before each step, waits (yielding) until every body in flight sleeps
     /// on the clock, so that virtual time never runs ahead of the lanes. Gives up after `limit` virtual seconds.
     static func drive(
@@ -30,24 +32,27 @@ import Testing
         }
     }
 
-    /// Four lanes; the last quarter's first connection brings 128 KiB/s while the others bring 8 MiB/s. The monitor,
-    /// sampling on the clock, replaces that connection while the fast lanes are still running, and the download
-    /// ends byte-exact in a few virtual seconds, not the two minutes the slow one would need.
-    @Test func aSlowConnectionIsReplacedWhileItsPeersRun() async throws {
-        let file = ServedFile.random(size: 64 << 20, seed: 31, etag: "\"lane\"")
-        let slowServed = Locked(false)
-        let transport = ScriptedTransport(file: file) { request, _ in
-            let slow = request.lane == 3 && slowServed.withLock { served in
-                defer { served = true }
-                return !served
+    /// What ``run(_:options:)`` saw.
+    struct Run {
+        var result: Result<DownloadResult, DownloadError>
+        var events: [(time: Double, event: DownloadEvent)]
+        /// Virtual seconds from the start to the end.
+        var ended: Double
+        /// The file at the destination afterwards.
+        var bytes: [UInt8]?
+
+        var notices: [(time: Double, text: String)] {
+            events.compactMap {
+                if case .notice(let text) = $0.event { return ($0.time, text) }
+                return nil
             }
-            return slow
-                ? .serve(chunks: 4096...4096, rate: 128 * 1024) : .serve(chunks: 65_536...65_536, rate: 8 * 1024 * 1024)
         }
+    }
+
+    /// Downloads the transport's file on a fresh ``ManualClock``, stepping it by 10 ms (``drive``).
+    static func run(_ transport: ScriptedTransport, options: DownloadOptions) async throws -> Run {
         let clock = ManualClock()
         let events = Locked<[(time: Double, event: DownloadEvent)]>([])
-        var options = DownloadOptions()
-        options.connections = 4
         let directory = try TemporaryDirectory()
         let destination = directory.path + "/file.bin"
         let request = DownloadRequest(url: "http://scripted.test/file.bin", destination: .file(destination))
@@ -66,26 +71,78 @@ import Testing
             }
             result.withLock { $0 = outcome }
         }
-        await Self.drive(clock, transport, step: 0.01, limit: 120) { result.withLock { $0 != nil } }
+        await drive(clock, transport, step: 0.01, limit: 300) { result.withLock { $0 != nil } }
         _ = await task.result
-
         let outcome = try #require(result.withLock { $0 })
-        let done = try outcome.get()
-        let same = try readFile(destination) == file.data
+        return Run(
+            result: outcome, events: events.withLock { $0 }, ended: clock.uptime(),
+            bytes: try? readFile(destination))
+    }
+
+    /// A script whose first request of `lane` gets `first`, every other request a fast body.
+    static func firstOfLane(_ lane: Int, _ first: ScriptedTransport.Answer) -> @Sendable (TransportRequest, Int)
+        -> ScriptedTransport.Answer
+    {
+        let served = Locked(false)
+        return { request, _ in
+            let isFirst = request.lane == lane && served.withLock { served in
+                defer { served = true }
+                return !served
+            }
+            return isFirst ? first : .serve(chunks: 65_536...65_536, rate: Self.fast)
+        }
+    }
+
+    /// Four lanes; the last quarter's first connection brings 128 KiB/s while the others bring 8 MiB/s. The monitor,
+    /// sampling on the clock, replaces that connection while the fast lanes are still running, and the download
+    /// ends byte-exact in a few virtual seconds, not the two minutes the slow one would need.
+    @Test func aSlowConnectionIsReplacedWhileItsPeersRun() async throws {
+        let file = ServedFile.random(size: 64 << 20, seed: 31, etag: "\"lane\"")
+        let transport = ScriptedTransport(
+            file: file, script: Self.firstOfLane(3, .serve(chunks: 4096...4096, rate: 128 * 1024)))
+        var options = DownloadOptions()
+        options.connections = 4
+        let run = try await Self.run(transport, options: options)
+
+        let done = try run.result.get()
+        let same = run.bytes == file.data
         #expect(same)
         #expect(done.bytes == Int64(file.data.count))
-        let replaced = events.withLock { $0 }.filter {
-            if case .notice(let text) = $0.event { return text.contains("replacing a slow connection") }
-            return false
-        }
-        let ended = clock.uptime()
+        let replaced = run.notices.filter { $0.text.contains("replacing a slow connection") }
         #expect(replaced.count == 1, "\(replaced.map(\.time))")
         // The fast lanes need 16 MiB / 8 MiB/s (2 s): the replacement comes well before, from the monitor's samples
         // (two in a row over half-second windows), not from the end game once the fast lanes are done.
         #expect(replaced.first.map { $0.time > 0.2 && $0.time < 1.2 } == true, "\(replaced.map(\.time))")
-        #expect(ended < 5, "the download took \(ended) virtual seconds")
-        let laneThree = transport.requests.filter { $0.range != nil }.count
-        #expect(laneThree >= 5, "\(transport.requests.map { $0.range ?? "-" })")
-        print("LaneTimingTests.slow: replaced at \(replaced.map(\.time)), ended at \(ended) virtual s")
+        #expect(run.ended < 5, "the download took \(run.ended) virtual seconds")
+        #expect(transport.requests.filter { $0.range != nil }.count >= 5, "\(transport.requests.map(\.range))")
+        print("LaneTimingTests.slow: replaced at \(replaced.map(\.time)), ended at \(run.ended) virtual s")
+    }
+
+    /// The end game on a stalled connection: lane 0 stalls after 100,000 bytes while the other three bring their
+    /// 3 MiB at 8 MiB/s. Its connection is cut and the rest of its segment taken from exactly where its bytes stop,
+    /// in well under a second of virtual time (the stall timeout is a minute); no byte is delivered twice.
+    @Test func aStalledSegmentIsTakenOverFromWhereItsBytesStop() async throws {
+        let size = 12 << 20
+        let file = ServedFile.random(size: size, seed: 32, etag: "\"stall\"")
+        let transport = ScriptedTransport(file: file, script: Self.firstOfLane(0, .stall(after: 100_000, rate: Self.fast)))
+        var options = DownloadOptions()
+        options.connections = 4
+        options.minimumSplitSize = 256 << 10
+        options.transport.stallTimeout = 60
+        let run = try await Self.run(transport, options: options)
+
+        let done = try run.result.get()
+        let same = run.bytes == file.data
+        #expect(same)
+        #expect(done.bytes == Int64(size))
+        #expect(run.ended < 1.5, "the download took \(run.ended) virtual seconds")
+        let requests = transport.requests
+        // The whole-file request is answered at its head (the split), the stalled one gave 100,000 bytes.
+        let stalled = try #require(requests.first { $0.range?.hasPrefix("bytes=0-") == true })
+        #expect(stalled.delivered == 100_000)
+        #expect(requests.contains { $0.range?.hasPrefix("bytes=100000-") == true }, "\(requests.map(\.range))")
+        #expect(transport.bytesDelivered == size, "\(transport.bytesDelivered) bytes delivered for \(size)")
+        #expect(done.bytesTransferred == Int64(size))
+        print("LaneTimingTests.stall: ended at \(run.ended) virtual s, \(requests.count) requests")
     }
 }
