@@ -32,22 +32,21 @@ extension Downloader {
         let start = try validateURL(url)
         guard case .fileDescriptor(let fd) = target else { preconditionFailure("one target kind") }
         let sink = DescriptorSink(fd: fd, rateLimiter: options.rateLimiter, clock: clock)
-        var current = start
-        var redirects = RedirectChain(limit: 10)
+        // The download's own retry rules (backoff with jitter, `Retry-After`, quick tries of a refused connection,
+        // the redirect limit); what differs is only what a stream cannot do: restart.
+        var machine = AttemptStateMachine(
+            startURL: start, policy: options.retry, maxRedirects: options.maxRedirects, scope: .download)
         var known: Validators?
-        var failures = 0
-        var progressSinceFailure: Int64 = 0
-        let policy = options.retry
         while true {
             let written = sink.written
             let plan = ResumePolicy.plan(offset: written, known: known, overlapWindow: 0)
             if written > 0, plan.ifRange == nil { throw Self.noValidator(written) }
+            let url = machine.url
             let request = TransportRequest(
-                url: current.absoluteString, headers: ResumePolicy.requestHeaders(user: headers, plan: plan),
+                url: url.absoluteString, headers: ResumePolicy.requestHeaders(user: headers, plan: plan),
                 options: options.transport, clock: clock)
             sink.startRequest()
             let verdict = Locked<HeadVerdict?>(nil)
-            let before = written
             let knownNow = known
             let (result, decisionError) = await performAttempt(
                 request, on: transport, hook: nil,
@@ -61,73 +60,51 @@ extension Downloader {
                     }
                 })
             if let decisionError { throw decisionError }
-            if case .failure(let error) = result, error.isCancelled { throw DownloadError(.cancelled, "cancelled") }
             if let failure = sink.failure { throw failure }
             let judged = verdict.withLock { $0 }
+            // What a stream refuses that a download would restart for: its bytes cannot be taken back.
             switch judged {
-            case .accept(_, let validators)?:
+            case .accept(let bodyStart, let validators)?:
                 if let known, let change = ResumePolicy.change(from: known, to: validators) {
                     throw cannotRestart(change, written: sink.written)
                 }
-                known = validators
-                if case .success = result, validators.totalLength.map({ $0 == sink.written }) ?? true {
-                    return sink.written
-                }
-                // A failure another request cannot change (a TLS error, say) ends the stream as it would the
-                // first request.
-                if case .failure(let error) = result, !error.isRetryable || error.isTLS {
+                if bodyStart != written {
                     throw DownloadError(
-                        error.isTLS ? .tls : .network, "\(error.message) (from \(current.absoluteString))",
-                        cause: error)
+                        .protocolViolation, "the server sent bytes from \(bodyStart), not \(written) (from \(url.absoluteString))")
                 }
-                // Cut short (an error, or a body shorter than its length): continue from where it got to.
+                known = validators
             case .restartWithBody(let reason, _)?, .restart(let reason)?:
                 throw cannotRestart(reason, written: sink.written)
             case .complete?:
                 if let total = known?.totalLength, total == sink.written { return sink.written }
                 throw DownloadError(.protocolViolation, "the server said the stream was complete at \(sink.written) bytes")
-            case .redirect(let location)?:
-                current = try redirects.follow(location, from: current)
-                onEvent(.redirected(to: current.absoluteString))
+            default:
+                break
+            }
+            let report = AttemptReport(
+                verdict: judged, result: result, written: sink.written, end: known?.totalLength,
+                saved: sink.written - written, durable: 0)
+            switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
+            case .complete:
+                return sink.written
+            case .requestAgain:
                 continue
-            case .fail(let status)?:
+            case .follow(let next):
+                onEvent(.redirected(to: next.absoluteString))
+            case .restart(let reason):
+                throw cannotRestart(reason, written: sink.written)
+            case .interrupted:
+                throw DownloadError(.cancelled, "cancelled")
+            case .fail(let error):
+                guard sink.written > 0 else { throw error }
                 throw DownloadError(
-                    .httpStatus, "HTTP \(status) \(statusText(status)) from \(current.absoluteString)", httpStatus: status)
-            case .refused(let why)?:
-                throw DownloadError(.protocolViolation, "\(why) (from \(current.absoluteString))")
-            case .retry?, .malformed?, nil:
-                if case .failure(let error) = result, !error.isRetryable || error.isTLS {
-                    throw DownloadError(
-                        error.isTLS ? .tls : .network, "\(error.message) (from \(current.absoluteString))",
-                        cause: error)
-                }
+                    error.code, "\(error.message); \(sink.written) bytes went to the output", cause: error.cause,
+                    httpStatus: error.httpStatus)
+            case .wait(let delay, let attempt, let of, let reason):
+                if sink.written > 0, known?.ifRange == nil { throw Self.noValidator(sink.written) }
+                onEvent(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
+                do { try await clock.sleep(seconds: delay) } catch { throw DownloadError(.cancelled, "cancelled") }
             }
-            if sink.written > 0, known?.ifRange == nil { throw Self.noValidator(sink.written) }
-            // A failure worth another request: as many in a row as the retry policy allows, counted afresh
-            // after progress.
-            progressSinceFailure += sink.written - before
-            if progressSinceFailure >= Int64(policy.minimumProgress) {
-                failures = 0
-                progressSinceFailure = 0
-            }
-            failures += 1
-            guard failures <= policy.maxRetries else {
-                throw DownloadError(
-                    .retriesExhausted,
-                    "gave up after \(policy.maxRetries) retries; \(sink.written) bytes went to the output")
-            }
-            let delay = min(policy.maxDelay, policy.baseDelay * Double(1 << min(failures - 1, 10)))
-            let reason: String
-            switch (judged, result) {
-            case (.retry(let status, _)?, _): reason = "HTTP \(status) \(statusText(status)) from \(current.absoluteString)"
-            case (.malformed(let why)?, _): reason = why
-            case (_, .failure(let error)): reason = error.message
-            default: reason = "the body ended early"
-            }
-            onEvent(.retrying(attempt: failures, maxRetries: policy.maxRetries, delay: delay, reason: reason))
-            do { try await clock.sleep(seconds: delay) } catch { throw DownloadError(.cancelled, "cancelled") }
-            redirects.reset()
-            current = start
         }
     }
 
