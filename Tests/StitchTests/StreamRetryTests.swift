@@ -6,8 +6,9 @@ import Testing
 
 @testable import Stitch
 
-/// `Downloader.stream` retries through the download's own rules (``AttemptStateMachine``): `Retry-After`, backoff
-/// with jitter, a retry budget that progress renews; and still never restarts once bytes went out.
+/// `Downloader.stream` and `--adopt`'s samples retry through the download's own rules (``AttemptStateMachine``):
+/// `Retry-After`, backoff with jitter, a retry budget that progress renews; a stream still never restarts once
+/// bytes went out.
 @Suite struct StreamRetryTests {
     /// Streams `transport`'s file into a temporary file; returns what was written and the clock's recorded sleeps.
     static func stream(
@@ -77,5 +78,32 @@ import Testing
         }
         let same = run.bytes == Array(file.data.prefix(200_000))
         #expect(same)
+    }
+
+    /// `--adopt`'s samples retry through the same rules: a 503 with `Retry-After: 3` on a sample waits the three
+    /// seconds (it used to wait a fixed second); the partial is then adopted and the download finished byte-exact.
+    @Test func adoptionSamplesHonourRetryAfter() async throws {
+        let file = ServedFile.random(size: 4 << 20, seed: 43, etag: "\"a\"")
+        let refused = Locked(false)
+        let transport = ScriptedTransport(file: file) { request, _ in
+            // The first sample (a ranged request before any download request) is refused once.
+            let first = request.headers["Range"] != nil && refused.withLock { done in
+                defer { done = true }
+                return !done
+            }
+            return first ? .status(503, retryAfter: "3") : .serve()
+        }
+        let directory = try TemporaryDirectory()
+        let destination = directory.path + "/f.bin"
+        let partial = 1 << 20
+        try writeFile(destination, Array(file.data.prefix(partial)))
+        var request = DownloadRequest(url: "http://scripted.test/f.bin", destination: .file(destination))
+        request.adopt = true
+        let clock = FakeClock()
+        let result = try await Downloader(transport: transport, clock: clock).download(request)
+        #expect(result.resumedFrom == Int64(partial))
+        let same = try readFile(destination) == file.data
+        #expect(same)
+        #expect(clock.sleeps.contains(3), "\(clock.sleeps)")
     }
 }

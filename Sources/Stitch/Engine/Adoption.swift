@@ -226,99 +226,86 @@ extension DownloadRun {
     }
 
     /// One sample: `range` by a range request (with `If-Range` once validators are known), following redirects
-    /// and retrying what a download would retry, a few times.
+    /// and retrying what a download would retry (the download's ``AttemptStateMachine``), at most
+    /// ``sampleRetries`` times: a server that will not answer a few ranges leaves the partial as it is.
     private func fetch(_ range: Range<Int64>, known: Validators?) async throws -> Fetched {
         let plan = RequestPlan(
             rangeStart: range.lowerBound, resumeOffset: 0, ifRange: known?.ifRange, rangeEnd: range.upperBound)
         let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
-        var url = startURL
-        var redirects = RedirectChain(limit: options.maxRedirects)
-        var failures = 0
-        func again(_ why: String) async throws {
-            failures += 1
-            guard failures <= 3 else {
-                throw DownloadError(
-                    .retriesExhausted,
-                    "cannot check the partial download against the server: \(why); it is left as it is",
-                    resumable: true, remedy: .rerun(.resume))
-            }
-            emit(.retrying(attempt: failures, maxRetries: 3, delay: 1, reason: why))
-            do { try await clock.sleep(seconds: 1) } catch { throw DownloadError(.cancelled, "interrupted") }
-        }
+        var policy = options.retry
+        policy.maxRetries = min(policy.maxRetries, Self.sampleRetries)
+        var machine = AttemptStateMachine(
+            startURL: startURL, policy: policy, maxRedirects: options.maxRedirects, scope: .download)
         while true {
-            if Task.isCancelled { throw DownloadError(.cancelled, "interrupted") }
-            let started = await transport.start(
-                TransportRequest(url: url.absoluteString, headers: headers, options: options.transport, clock: clock))
-            let response: any TransportResponse
-            switch started {
-            case .failure(let error):
-                if error.isCancelled { throw DownloadError(.cancelled, "interrupted") }
-                guard error.isRetryable else {
-                    throw DownloadError(
-                        error.isTLS ? .tls : .network,
-                        "cannot check the partial download against the server: \(error.message); it is left as it is",
-                        cause: error)
-                }
-                try await again(error.message)
-                continue
-            case .success(let started):
-                response = started
-            }
-            let head = response.head
-            switch ResumePolicy.evaluate(head, plan: plan, known: known) {
-            case .redirect(let location):
-                _ = await response.discard()
-                url = try redirects.follow(location, from: url)
-                continue
-            case .accept(_, let validators):
-                let contentRange = head.headers["Content-Range"].flatMap(ContentRange.init(parsing:))
-                guard head.status == 206, contentRange?.last == range.upperBound - 1 else {
-                    response.cancel()
-                    return .declined("the server did not send the range asked for")
-                }
-                let sink = CollectingSink(limit: range.count)
-                let outcome = await response.receive(into: sink)
-                let bytes = sink.bytes
-                switch outcome {
-                case .success where bytes.count == range.count:
-                    return .bytes(bytes, validators)
-                case .success:
-                    try await again("the server sent \(bytes.count) of \(range.count) bytes")
-                case .failure(let error):
-                    if error.isCancelled { throw DownloadError(.cancelled, "interrupted") }
-                    guard error.isRetryable || error.isAbortedBySink else {
-                        throw DownloadError(
-                            .network, "cannot check the partial download against the server: \(error.message)",
-                            cause: error)
+            let sink = CollectingSink(limit: range.count)
+            let verdict = Locked<HeadVerdict?>(nil)
+            let (result, decisionError) = await performAttempt(
+                TransportRequest(
+                    url: machine.url.absoluteString, headers: headers, options: options.transport, clock: clock),
+                on: transport, hook: nil,
+                decide: { head throws(DownloadError) in
+                    var judged = ResumePolicy.evaluate(head, plan: plan, known: known)
+                    if case .accept = judged {
+                        let contentRange = head.headers["Content-Range"].flatMap(ContentRange.init(parsing:))
+                        if head.status != 206 || contentRange?.last != range.upperBound - 1 {
+                            judged = .refused("the server did not send the range asked for")
+                        }
                     }
-                    if error.isAbortedBySink { return .declined("the server sent more than the range asked for") }
-                    try await again(error.message)
-                }
-            case .restartWithBody(let reason, _):
-                response.cancel()
+                    verdict.withLock { $0 = judged }
+                    switch judged {
+                    case .accept: return .receive(sink)
+                    case .redirect, .retry: return .discard
+                    case .restart, .restartWithBody, .malformed, .refused, .complete, .fail: return .abort
+                    }
+                })
+            if let decisionError { throw decisionError }
+            let judged = verdict.withLock { $0 }
+            // What makes a sample impossible rather than failed: the partial is then not adopted.
+            switch judged {
+            case .restartWithBody(let reason, _)?:
                 return .declined(reason == .rangeIgnored ? "the server does not serve byte ranges" : reason.description)
-            case .restart(let reason):
-                response.cancel()
+            case .restart(let reason)?:
                 return .declined(reason.description)
-            case .complete:
-                response.cancel()
+            case .complete?:
                 return .declined("the server refused the range")
-            case .retry(let status, _):
-                _ = await response.discard()
-                try await again("HTTP \(status) \(statusText(status))")
-            case .malformed(let why):
-                response.cancel()
-                try await again(why)
-            case .refused(let why):
-                response.cancel()
+            case .refused(let why)?:
                 return .declined(why)
-            case .fail(let status):
-                response.cancel()
+            case .accept(_, let validators)?:
+                if case .success = result, sink.bytes.count == range.count { return .bytes(sink.bytes, validators) }
+                if case .failure(let error) = result, error.isAbortedBySink {
+                    return .declined("the server sent more than the range asked for")
+                }
+            default:
+                break
+            }
+            // Bytes of a sample cut short are not kept: no progress that would renew the budget.
+            let report = AttemptReport(
+                verdict: judged, result: result, written: Int64(sink.bytes.count), end: Int64(range.count), saved: 0,
+                durable: 0)
+            switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
+            case .requestAgain, .follow:
+                continue
+            case .complete:
+                return .declined("the server sent no sample")
+            case .restart(let reason):
+                return .declined(reason.description)
+            case .interrupted:
+                throw DownloadError(.cancelled, "interrupted")
+            case .fail(let error):
+                if error.code == .httpStatus { throw error }
                 throw DownloadError(
-                    .httpStatus, "HTTP \(status) \(statusText(status)) from \(url.absoluteString)", httpStatus: status)
+                    error.code,
+                    "cannot check the partial download against the server: \(error.message); it is left as it is",
+                    cause: error.cause, resumable: true, remedy: error.code == .retriesExhausted ? .rerun(.resume) : nil)
+            case .wait(let delay, let attempt, let of, let reason):
+                emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
+                do { try await clock.sleep(seconds: delay) } catch { throw DownloadError(.cancelled, "interrupted") }
             }
         }
     }
+
+    /// Retries of one sample at most (fewer if the download's policy has fewer).
+    static let sampleRetries = 3
 }
 
 /// Keeps a sample's body in memory (at most `limit` bytes: one sample, never a file).
