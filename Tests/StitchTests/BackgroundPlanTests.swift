@@ -76,7 +76,7 @@ import Testing
         (416, [("Content-Range", "bytes */10000")], 0, .restart(.rangeNotSatisfiable)),
         // An error page delivered as "the download", a temporary status, an encoding.
         (404, [("Content-Length", "153")], 153, .fail("the server answered 404")),
-        (503, [("Retry-After", "5")], 0, .retry("the server answered 503")),
+        (503, [("Retry-After", "5")], 0, .retry("the server answered 503", retryAfter: "5")),
         (429, [], 0, .retry("the server answered 429")),
         (206, [("Content-Range", "bytes 1000-1999/10000"), ("ETag", etag), ("Content-Encoding", "gzip")], 1000,
          .fail("the server sent an encoded body (Content-Encoding: \"gzip\") despite Accept-Encoding: identity")),

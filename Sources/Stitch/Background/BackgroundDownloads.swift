@@ -83,10 +83,25 @@ public final class BackgroundDownloads: Sendable {
         public var rangeSize: Int64 = 64 << 20
         /// The most ranges a download is cut into (ranges grow for larger files).
         public var maximumRanges: Int = 64
-        /// How many times a range is asked for again after failing before the download stops.
-        public var maximumRetries: Int = 5
-        /// The wait before a failed range is asked for again.
-        public var retryDelay: Duration = .seconds(1)
+        /// How a failed range is asked for again: the download's rules (``RetryPolicy``): at most
+        /// `maxRetries` times in a row, after `baseDelay` doubling with each further try (half of it fixed, half
+        /// random), or after the server's `Retry-After`.
+        public var retry = RetryPolicy()
+        /// How many times a range is asked for again after failing before the download stops
+        /// (`retry.maxRetries`).
+        public var maximumRetries: Int {
+            get { retry.maxRetries }
+            set { retry.maxRetries = newValue }
+        }
+        /// The wait before a failed range is asked for again the first time (`retry.baseDelay`; later tries wait
+        /// longer).
+        public var retryDelay: Duration {
+            get { .milliseconds(Int64(retry.baseDelay * 1000)) }
+            set {
+                let (seconds, attoseconds) = newValue.components
+                retry.baseDelay = Double(seconds) + Double(attoseconds) * 1e-18
+            }
+        }
         /// How many times a download starts again from zero (the file changed on the server) before it stops.
         public var maximumRestarts: Int = 3
 
@@ -528,9 +543,9 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         case .restart(let reason):
             BackgroundStaging.discard(file)
             restart(id, reason)
-        case .retry(let why):
+        case .retry(let why, let retryAfter):
             BackgroundStaging.discard(file)
-            retry(label, why)
+            retry(label, why, retryAfter: retryAfter)
         case .fail(let why):
             BackgroundStaging.discard(file)
             fail(id, why)
@@ -545,19 +560,19 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         retry(label, why)
     }
 
-    private func retry(_ label: TaskLabel, _ why: String) {
+    private func retry(_ label: TaskLabel, _ why: String, retryAfter: String? = nil) {
         let id = label.download
         guard var entry = entries[id] else { return }
         let count = (entry.failures[label.start] ?? 0) + 1
         entry.failures[label.start] = count
         entries[id] = entry
-        guard count <= configuration.maximumRetries else {
+        guard count <= configuration.retry.maxRetries else {
             fail(id, "\(why) (after \(count) tries)")
             return
         }
-        let delay = configuration.retryDelay
-        let (seconds, attoseconds) = delay.components
-        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        let delay = configuration.retry.delay(
+            attempt: count, retryAfter: retryAfter, now: now(), jitter: Double.random(in: 0...1))
+        let nanoseconds = Int(delay * 1e9)
         queue.asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [self] in
             guard !closed, let entry = entries[id], entry.record.nonce == label.nonce,
                 entry.record.taskKind == label.kind, !entry.record.paused, entry.record.failure == nil,

@@ -79,8 +79,9 @@ enum TaskVerdict: Sendable, Hashable {
     case range
     /// The file on the server is not the one the saved bytes are of: start again from zero.
     case restart(RestartReason)
-    /// Not taken; worth asking again (a temporary status, a short or long file, a malformed answer).
-    case retry(String)
+    /// Not taken; worth asking again (a temporary status, a short or long file, a malformed answer), after the
+    /// server's `Retry-After` if it sent one.
+    case retry(String, retryAfter: String? = nil)
     /// Not taken; asking again would bring the same (a 404, a refused encoding).
     case fail(String)
 }
@@ -95,7 +96,7 @@ enum BackgroundPlan {
         if status == 200 || status == 206, let problem = head.headers.bodyFramingProblem { return .fail(problem) }
         switch status {
         case 200, 206: break
-        case 408, 429, 500...599: return .retry("the server answered \(status)")
+        case 408, 429, 500...599: return .retry("the server answered \(status)", retryAfter: head.headers["Retry-After"])
         case 416 where label.kind == .range: return .restart(.rangeNotSatisfiable)
         case 416 where label.kind == .probe:
             // An empty file: no byte to ask for. Its answer's body (an error page) is not the file.
