@@ -25,10 +25,9 @@ final class DownloadRun: @unchecked Sendable {
     let options: DownloadOptions
     let transport: any HTTPTransport
     let clock: any DownloadClock
-    private let onEvent: @Sendable (DownloadEvent) -> Void
-    /// Open while events may be delivered. The lock also serialises delivery: the transport thread, the engine
-    /// task and the progress ticker all emit, and the callback is promised one event at a time.
-    private let eventGate = Locked(true)
+    /// The caller's events: the transport thread, the engine task and the progress ticker all send; the caller's
+    /// callback gets one at a time, on a queue of its own.
+    private let events: EventChannel
     let startURL: URL
 
     // Across attempts.
@@ -76,7 +75,7 @@ final class DownloadRun: @unchecked Sendable {
         self.options = options
         self.transport = transport
         self.clock = clock
-        self.onEvent = onEvent
+        events = EventChannel(onEvent)
         self.startURL = try validateURL(request.url)
         self.currentURL = startURL
         self.counters = TransferCounters(checkpointBytes: options.checkpointBytes)
@@ -100,9 +99,14 @@ final class DownloadRun: @unchecked Sendable {
             result = try await runSteps()
         } catch {
             await endRun()
+            closeEvents()
+            await events.drained()
             throw error
         }
         await endRun()
+        // Every event the run sent has reached the caller before the result does, and none comes after.
+        closeEvents()
+        await events.drained()
         return result
     }
 
@@ -630,16 +634,15 @@ final class DownloadRun: @unchecked Sendable {
     }
 
     /// Delivers `event` unless the run has ended, one event at a time.
+    /// Hands `event` to the caller's `onEvent` (on the run's event queue: see ``EventChannel``).
     func emit(_ event: DownloadEvent) {
-        eventGate.withLock { open in
-            if open { onEvent(event) }
-        }
+        events.send(event)
     }
 
-    private var eventsOpen: Bool { eventGate.withLock { $0 } }
+    private var eventsOpen: Bool { events.isOpen }
 
     private func closeEvents() {
-        eventGate.withLock { $0 = false }
+        events.close()
     }
 
     /// Progress every `progressInterval`, timed by the shared clock (a download over before its first tick costs
