@@ -525,6 +525,9 @@ final class CurlEventLoop: @unchecked Sendable {
         /// Set by the loop as it ends: commands are then answered by `submit` itself, and the multi handle (being
         /// cleaned up) is never woken again.
         var stopped = false
+        /// Set once the multi handle is cleaned up; until then a late `shutdown()` waits here for it.
+        var finished = false
+        var lateWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
     private let multi: UnsafeMutableRawPointer
@@ -545,7 +548,14 @@ final class CurlEventLoop: @unchecked Sendable {
 
     func submit(_ command: Command) {
         let stopped = queue.withLock { queue in
-            guard !queue.stopped else { return true }
+            guard !queue.stopped else {
+                // A shutdown asked for while the loop ends returns once it has ended, as the first one does.
+                if case .shutdown(let continuation?) = command, !queue.finished {
+                    queue.lateWaiters.append(continuation)
+                    return false
+                }
+                return true
+            }
             queue.commands.append(command)
             // Under the lock, so that it never follows the loop's `curl_multi_cleanup`.
             curl_multi_wakeup(multi)
@@ -561,7 +571,8 @@ final class CurlEventLoop: @unchecked Sendable {
             transfer.complete(.failure(Self.shutDown))
         case .body(let transfer, _, let continuation):
             transfer.bodyContinuation = continuation
-            transfer.complete(.failure(Self.shutDown))
+            // What happened to it while the engine decided, if it ended then (an empty body, a failure).
+            transfer.complete(transfer.pendingOutcome ?? .failure(Self.shutDown))
         case .cancel:
             break
         case .shutdown(let continuation):
@@ -625,9 +636,20 @@ final class CurlEventLoop: @unchecked Sendable {
             defer { queue.commands.removeAll() }
             return queue.commands
         }
-        for command in late { Self.refuse(command) }
+        for command in late {
+            if case .shutdown(let continuation) = command {
+                if let continuation { waiters.append(continuation) }
+            } else {
+                Self.refuse(command)
+            }
+        }
         curl_multi_cleanup(multi)
-        for waiter in waiters { waiter.resume() }
+        let lateWaiters = queue.withLock { queue in
+            queue.finished = true
+            defer { queue.lateWaiters.removeAll() }
+            return queue.lateWaiters
+        }
+        for waiter in waiters + lateWaiters { waiter.resume() }
     }
 
     /// Ends a pause (the sink's, or the one while the engine decided). libcurl hands back the bytes it held from

@@ -6,8 +6,10 @@ import StitchLocks
 /// engine's lanes, monitor, probe, rate limits, progress ticks, checkpoints and retries, and the transports' stall
 /// timers then happen at the virtual times the test steps through, however loaded the machine is.
 ///
-/// ``advance(by:)`` walks forward in time order: each timer tick and each sleep due on the way runs at its own
-/// time (``uptime()`` shows that time while it runs); timer work runs on the caller's thread, sleepers are resumed.
+/// ``advance(by:)`` walks forward in time order through the ticks and sleeps due on the way: timer work runs on the
+/// caller's thread with ``uptime()`` showing its time; a sleeper is resumed at its time, but its task runs later, on
+/// its executor, when the walk may have gone further. So step in small increments and let the tasks settle between
+/// steps (LaneTimingTests' `drive` waits until every body in flight sleeps on the clock again).
 public final class ManualClock: DownloadClock, Sendable {
     private struct Timer {
         var due: Double
@@ -48,6 +50,13 @@ public final class ManualClock: DownloadClock, Sendable {
     public var timers: Int { state.withLock { $0.timers.count } }
 
     public func sleep(seconds: Double) async throws {
+        guard seconds > 0 else {
+            // As `SystemClock`: no wait (a `Retry-After: 0`), only a chance for others to run.
+            try Task.checkCancellation()
+            state.withLock { $0.sleepsTaken += 1 }
+            await Task.yield()
+            return
+        }
         let id = state.withLock { state in
             state.nextID += 1
             state.sleepsTaken += 1
@@ -57,7 +66,7 @@ public final class ManualClock: DownloadClock, Sendable {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                 let verdict: Result<Void, any Error>? = state.withLock { state in
                     if Task.isCancelled { return .failure(CancellationError()) }
-                    state.sleepers[id] = Sleeper(due: state.now + max(0, seconds), continuation: continuation)
+                    state.sleepers[id] = Sleeper(due: state.now + seconds, continuation: continuation)
                     return nil
                 }
                 if let verdict { continuation.resume(with: verdict) }

@@ -1,10 +1,10 @@
 import Dispatch
 import Foundation
+import StitchLocks
 public import StitchTransport
 
 #if canImport(FoundationNetworking)
 import FoundationNetworking
-import StitchLocks
 #endif
 
 /// A ``DownloadTaskSession`` over `URLSession` download tasks: a background session on Apple platforms, an ordinary

@@ -46,7 +46,10 @@ import Testing
         let thread = transport.loop.threadID.load(ordering: .acquiring)
         #expect(thread > 0 && Self.threadExists(thread))
 
-        await transport.shutdown()
+        // Two at once (as a deinit and a caller may): both return, each once the loop has ended.
+        async let one: Void = transport.shutdown()
+        async let two: Void = transport.shutdown()
+        _ = await (one, two)
         let result = await body
         guard case .failure(let error) = result else {
             Issue.record("a transfer in flight ended as \(result) after the shutdown")

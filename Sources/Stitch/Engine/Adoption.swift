@@ -296,7 +296,8 @@ extension DownloadRun {
                 throw DownloadError(
                     error.code,
                     "cannot check the partial download against the server: \(error.message); it is left as it is",
-                    cause: error.cause, resumable: true, remedy: error.code == .retriesExhausted ? .rerun(.resume) : nil)
+                    cause: error.cause, resumable: error.code == .retriesExhausted,
+                    remedy: error.code == .retriesExhausted ? .rerun(.resume) : nil)
             case .wait(let delay, let attempt, let of, let reason):
                 emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
                 do { try await clock.sleep(seconds: delay) } catch { throw DownloadError(.cancelled, "interrupted") }

@@ -563,8 +563,10 @@ final class DownloadRun: @unchecked Sendable {
             try await offloaded { () throws(DownloadError) in checkpointer.stop() }
         }
         // No event after this point: once the file is renamed into place the download is over, and a late
-        // progress tick must not reach the caller after (or while) the result is returned.
+        // progress tick must not reach the caller after (or while) the result is returned. Every event sent so
+        // far reaches the caller before the rename: one who sees an event never finds the file already there.
         closeEvents()
+        await events.drained()
         guard let store else { throw DownloadError(.protocolViolation, "no response body") }
         let bytes = store.writtenBytes
         if let total = known?.totalLength, bytes != total {

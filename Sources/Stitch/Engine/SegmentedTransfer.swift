@@ -149,11 +149,12 @@ final class SegmentedTransfer: Sendable {
         Trace.note("\(request.url) transfer run lanes \(lanes) segments \(store.writtenSegments)")
         defer { Trace.note("\(request.url) transfer run ended") }
         // The monitor's beat, kept by the download's clock: it samples the lanes, and lanes with nothing to take
-        // look again. (A transfer over before the first beat costs no thread a wake-up.)
+        // look again. Only with several lanes (one has no peers to compare, and no one to wait for); a transfer
+        // over before the first beat costs no thread a wake-up.
         let beat = beat
-        let timer = clock.every(Self.monitorInterval) { beat.fire() }
+        let timer = lanes > 1 ? clock.every(Self.monitorInterval) { beat.fire() } : nil
         defer {
-            timer.cancel()
+            timer?.cancel()
             beat.end()
         }
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -258,7 +259,11 @@ final class SegmentedTransfer: Sendable {
                 return
             case .wait:
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
-                guard await beat.next() else { return }
+                if lanes > 1 {
+                    guard await beat.next() else { return }
+                } else {
+                    do { try await clock.sleep(seconds: Self.monitorInterval) } catch { return }
+                }
             case .fetch(let slot):
                 defer { withCore { $0.machine.released(slot) } }
                 do {
