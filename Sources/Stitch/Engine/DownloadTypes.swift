@@ -168,7 +168,8 @@ public struct DownloadProgress: Sendable, Hashable {
     public var durableBytes: Int64
 }
 
-/// Something a download wants its user to know. Delivered on an arbitrary thread, in order.
+/// Something a download wants its user to know. Delivered in order, one at a time, on a queue of the download's own
+/// (never the transport's thread); every event arrives before the file is in place.
 public enum DownloadEvent: Sendable {
     /// The final path is known (with `.directory`, after the first response).
     case destinationResolved(String)

@@ -25,7 +25,8 @@ public struct Downloader: Sendable {
     /// - Parameters:
     ///   - request: the URL, where to save it, headers and the expected checksum.
     ///   - options: retries, timeouts, connections, rate limit and checkpoint settings.
-    ///   - onEvent: called for each ``DownloadEvent``, on an arbitrary thread, one at a time; keep it quick.
+    ///   - onEvent: called for each ``DownloadEvent``, one at a time, in order, on a queue of this download's own: a
+    ///     slow callback delays only this download's events (progress waiting behind it folds into the latest).
     /// - Returns: the finished download.
     /// - Throws: ``DownloadError``.
     public func download(
