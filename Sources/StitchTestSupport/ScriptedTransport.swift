@@ -50,6 +50,9 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         var requests: [Seen] = []
         var random: SplitMix64
         var bodiesInFlight = 0
+        /// Responses answered and not yet done with, and those asleep on a manual clock, by request index.
+        var openResponses: Set<Int> = []
+        var bodiesSleeping: Set<Int> = []
     }
 
     private let state: Locked<State>
@@ -76,6 +79,9 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
     public var requests: [Seen] { state.withLock { $0.requests } }
     /// Bodies being delivered now (in `receive(into:)`).
     public var bodiesInFlight: Int { state.withLock { $0.bodiesInFlight } }
+    /// Whether every response answered and not yet done with (its body received, discarded or cancelled) is asleep
+    /// on a ``ManualClock`` between two chunks: nothing of the download moves until that clock does.
+    public var allResponsesAsleep: Bool { state.withLock { $0.openResponses.isSubset(of: $0.bodiesSleeping) } }
     /// Body bytes delivered over all requests.
     public var bytesDelivered: Int { state.withLock { $0.requests.reduce(0) { $0 + $1.delivered } } }
 
@@ -144,6 +150,18 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
                 transport: self, index: index))
     }
 
+    fileprivate func responseOpened(_ opened: Bool, index: Int) {
+        state.withLock { state in
+            if opened { state.openResponses.insert(index) } else { state.openResponses.remove(index) }
+        }
+    }
+
+    fileprivate func bodySleeping(_ sleeping: Bool, index: Int) {
+        state.withLock { state in
+            if sleeping { state.bodiesSleeping.insert(index) } else { state.bodiesSleeping.remove(index) }
+        }
+    }
+
     fileprivate func bodyStarted(_ started: Bool) {
         state.withLock { $0.bodiesInFlight += started ? 1 : -1 }
     }
@@ -202,6 +220,7 @@ final class ScriptedResponse: TransportResponse, Sendable {
     private let transport: ScriptedTransport
     private let index: Int
     private let cancelled = Atomic<Bool>(false)
+    private let closed = Atomic<Bool>(false)
 
     init(
         head: ResponseHead, data: [UInt8], body: Range<Int>, chunkSizes: ClosedRange<Int>, cutAfter: Int?,
@@ -220,11 +239,15 @@ final class ScriptedResponse: TransportResponse, Sendable {
         self.seed = seed
         self.transport = transport
         self.index = index
+        transport.responseOpened(true, index: index)
     }
 
     func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
         transport.bodyStarted(true)
-        defer { transport.bodyStarted(false) }
+        defer {
+            transport.bodyStarted(false)
+            close()
+        }
         var random = SplitMix64(seed: seed)
         var offset = body.lowerBound
         var sent = 0
@@ -276,17 +299,30 @@ final class ScriptedResponse: TransportResponse, Sendable {
     /// cancelled.
     private func pause(seconds: Double) async -> Bool {
         if let manual = clock as? ManualClock {
+            transport.bodySleeping(true, index: index)
+            defer { transport.bodySleeping(false, index: index) }
             return (try? await manual.sleep(seconds: seconds)) != nil
         }
         try? await Task.sleep(for: .milliseconds(max(1, Int64(seconds * 1000))))
         return !Task.isCancelled
     }
 
+    deinit {
+        close()
+    }
+
+    /// Done with: counted once (a body received, discarded, cancelled, or the response dropped).
+    private func close() {
+        if !closed.exchange(true, ordering: .acquiringAndReleasing) { transport.responseOpened(false, index: index) }
+    }
+
     func discard() async -> Result<Void, TransportError> {
-        cancelled.load(ordering: .acquiring) ? .failure(.cancelled) : .success(())
+        defer { close() }
+        return cancelled.load(ordering: .acquiring) ? .failure(.cancelled) : .success(())
     }
 
     func cancel() {
+        defer { close() }
         cancelled.store(true, ordering: .releasing)
     }
 }

@@ -636,9 +636,10 @@ final class DownloadRun: @unchecked Sendable {
     }
 
     /// Delivers `event` unless the run has ended, one event at a time.
-    /// Hands `event` to the caller's `onEvent` (on the run's event queue: see ``EventChannel``).
-    func emit(_ event: DownloadEvent) {
-        events.send(event)
+    /// Hands `event` to the caller's `onEvent` (see ``EventChannel``): at once from the engine's tasks, through the
+    /// run's event queue from the transport's thread (`fromTransport`).
+    func emit(_ event: DownloadEvent, fromTransport: Bool = false) {
+        events.send(event, fromTransport: fromTransport)
     }
 
     private var eventsOpen: Bool { events.isOpen }
@@ -737,7 +738,7 @@ final class DownloadRun: @unchecked Sendable {
         case .wait, .notWorthIt:
             return false
         case .keepOne(let notice):
-            emit(.notice(notice))
+            emit(.notice(notice), fromTransport: true)
             let now = clock.uptime()
             reprobe = Reprobe(
                 started: probe.started, total: probe.total, probeRate: Double(offset) / max(elapsed, 1e-6),
@@ -785,7 +786,8 @@ final class DownloadRun: @unchecked Sendable {
             .notice(
                 "the connection slowed to \(SplitPolicy.rateText(Double(bytes) / seconds)) (the first moments brought "
                     + "\(SplitPolicy.rateText(look.probeRate))); splitting the rest over \(store.snapshot.segments.count) "
-                    + "connections"))
+                    + "connections"),
+            fromTransport: true)
         totalLength.store(look.total, ordering: .relaxed)
         segmentNow = true
         return true

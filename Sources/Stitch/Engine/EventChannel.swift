@@ -1,20 +1,26 @@
 import Dispatch
 import StitchLocks
 
-/// Hands a download's events to the caller's `onEvent`: one at a time, in order, on a queue of their own — never
-/// under one of the engine's locks, never on the transport's thread or the decision pool. A caller's slow (or
-/// blocked) `onEvent` holds up only its own events; every download keeps receiving. Progress events waiting behind
-/// a slow callback are folded into the latest one, so a callback blocked for an hour holds a handful of events, not
-/// thousands.
+/// Hands a download's events to the caller's `onEvent`: one at a time and in order, never under one of the
+/// engine's locks, and never on the transport's thread.
+///
+/// An event the engine's own task sends (``send(_:fromTransport:)`` with `fromTransport` false) is delivered at once
+/// on that task when nothing is being delivered or waiting: the caller has it before the engine goes on (a `resume`
+/// line is out before the first byte is asked for, as `--json` readers expect even of a run killed a moment later).
+/// An event sent from the transport's thread (the sink's probe), or one that would overtake others, waits on a
+/// queue of the download's own: a caller's slow or blocked `onEvent` never holds up the transport that every
+/// download shares. Progress events waiting behind a slow callback fold into the latest one.
 ///
 /// ``close()`` ends it: no event sent after that is delivered; ``drained()`` returns once every event sent before
 /// has been delivered.
 final class EventChannel: Sendable {
     private struct State {
         var pending: [DownloadEvent] = []
-        /// A drain is queued or running.
-        var scheduled = false
+        /// An event is being delivered (on a sender's thread or the queue), or a drain is queued.
+        var busy = false
         var open = true
+        /// Waiting in `drained()` for `busy` to end.
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
     private let state = Locked(State())
@@ -27,31 +33,62 @@ final class EventChannel: Sendable {
 
     var isOpen: Bool { state.withLock { $0.open } }
 
-    func send(_ event: DownloadEvent) {
-        state.withLock { state in
-            guard state.open else { return }
+    func send(_ event: DownloadEvent, fromTransport: Bool = false) {
+        let now = state.withLock { state -> Bool in
+            guard state.open else { return false }
+            if !fromTransport, !state.busy {
+                state.busy = true
+                return true
+            }
             if case .progress = event, let last = state.pending.last, case .progress = last {
                 state.pending[state.pending.count - 1] = event
             } else {
                 state.pending.append(event)
             }
-            guard !state.scheduled else { return }
-            state.scheduled = true
-            // Queued under the lock: a `drained()` that follows a `close()` queues its mark after this drain.
-            queue.async { [self] in drain() }
+            if !state.busy {
+                state.busy = true
+                queue.async { [self] in drain() }
+            }
+            return false
         }
+        guard now else { return }
+        onEvent(event)
+        finishedDelivering()
+    }
+
+    /// After a delivery on a sender's thread: what was queued meanwhile goes to the queue; else idle.
+    private func finishedDelivering() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            if !state.pending.isEmpty {
+                queue.async { [self] in drain() }
+                return []
+            }
+            state.busy = false
+            defer { state.idleWaiters.removeAll() }
+            return state.idleWaiters
+        }
+        for waiter in waiters { waiter.resume() }
     }
 
     private func drain() {
         while true {
             let batch = state.withLock { state -> [DownloadEvent] in
-                if state.pending.isEmpty { state.scheduled = false }
                 defer { state.pending.removeAll(keepingCapacity: true) }
                 return state.pending
             }
-            if batch.isEmpty { return }
+            if batch.isEmpty { break }
             for event in batch { onEvent(event) }
         }
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            if !state.pending.isEmpty {
+                queue.async { [self] in drain() }
+                return []
+            }
+            state.busy = false
+            defer { state.idleWaiters.removeAll() }
+            return state.idleWaiters
+        }
+        for waiter in waiters { waiter.resume() }
     }
 
     func close() {
@@ -61,7 +98,12 @@ final class EventChannel: Sendable {
     /// Returns once every event sent so far has been delivered (without holding a thread while it waits).
     func drained() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            state.withLock { _ in queue.async { continuation.resume() } }
+            let idle = state.withLock { state -> Bool in
+                if !state.busy { return true }
+                state.idleWaiters.append(continuation)
+                return false
+            }
+            if idle { continuation.resume() }
         }
     }
 }

@@ -114,6 +114,9 @@ final class SegmentedTransfer: Sendable {
     private let finishedLanes = Atomic<Int>(0)
     /// Wakes the monitor and the lanes waiting for work, on the clock's timer.
     private let beat = Beat()
+    /// Wakes lanes that wait for work: on the monitor's beat, and at once when a lane lets go of a segment (the
+    /// last one done, the waiting lanes end without waiting for a beat).
+    private let idle = Beat()
 
     init(
         store: PartStore, known: Validators, split: Bool, request: DownloadRequest, options: DownloadOptions,
@@ -152,10 +155,15 @@ final class SegmentedTransfer: Sendable {
         // look again. Only with several lanes (one has no peers to compare, and no one to wait for); a transfer
         // over before the first beat costs no thread a wake-up.
         let beat = beat
-        let timer = lanes > 1 ? clock.every(Self.monitorInterval) { beat.fire() } : nil
+        let idle = idle
+        let timer = lanes > 1 ? clock.every(Self.monitorInterval) {
+            beat.fire()
+            idle.fire()
+        } : nil
         defer {
             timer?.cancel()
             beat.end()
+            idle.end()
         }
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<lanes {
@@ -260,12 +268,15 @@ final class SegmentedTransfer: Sendable {
             case .wait:
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
                 if lanes > 1 {
-                    guard await beat.next() else { return }
+                    guard await idle.next() else { return }
                 } else {
                     do { try await clock.sleep(seconds: Self.monitorInterval) } catch { return }
                 }
             case .fetch(let slot):
-                defer { withCore { $0.machine.released(slot) } }
+                defer {
+                    withCore { $0.machine.released(slot) }
+                    idle.fire()
+                }
                 do {
                     if try await fetch(slot) == .retired { return }
                 } catch is CancellationError where stopped.load(ordering: .acquiring) {
