@@ -56,7 +56,7 @@ final class EventChannel: Sendable {
         finishedDelivering()
     }
 
-    /// After a delivery on a sender's thread: what was queued meanwhile goes to the queue; else idle.
+    /// After a delivery (on a sender's thread, or a drain): what was queued meanwhile goes to the queue; else idle.
     private func finishedDelivering() {
         let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             if !state.pending.isEmpty {
@@ -79,16 +79,7 @@ final class EventChannel: Sendable {
             if batch.isEmpty { break }
             for event in batch { onEvent(event) }
         }
-        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            if !state.pending.isEmpty {
-                queue.async { [self] in drain() }
-                return []
-            }
-            state.busy = false
-            defer { state.idleWaiters.removeAll() }
-            return state.idleWaiters
-        }
-        for waiter in waiters { waiter.resume() }
+        finishedDelivering()
     }
 
     func close() {
