@@ -82,15 +82,27 @@ import Testing
         }
     }
 
-    static func split(lanes: Int = 4, maxRestarts: Int = 3) -> Machine {
-        var machine = Self.machine(maxRestarts: maxRestarts)
-        machine.transferStarted(lanes: lanes, split: true, rateLimited: false, pieceSize: mib, minimumSplitSize: mib)
+    /// A machine driven to a transfer over `lanes` lanes of a split part file, as the executor drives it.
+    static func split(lanes: Int = 4, maxRestarts: Int = 3, maxRetries: Int = 5) -> Machine {
+        var machine = Self.machine(maxRestarts: maxRestarts, maxRetries: maxRetries)
+        startSplit(&machine, lanes: lanes)
         return machine
     }
 
+    /// From a state that asks for the next step: a part file of several segments goes over `lanes` lanes.
+    static func startSplit(_ machine: inout Machine, lanes: Int) {
+        #expect(describe(machine.next(store: Store(segments: 4, written: 0))) == "transfer split")
+        machine.transferStarted(lanes: lanes, split: true, rateLimited: false, pieceSize: mib, minimumSplitSize: mib)
+        #expect(machine.phase == .transferring(lanes: lanes, split: true))
+    }
+
+    /// A machine driven to a transfer of a resumed partial over one connection.
     static func alone(maxRestarts: Int = 3) -> Machine {
         var machine = Self.machine(maxRestarts: maxRestarts)
+        #expect(describe(machine.next(store: Store(segments: 1, written: 10))) == "consider split")
+        #expect(describe(machine.splitConsidered(false)) == "transfer alone")
         machine.transferStarted(lanes: 1, split: false, rateLimited: false, pieceSize: mib, minimumSplitSize: mib)
+        #expect(machine.phase == .transferring(lanes: 1, split: false))
         return machine
     }
 
@@ -119,49 +131,76 @@ import Testing
     /// Nothing kept: the whole file on the first connection. Several segments: lanes (or, without a validator to
     /// check them with, a restart). Bytes on one segment: asked once whether to split, then one lane.
     @Test func nextStep() {
+        func first(_ store: Store?, splitNow: Bool = false) -> (String, Machine.Phase) {
+            var machine = Self.machine()
+            #expect(machine.phase == .opening)
+            return (Self.describe(machine.next(store: store, splitNow: splitNow)), machine.phase)
+        }
+        #expect(first(nil) == ("request \(Self.start)", .firstRequest))
+        #expect(first(Store(segments: 1, written: 0)) == ("request \(Self.start)", .firstRequest))
+        #expect(first(Store(segments: 1, written: 0), splitNow: true) == ("transfer split", .preparingTransfer))
+        #expect(first(Store(segments: 4, written: 0)) == ("transfer split", .preparingTransfer))
+        #expect(first(Store(segments: 1, written: 10)) == ("consider split", .consideringSplit))
+
         var machine = Self.machine()
-        #expect(Self.describe(machine.next(store: nil)) == "request \(Self.start)")
-        #expect(Self.describe(machine.next(store: Store(segments: 1, written: 0))) == "request \(Self.start)")
-        #expect(machine.state == .firstRequest)
-        #expect(Self.describe(machine.next(store: Store(segments: 1, written: 0), splitNow: true)) == "transfer split")
-        #expect(Self.describe(machine.next(store: Store(segments: 4, written: 0))) == "transfer split")
         #expect(Self.describe(machine.next(store: Store(segments: 1, written: 10))) == "consider split")
         #expect(Self.describe(machine.splitConsidered(false)) == "transfer alone")
+        machine.transferStarted(lanes: 1, split: false, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        machine.halt(.restart(.lengthChanged(old: 1, new: 2)))
+        #expect(Self.describe(machine.transferEnded(allComplete: false)).hasPrefix("restart: "))
         // Asked once per run.
         #expect(Self.describe(machine.next(store: Store(segments: 1, written: 10))) == "transfer alone")
-        #expect(machine.restarts == 0)
-        let untrusted = machine.next(store: Store(segments: 4, written: 5, canCheckRanges: false))
-        #expect(Self.describe(untrusted).hasPrefix("restart: "), "\(Self.describe(untrusted))")
         #expect(machine.restarts == 1)
+
+        var untrusting = Self.machine()
+        let untrusted = untrusting.next(store: Store(segments: 4, written: 5, canCheckRanges: false))
+        #expect(Self.describe(untrusted).hasPrefix("restart: "), "\(Self.describe(untrusted))")
+        #expect(untrusting.restarts == 1 && untrusting.phase == .betweenSteps)
     }
 
     /// A first request whose response the probe split goes over lanes; a partial found once the response named
     /// the file is resumed (with a fresh redirect chain); cancellation wins over anything the report says.
     @Test func firstRequestEnds() {
-        var machine = Self.machine()
-        let split = Self.first(&machine, Self.report(written: 3 * Self.mib), store: Store(segments: 4, written: 3), splitNow: true)
+        /// A machine whose first connection asks for the whole file.
+        func asking() -> Machine {
+            var machine = Self.machine()
+            #expect(Self.describe(machine.next(store: nil)) == "request \(Self.start)")
+            return machine
+        }
+        var probed = asking()
+        let split = Self.first(&probed, Self.report(written: 3 * Self.mib), store: Store(segments: 4, written: 3), splitNow: true)
         #expect(split == "transfer split")
+
+        var machine = asking()
         let redirected = Self.first(&machine, Self.report(.redirect(location: "/b")), store: nil)
         #expect(redirected == "redirected http://example.test/b")
+        #expect(machine.phase == .betweenSteps)
         #expect(Self.describe(machine.next(store: nil)) == "request http://example.test/b")
         let resumed = machine.firstRequestEnded(
             Self.report(), store: Store(segments: 1, written: 10), resumeSaved: true, now: 0, jitter: 0)
         #expect(Self.describe(resumed) == "consider split")
         #expect(machine.first.url == Self.start)
-        let cancelled = machine.firstRequestEnded(Self.report(), store: nil, cancelled: true, now: 0, jitter: 0)
+
+        var cancelledMachine = asking()
+        let cancelled = cancelledMachine.firstRequestEnded(Self.report(), store: nil, cancelled: true, now: 0, jitter: 0)
         #expect(Self.describe(cancelled) == "interrupted")
-        #expect(Self.first(&machine, Self.report(), store: Store(segments: 1, written: 64)) == "finish")
-        #expect(machine.state == .finishing)
+        #expect(cancelledMachine.phase == .interrupted)
+
+        var finished = asking()
+        #expect(Self.first(&finished, Self.report(), store: Store(segments: 1, written: 64)) == "finish")
+        #expect(finished.phase == .finishing)
     }
 
     /// Retries wait on the injected clock (the delay is the policy's, with the jitter passed in) and ask the start
     /// URL again; what is saved by then decides the next step.
     @Test func firstRequestRetries() {
         var machine = Self.machine()
+        _ = machine.next(store: nil)
         _ = Self.first(&machine, Self.report(.redirect(location: "/b")), store: nil)
+        #expect(Self.describe(machine.next(store: nil)) == "request http://example.test/b")
         let wait = Self.first(&machine, Self.report(.retry(status: 503, retryAfter: nil)), store: nil)
         #expect(wait == "wait 0.5 (1/5): HTTP 503 Service Unavailable")
-        #expect(machine.state == .waiting)
+        #expect(machine.phase == .waiting)
         #expect(Self.describe(machine.next(store: nil)) == "request \(Self.start)")
         // A body that ended early with bytes saved continues on one lane, not with the whole file again.
         let early = Self.first(
@@ -171,20 +210,58 @@ import Testing
         #expect(Self.describe(machine.next(store: Store(segments: 1, written: Self.mib))) == "consider split")
     }
 
-    /// More restarts than allowed (in place or not) and the download fails as unstable; a response accepted after
-    /// that too.
+    /// More restarts than allowed (in place or not, whichever connection met them) and the download fails as
+    /// unstable.
     @Test func restartBudget() {
         var machine = Self.machine(maxRestarts: 2)
+        _ = machine.next(store: nil)
         #expect(Self.first(&machine, Self.report(.restart(.rangeIgnored)), store: nil).hasPrefix("restart: "))
+        #expect(Self.describe(machine.next(store: Store(segments: 1, written: 10))) == "consider split")
+        #expect(Self.describe(machine.splitConsidered(false)) == "transfer alone")
+        machine.transferStarted(lanes: 1, split: false, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
         #expect(Self.restartInPlace(&machine))
-        let third = Self.first(&machine, Self.report(.restart(.rangeNotSatisfiable)), store: nil)
+        #expect(!machine.exhausted)
+        machine.halt(.restart(.rangeNotSatisfiable))
+        let third = Self.describe(machine.transferEnded(allComplete: false))
         #expect(third == "fail unstableSource: the file kept changing on the server (2 restarts); try again later")
-        #expect(machine.state == .failed && machine.exhausted)
-        #expect(!Self.restartInPlace(&machine))
-        let accepted = Self.first(&machine, Self.report(), store: nil)
-        #expect(accepted.hasPrefix("fail unstableSource"))
+        #expect(machine.phase == .failed && machine.exhausted)
         // Restarts outside a split never keep the run on one connection.
         #expect(machine.splittingFailed == nil)
+    }
+
+    /// An event that does not fit the state is the executor's programming error, and a debug build (a test) stops
+    /// at once: a transfer's end with no transfer running, a lane's report before its transfer started, the first
+    /// request's end during a transfer, a transfer started as another than the one asked for. The same events in
+    /// their order run through.
+    @Test func anEventThatDoesNotFitStopsADebugBuild() async {
+        await #expect(processExitsWith: .failure) {
+            var machine = DownloadStateMachine(startURL: URL(string: "http://example.test/f")!, maxRestarts: 3)
+            _ = machine.transferEnded(allComplete: true)
+        }
+        await #expect(processExitsWith: .failure) {
+            var machine = DownloadStateMachine(startURL: URL(string: "http://example.test/f")!, maxRestarts: 3)
+            _ = machine.next(store: nil)
+            _ = machine.nextRequest(0, written: 0, end: nil, known: nil, overlapWindow: 0)
+        }
+        await #expect(processExitsWith: .failure) {
+            var machine = DownloadStateMachine(startURL: URL(string: "http://example.test/f")!, maxRestarts: 3)
+            _ = machine.next(store: .init(segments: 4, written: 0))
+            machine.transferStarted(lanes: 4, split: true, rateLimited: false, pieceSize: 1 << 20, minimumSplitSize: 1 << 20)
+            let report = AttemptReport(result: .success(()), written: 0, saved: 0, durable: 0)
+            _ = machine.firstRequestEnded(report, store: nil, now: 0, jitter: 0)
+        }
+        await #expect(processExitsWith: .failure) {
+            var machine = DownloadStateMachine(startURL: URL(string: "http://example.test/f")!, maxRestarts: 3)
+            _ = machine.next(store: .init(segments: 4, written: 0))
+            machine.transferStarted(lanes: 1, split: false, rateLimited: false, pieceSize: 1 << 20, minimumSplitSize: 1 << 20)
+        }
+        await #expect(processExitsWith: .success) {
+            var machine = DownloadStateMachine(startURL: URL(string: "http://example.test/f")!, maxRestarts: 3)
+            _ = machine.next(store: .init(segments: 4, written: 0))
+            machine.transferStarted(lanes: 4, split: true, rateLimited: false, pieceSize: 1 << 20, minimumSplitSize: 1 << 20)
+            _ = machine.nextRequest(0, written: 0, end: nil, known: nil, overlapWindow: 0)
+            _ = machine.transferEnded(allComplete: true)
+        }
     }
 
     // MARK: A file is complete before it is finished (rule 1)
@@ -196,7 +273,7 @@ import Testing
         let unfinished = machine.transferEnded(allComplete: false)
         #expect(Self.describe(unfinished) == "fail protocolViolation: segments left unfinished")
         if case .fail(let error) = unfinished { #expect(error.isResumable) }
-        #expect(machine.state == .failed)
+        #expect(machine.phase == .failed)
 
         var complete = Self.split()
         #expect(Self.describe(complete.transferEnded(allComplete: true)) == "finish")
@@ -230,9 +307,9 @@ import Testing
         #expect(Self.lane(&machine, 1, Self.report()) == "stop", "nothing else happens once stopping")
         let end = Self.describe(machine.transferEnded(allComplete: false))
         #expect(end.hasPrefix("restart: "), "\(end)")
-        #expect(machine.restarts == 1 && machine.state == .betweenSteps)
+        #expect(machine.restarts == 1 && machine.phase == .betweenSteps)
         #expect(Self.describe(machine.next(store: Store(segments: 1, written: 0))) == "request \(Self.start)")
-        #expect(machine.state == .firstRequest)
+        #expect(machine.phase == .firstRequest)
     }
 
     /// With other lanes left, only a response that looks like another edge's version of the file (another
@@ -346,8 +423,7 @@ import Testing
     /// A request the engine cut short itself is asked again at once and never counts as a failure: a replaced
     /// slow connection, or a sink stopped for the run's sake (a retry count that would otherwise run out).
     @Test func requestsCutShortByTheEngineAreNotFailures() {
-        var machine = Self.machine(maxRetries: 0)
-        machine.transferStarted(lanes: 2, split: true, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        var machine = Self.split(lanes: 2, maxRetries: 0)
         let accept = HeadVerdict.accept(bodyStart: 0, validators: Self.validators)
         let cut = Self.report(accept, .failure(.abortedBySink), written: Self.mib, end: 16 * Self.mib)
         for _ in 0..<3 {
@@ -374,11 +450,13 @@ import Testing
         changing.halt(.restart(.lengthChanged(old: 1, new: 2)))
         _ = changing.transferEnded(allComplete: false)
         #expect(changing.splittingFailed == nil)
+        #expect(Self.describe(changing.next(store: Store(segments: 1, written: 10))) == "consider split")
+        #expect(Self.describe(changing.splitConsidered(false)) == "transfer alone")
         changing.transferStarted(lanes: 1, split: false, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
         changing.halt(.restart(.lengthChanged(old: 2, new: 3)))
         _ = changing.transferEnded(allComplete: false)
         #expect(changing.splittingFailed == nil, "a restart on one connection is not one while split")
-        changing.transferStarted(lanes: 4, split: true, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        Self.startSplit(&changing, lanes: 4)
         changing.halt(.restart(.lengthChanged(old: 3, new: 4)))
         _ = changing.transferEnded(allComplete: false)
         #expect(changing.splittingFailed == .restarted)
@@ -392,6 +470,7 @@ import Testing
     @Test(arguments: [(Int64(0), false), (4096, true)])
     func aRerunIsOfferedOnlyForDurableBytes(durable: Int64, offered: Bool) {
         var machine = Self.machine(maxRetries: 0)
+        _ = machine.next(store: nil)
         let dropped = Self.report(
             .accept(bodyStart: 0, validators: Self.validators), .failure(.network("reset")), written: Self.mib,
             saved: Self.mib, durable: durable)
@@ -442,8 +521,7 @@ import Testing
         #expect(Self.lane(&machine, 2, refused) == "wait 0.5 (1/5): HTTP 503 Service Unavailable")
         #expect(machine.transfer?.activeLanes == 2)
 
-        var spent = Self.machine(maxRetries: 0)
-        spent.transferStarted(lanes: 2, split: true, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
+        var spent = Self.split(lanes: 2, maxRetries: 0)
         let dropped = Self.report(.accept(bodyStart: 0, validators: Self.validators), .failure(.init(.network, "reset")), written: 0)
         #expect(Self.lane(&spent, 1, dropped, receiving: [0]).hasPrefix("retire: giving up after 0 retries on one connection"))
         #expect(Self.lane(&spent, 0, dropped) == "stop", "the last lane out of retries ends the download")
@@ -495,7 +573,7 @@ import Testing
         let split = Self.first(&machine, Self.report(written: Self.mib, saved: Self.mib), store: Store(segments: 4, written: Self.mib), splitNow: true)
         #expect(split == "transfer split")
         machine.transferStarted(lanes: 4, split: true, rateLimited: false, pieceSize: Self.mib, minimumSplitSize: Self.mib)
-        #expect(machine.state == .transferring(lanes: 4, split: true))
+        #expect(machine.phase == .transferring(lanes: 4, split: true))
         var segments = Self.segments([1, 0, 0, 0])
         for slot in 0..<4 { #expect(Self.idle(&machine, segments) == .fetch(slot)) }
         #expect(Self.lane(&machine, 3, Self.report(sink: .reachedEnd, written: 60 * Self.mib, end: 60 * Self.mib)) == "again")
@@ -507,6 +585,6 @@ import Testing
         }
         #expect(Self.idle(&machine, segments) == .stop)
         #expect(Self.describe(machine.transferEnded(allComplete: true)) == "finish")
-        #expect(machine.state == .finishing && machine.transfer == nil)
+        #expect(machine.phase == .finishing && machine.transfer == nil)
     }
 }

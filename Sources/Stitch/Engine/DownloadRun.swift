@@ -187,7 +187,7 @@ final class DownloadRun: @unchecked Sendable {
             case .finish:
                 return try await finish()
             case .fail(let error):
-                try? store?.checkpoint()
+                await checkpointOffPool()
                 throw error
             case .interrupted:
                 throw try interrupted()
