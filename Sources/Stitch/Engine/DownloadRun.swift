@@ -212,7 +212,6 @@ final class DownloadRun: @unchecked Sendable {
         plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
         verdict = nil
         probe = nil
-        reprobe = nil
         setupError = nil
         sink = nil
         attemptFailure = nil
@@ -531,7 +530,6 @@ final class DownloadRun: @unchecked Sendable {
         try store?.restart(validators: .none)
         hasher?.reset()
         probe = nil
-        reprobe = nil
         known = nil
         position.store(0, ordering: .relaxed)
         counters.resetCheckpointCount()
@@ -699,98 +697,44 @@ final class DownloadRun: @unchecked Sendable {
     /// transfer stops and the lanes take over from where it got to.
     private var segmentNow = false
 
-    /// The first response of a download that may be split, while its speed is measured.
-    private struct Probe {
-        var started: Double
-        var total: Int64
-    }
-    private var probe: Probe?
+    /// The first response of a download that may be split, while its speed is measured (and then watched, if the
+    /// probe kept one connection): sampled after each write of that response, on the transport's thread.
+    private var probe: SplitProbe?
 
-    /// A download the probe kept on one connection, looked at again at ``SplitPolicy/reprobeSeconds``.
-    private struct Reprobe {
-        var started: Double
-        var total: Int64
-        var probeRate: Double
-        /// The previous look: when, and where the response had got to.
-        var lastTime: Double
-        var lastOffset: Int64
-        var next = 0
-    }
-    private var reprobe: Reprobe?
-
-    /// Ends the probe once it has run long enough (the first response has reached `offset`). Returns true when
-    /// the download splits now (the transfer stops; the lanes continue from its offset), false to go on with this
-    /// connection. Runs on the transport's thread, from the sink.
+    /// Samples the probe once the first response has reached `offset`. Returns true when the download splits now
+    /// (the transfer stops; the lanes continue from its offset), false to go on with this connection. Runs on the
+    /// transport's thread, from the sink.
     private func endProbe(at offset: Int64) -> Bool {
-        if probe == nil, reprobe != nil { return lookAgain(at: offset) }
-        guard let probe, let store else { return false }
-        let elapsed = clock.uptime() - probe.started
-        guard elapsed >= SplitPolicy.probeSeconds || offset >= SplitPolicy.probeBytes else { return false }
-        self.probe = nil
-        // Only for the response it was set up for: same length, and splitting still allowed.
-        guard let known, known.totalLength == probe.total, known.acceptRanges, known.ifRange != nil,
-            machine({ $0.splittingFailed }) == nil
-        else { return false }
-        let verdict = SplitPolicy.probe(
-            offset: offset, elapsed: elapsed, total: probe.total, singleConnectionRate: options.singleConnectionRate,
-            minimumSplitSize: options.minimumSplitSize, lanes: { lanes(for: known) })
+        guard var probe, !probe.isDone, let store else { return false }
+        let known = self.known
+        let total = probe.total
+        let verdict = probe.sample(
+            offset: offset, now: clock.uptime(),
+            splittable: { [self] in
+                guard let known else { return false }
+                return known.totalLength == total && known.acceptRanges && known.ifRange != nil
+                    && machine({ $0.splittingFailed }) == nil
+            },
+            limitingRate: options.rateLimiter?.limitingRate,
+            lanes: { [self] in known.map { lanes(for: $0) } ?? 1 })
+        self.probe = probe
         switch verdict {
-        case .wait, .notWorthIt:
+        case .none:
             return false
         case .keepOne(let notice):
             emit(.notice(notice), fromTransport: true)
-            let now = clock.uptime()
-            reprobe = Reprobe(
-                started: probe.started, total: probe.total, probeRate: Double(offset) / max(elapsed, 1e-6),
-                lastTime: now, lastOffset: offset)
             return false
-        case .split:
-            break
+        case .split(let slowdown):
+            guard let known else { return false }
+            split(store, total: probe.total, lanes: lanes(for: known))
+            guard store.snapshot.segments.count > 1 else { return false }
+            if let slowdown {
+                emit(.notice(slowdown.notice(connections: store.snapshot.segments.count)), fromTransport: true)
+            }
+            totalLength.store(probe.total, ordering: .relaxed)
+            segmentNow = true
+            return true
         }
-        split(store, total: probe.total, lanes: lanes(for: known))
-        guard store.snapshot.segments.count > 1 else { return false }
-        totalLength.store(probe.total, ordering: .relaxed)
-        segmentNow = true
-        return true
-    }
-    /// The re-probe (see ``Reprobe``): at each of ``SplitPolicy/reprobeSeconds``, the speed since the previous
-    /// look against the probe's; far below it, the download splits from `offset` as the probe would have. Runs on
-    /// the transport's thread, from the sink.
-    private func lookAgain(at offset: Int64) -> Bool {
-        guard var look = reprobe, let store, look.next < SplitPolicy.reprobeSeconds.count else { return false }
-        let now = clock.uptime()
-        guard now - look.started >= SplitPolicy.reprobeSeconds[look.next] else { return false }
-        let bytes = offset - look.lastOffset
-        let seconds = now - look.lastTime
-        look.next += 1
-        look.lastTime = now
-        look.lastOffset = offset
-        reprobe = look
-        // A rate limit that explains the speed (it is within a factor of two of the limit) is no reason to split:
-        // more connections would share the same limit. One far above the speed (`--limit-rate 100M` against a
-        // line capped at 2 MiB/s) explains nothing.
-        if let limit = options.rateLimiter?.limitingRate, seconds > 0, Double(bytes) / seconds >= Double(limit) / 2 {
-            return false
-        }
-        guard let known, known.totalLength == look.total, known.acceptRanges, known.ifRange != nil,
-            machine({ $0.splittingFailed }) == nil,
-            SplitPolicy.reprobe(
-                bytes: bytes, seconds: seconds, probeRate: look.probeRate, remaining: look.total - offset,
-                minimumSplitSize: options.minimumSplitSize, singleConnectionRate: options.singleConnectionRate),
-            lanes(for: known) > 1
-        else { return false }
-        reprobe = nil
-        split(store, total: look.total, lanes: lanes(for: known))
-        guard store.snapshot.segments.count > 1 else { return false }
-        emit(
-            .notice(
-                "the connection slowed to \(SplitPolicy.rateText(Double(bytes) / seconds)) (the first moments brought "
-                    + "\(SplitPolicy.rateText(look.probeRate))); splitting the rest over \(store.snapshot.segments.count) "
-                    + "connections"),
-            fromTransport: true)
-        totalLength.store(look.total, ordering: .relaxed)
-        segmentNow = true
-        return true
     }
 
     /// The running digest did not see the bytes in order (several connections): hash the file at the end.
@@ -944,7 +888,9 @@ final class DownloadRun: @unchecked Sendable {
                 if options.connections == nil, options.singleConnectionRate != nil {
                     // Receive a moment first: the split happens (from where this response got to) unless one
                     // connection turns out to be fast enough on its own.
-                    probe = Probe(started: clock.uptime(), total: total)
+                    probe = SplitProbe(
+                        started: clock.uptime(), total: total, singleConnectionRate: options.singleConnectionRate,
+                        minimumSplitSize: options.minimumSplitSize)
                 } else if lanes(for: validators) > 1 {
                     // Split now and let the lanes request exact ranges; this response's bytes are not needed.
                     split(store, total: total, lanes: lanes(for: validators))
