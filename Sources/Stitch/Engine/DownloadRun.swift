@@ -567,52 +567,27 @@ final class DownloadRun: @unchecked Sendable {
         await events.drained()
         guard let store else { throw DownloadError(.protocolViolation, "no response body") }
         let bytes = store.writtenBytes
-        if let total = known?.totalLength, bytes != total {
-            throw DownloadError(
-                .protocolViolation, "have \(bytes) bytes but the server said the file has \(total)",
-                resumable: true, remedy: .rerun(.resume))
-        }
         // Every byte was written, so the file has no hole: one means another program cut the file under the run
-        // and the bytes it lost read as zeros. They are marked as not downloaded, never renamed into place.
-        let holes = store.holes(before: bytes)  // one lseek: metadata only, cheap enough for a cooperative thread
-        if !holes.isEmpty {
-            let lost = holes.reduce(Int64(0)) { $0 + Int64($1.count) }
-            if let total = store.snapshot.validators.totalLength, total == bytes {
-                let pieceSize = store.pieceSize
-                var damaged = Set<Int>()
-                for hole in holes {
-                    for piece in Int(hole.lowerBound / pieceSize)...Int((hole.upperBound - 1) / pieceSize) {
-                        damaged.insert(piece)
-                    }
-                }
-                try store.invalidate(pieces: damaged.sorted())
-            } else {
-                storeClosed = true
-                store.discard()
-            }
-            throw DownloadError(
-                .io,
-                "\(store.paths.part) lost \(lost) bytes while downloading (another program truncated it); nothing was saved at \(store.paths.destination)",
-                resumable: true, remedy: .rerun(.downloadAgain))
+        // (FinishPolicy). One lseek: metadata only, cheap enough for a cooperative thread.
+        if let refusal = FinishPolicy.written(
+            bytes: bytes, announced: known?.totalLength, stateLength: store.snapshot.validators.totalLength,
+            holes: store.holes(before: bytes), pieceSize: store.pieceSize, paths: store.paths)
+        {
+            try await dispose(store, refusal)
         }
         var verified: ExpectedChecksum?
         if let expected = request.checksum, let hasher {
+            // Several connections wrote out of order: the digest is the file's, read on the blocking pool.
             let digest =
-                hashFromDisk ? try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: bytes) : hasher.finalize()
-            guard expected.matches(digest) else {
-                if store.snapshot.adoption?.kept == true, !request.overwrite {
-                    // The bytes came with another program's partial, which the user had before: kept, not deleted.
-                    throw DownloadError(
-                        .checksumMismatch,
-                        "checksum mismatch: expected \(expected), got \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest)); the file was continued from another program's partial download, which may differ from the server's between the samples compared: it is kept as \(store.paths.part), and nothing was saved at \(store.paths.destination)",
-                        remedy: .overwrite(.downloadAgain))
-                }
-                storeClosed = true
-                store.discard()
-                throw DownloadError(
-                    .checksumMismatch,
-                    "checksum mismatch: expected \(expected), got \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest)); the downloaded data was deleted and nothing was saved at \(store.paths.destination)"
-                )
+                hashFromDisk
+                ? try await offloaded { () throws(DownloadError) in
+                    try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: bytes)
+                } : hasher.finalize()
+            if let refusal = FinishPolicy.digest(
+                digest, expected: expected, adoptedKept: store.snapshot.adoption?.kept == true,
+                overwrite: request.overwrite, paths: store.paths)
+            {
+                try await dispose(store, refusal)
             }
             verified = expected
         }
@@ -633,7 +608,21 @@ final class DownloadRun: @unchecked Sendable {
             alreadyComplete: false, checksum: verified)
     }
 
-    /// Delivers `event` unless the run has ended, one event at a time.
+    /// Does what ``FinishPolicy`` decided with a part file that is not renamed into place, on the blocking pool,
+    /// and throws why.
+    private func dispose(_ store: PartStore, _ refusal: FinishPolicy.Refusal) async throws -> Never {
+        if refusal.disposal == .discard { storeClosed = true }
+        let disposal = refusal.disposal
+        try await offloaded { () throws(DownloadError) in
+            switch disposal {
+            case .keep: break
+            case .invalidate(let pieces): try store.invalidate(pieces: pieces)
+            case .discard: store.discard()
+            }
+        }
+        throw refusal.error
+    }
+
     /// Hands `event` to the caller's `onEvent` (see ``EventChannel``): at once from the engine's tasks, through the
     /// run's event queue from the transport's thread (`fromTransport`).
     func emit(_ event: DownloadEvent, fromTransport: Bool = false) {
