@@ -152,6 +152,14 @@ import Testing
         #expect(Self.describe(machine.next(store: Store(segments: 1, written: 10))) == "transfer alone")
         #expect(machine.restarts == 1)
 
+        // After splitting failed in this run (here: a range ignored), a partial on one segment is not considered
+        // for a split again: it continues on one connection.
+        var failed = Self.split()
+        failed.halt(.restart(.rangeIgnored))
+        #expect(Self.describe(failed.transferEnded(allComplete: false)).hasPrefix("restart: "))
+        #expect(failed.splittingFailed == .rangesIgnored)
+        #expect(Self.describe(failed.next(store: Store(segments: 1, written: 10))) == "transfer alone")
+
         var untrusting = Self.machine()
         let untrusted = untrusting.next(store: Store(segments: 4, written: 5, canCheckRanges: false))
         #expect(Self.describe(untrusted).hasPrefix("restart: "), "\(Self.describe(untrusted))")

@@ -79,6 +79,7 @@ final class DownloadRun: @unchecked Sendable {
         self.startURL = try validateURL(request.url)
         self.currentURL = startURL
         self.counters = TransferCounters(checkpointBytes: options.checkpointBytes)
+        self.connections = ConnectionPlan(options)
         self.core = Locked(
             EngineCore(
                 machine: DownloadStateMachine(
@@ -729,30 +730,19 @@ final class DownloadRun: @unchecked Sendable {
     /// The running digest did not see the bytes in order (several connections): hash the file at the end.
     private var hashFromDisk = false
 
+    /// How many connections this download uses (``ConnectionPlan``): the grant is asked once per run.
+    private var connections: ConnectionPlan
+
     /// How many connections this download should use, given what the server said.
     private func lanes(for validators: Validators) -> Int {
-        if let grantedLanes { return grantedLanes }
-        let wanted = wantedLanes(for: validators)
-        guard wanted > 1, let grant = options.connectionGrant else { return wanted }
-        let granted = max(1, min(wanted, grant(wanted)))
-        grantedLanes = granted
-        return granted
+        connections.lanes(for: validators, grant: options.connectionGrant)
     }
-
-    /// Connections asked for (or chosen by size), before any grant.
-    private func wantedLanes(for validators: Validators) -> Int {
-        let wanted = options.connections ?? Connections.automatic(forLength: validators.totalLength, step: options.automaticConnectionStep)
-        return max(1, min(wanted, options.maximumConnections ?? wanted))
-    }
-
-    /// What ``DownloadOptions/connectionGrant`` allowed, asked once per run.
-    private var grantedLanes: Int?
 
     /// Whether to split now: more than one connection wanted and the server gave what ranges need (see
     /// ``SplitPolicy/canSplit(_:wanted:asked:minimumSplitSize:failure:)``); says why not when that is worth saying.
     private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
         let (allowed, notice) = SplitPolicy.canSplit(
-            validators, wanted: wantedLanes(for: validators), asked: options.connections,
+            validators, wanted: connections.wanted(for: validators), asked: options.connections,
             minimumSplitSize: options.minimumSplitSize, failure: machine { $0.splittingFailed })
         if let notice { emit(.notice(notice)) }
         return allowed
@@ -771,14 +761,13 @@ final class DownloadRun: @unchecked Sendable {
         }
     }
 
-    /// Whether a resumed single-segment partial should continue over several connections: once, at the start of
-    /// the run, when what remains is worth splitting.
+    /// Whether a resumed single-segment partial should continue over several connections (asked once, at the
+    /// start of the run: ``ConnectionPlan/resplit(known:written:grant:)``); splits it if so.
     private func resplit(_ store: PartStore) -> Bool {
-        guard let known, let total = known.totalLength, store.snapshot.segments.count == 1,
-            wantedLanes(for: known) > 1, known.acceptRanges, known.ifRange != nil,
-            total - store.written(0) >= 2 * options.minimumSplitSize, lanes(for: known) > 1
+        guard store.snapshot.segments.count == 1, let total = known?.totalLength,
+            let lanes = connections.resplit(known: known, written: store.written(0), grant: options.connectionGrant)
         else { return false }
-        split(store, total: total, lanes: lanes(for: known))
+        split(store, total: total, lanes: lanes)
         return store.snapshot.segments.count > 1
     }
 
@@ -789,11 +778,15 @@ final class DownloadRun: @unchecked Sendable {
         if split, let known {
             lanes = max(1, self.lanes(for: known))
             hashFromDisk = true
-            if let total = known.totalLength, let error = store.preallocate(totalLength: total) {
-                throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
+            // Space reserved and the split durable before any lane writes, so a crash in the first second keeps
+            // every lane's bytes (disk work: on the blocking pool).
+            let total = known.totalLength
+            try await offloaded { () throws(DownloadError) in
+                if let total, let error = store.preallocate(totalLength: total) {
+                    throw DownloadError.io("cannot reserve space for", path: store.paths.part, error)
+                }
+                try store.checkpoint(force: true)
             }
-            // The split is durable before any lane writes, so a crash in the first second keeps every lane's bytes.
-            try await offloaded { () throws(DownloadError) in try store.checkpoint(force: true) }
             Trace.note("\(request.url) split checkpoint done")
         } else {
             lanes = 1

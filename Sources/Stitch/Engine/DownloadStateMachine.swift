@@ -214,7 +214,9 @@ struct DownloadStateMachine: Sendable {
             return act(.transfer(split: true), run)
         }
         guard store.written > 0 else { return act(.requestWhole(run.first.url), run) }
-        if !run.splitConsidered {
+        // Asked once per run, and not after splitting failed in this run (a server that ignored a range, or whose
+        // connections disagreed, would only do it again).
+        if !run.splitConsidered, run.splittingFailed == nil {
             run.splitConsidered = true
             return act(.considerSplit, run)
         }
