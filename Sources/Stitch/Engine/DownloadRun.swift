@@ -255,251 +255,33 @@ final class DownloadRun: @unchecked Sendable {
 
     // MARK: Steps
 
-    /// Looks at what an earlier run left at `paths`. Returns a result if the file is already complete.
+    /// Looks at what an earlier run left at `paths` (``Reopening``) and takes a partial to resume. Returns a result
+    /// if the file is already complete. On the blocking pool.
     private func openExisting(_ paths: DownloadPaths) throws -> DownloadResult? {
-        let partial = PartialDownload(paths)
-        let state: DownloadState?
-        // Set when the state file is damaged and the previous checkpoint's state stands in: why, for the notice.
-        var damagedState: String?
-        switch partial.saved {
-        case .none:
-            state = nil
-        case .state(let saved):
-            state = saved
-        case .unusable(let error, let previous):
-            guard error.code == .unusableState else { throw error }
-            if let previous, request.owns(previous.url) {
-                // Truncated, zero-filled or garbage (aria2 #790, #1116): the generation before it still describes
-                // these bytes; what its piece checksums prove is kept, the rest is fetched again.
-                damagedState = error.message
-                state = previous
-            } else {
-                guard request.overwrite else {
-                    throw DownloadError(
-                        .unusableState, "\(error.message); the partial data is kept", cause: error,
-                        remedy: .overwrite(.startOver))
-                }
-                try discardLeftovers(paths)
-                state = nil
-            }
-        }
-        let destinationExists = partial.destinationExists
-        if let state {
-            if destinationExists && !partial.partExists {
-                // A finished download whose clean-up was cut short.
-                if let done = try completedResult(partial) {
-                    partial.removeSidecars()
-                    return done
-                }
-            }
-            guard request.owns(state.url) else {
-                if request.overwrite {
-                    try discardLeftovers(paths)
-                    return try checkDestination(partial, exists: destinationExists)
-                }
-                throw DownloadError(
-                    .unusableState,
-                    "\(paths.part) belongs to a download of \(state.url)", remedy: .overwrite(.replace))
-            }
-            if adoption == nil { adoption = state.adoption }
-            // A file that appeared at the destination while the partial waited is not ours to replace.
-            if destinationExists && !replacesDestination {
-                guard partial.partExists else {
-                    // A state without its part file beside the file it names: an `--adopt` cut short.
-                    throw DownloadError(
-                        .destinationExists,
-                        "\(paths.destination) already exists, and taking it over as a partial download was cut "
-                            + "short; ask to adopt it again to continue it")
-                }
-                throw DownloadError(
-                    .destinationExists,
-                    "\(paths.destination) already exists (the partial download beside it is kept)",
-                    remedy: .overwrite(.replace))
-            }
-            // Finished but not renamed into place (a cut between the final sync and the rename): finished now.
-            var recheck = false
-            if partial.partExists {
-                switch try finishMarkedPart(partial, state: state) {
-                case .finished(let done): return done
-                case .failedCheck: recheck = true
-                case .none: break
-                }
-            }
-            var state = state
-            if state.url != request.url {
-                // The same download under a new URL: saved at the next checkpoint. The saved validators decide
-                // (If-Range) whether the new URL's file is the one the bytes came from.
-                emit(.notice("continuing the partial download started from \(state.url) from its new URL"))
-                state.url = request.url
-            }
-            let reopened = Result { () throws(DownloadError) in
-                try PartStore.reopen(paths: paths, state: state, fromPrevious: damagedState != nil, recheck: recheck)
-            }
-            if case .failure(let error) = reopened, request.overwrite, error.code == .unusableState {
-                // A repair (a fallback, or damage found after a reboot) cannot be done in place, and the user asked
-                // to start over.
-                try discardLeftovers(paths)
-                return try checkDestination(partial, exists: destinationExists)
-            }
-            var (store, point) = try reopened.get()
+        let found = try Reopening(request: request, adoption: adoption, emit: { [self] in emit($0) }).open(paths)
+        switch found {
+        case .nothing:
+            return nil
+        case .complete(let done):
+            return done
+        case .resume(let resumed):
+            let store = resumed.store
             self.store = store
-            if let damagedState {
-                // reopen kept only what the previous state's checksums prove.
-                point.note =
-                    "\(damagedState); resuming from the checkpoint before it, keeping the \(point.bytes) bytes its "
-                    + "checksums prove and fetching the rest again"
-            } else if let cut = Self.cutNote(point) {
-                // reopen re-checked every recorded piece and proof (the state was written before a reboot).
-                point.note = cut
-            }
-            if recheck {
-                point.note =
-                    "\(paths.part) was marked complete but does not read back to the CRC32C recorded with the mark; "
-                    + "keeping only the \(point.bytes) saved bytes its checksums prove"
-            }
-            // Validators matter when bytes are kept, or when segments (even empty ones) are to be asked for by range.
-            known = point.bytes > 0 || store.snapshot.segments.count > 1 ? state.validators : nil
-            resumedFrom = point.bytes
-            position.store(point.bytes, ordering: .relaxed)
-            if let total = state.validators.totalLength { totalLength.store(total, ordering: .relaxed) }
+            adoption = resumed.adoption
+            known = resumed.known
+            resumedFrom = resumed.point.bytes
+            position.store(resumed.point.bytes, ordering: .relaxed)
+            if let total = resumed.total { totalLength.store(total, ordering: .relaxed) }
             if store.snapshot.segments.count == 1 {
-                try hashPrefix(store, upTo: point.prefix)
+                try hashPrefix(store, upTo: resumed.point.prefix)
             } else {
                 hashFromDisk = true
             }
             startCheckpointer(store)
             emit(.destinationResolved(paths.destination))
-            emit(.resuming(from: point.bytes, note: point.note))
+            emit(.resuming(from: resumed.point.bytes, note: resumed.point.note))
             return nil
         }
-        if let done = try checkDestination(partial, exists: destinationExists) { return done }
-        // A small download has no state file: one finished but not renamed into place is finished now.
-        if partial.partExists, case .finished(let done) = try finishMarkedPart(partial, state: nil) { return done }
-        return nil
-    }
-
-    /// What the check after a reboot cut, for the user; nil when it cut nothing.
-    static func cutNote(_ point: ResumePoint) -> String? {
-        var found: [String] = []
-        if !point.damagedPieces.isEmpty { found.append("\(point.damagedPieces.count) damaged piece(s) found after the restart") }
-        if !point.unprovenPieces.isEmpty {
-            found.append(
-                "\(point.unprovenPieces.count) piece(s) saved without a checksum (by an older stitch) cannot be proven "
-                    + "after the restart")
-        }
-        if found.isEmpty && point.cutBytes > 0 {
-            found.append("\(point.cutBytes) saved bytes failed their checksums after the restart")
-        }
-        guard !found.isEmpty else { return nil }
-        return found.joined(separator: "; ") + "; fetching only those again"
-    }
-
-    /// Finishes a part file the previous run had finished writing — its completion mark, with the whole file's
-    /// CRC32C, made durable by the sync before the rename — when a power cut or a kill came before the rename into
-    /// place (``PartialDownload/finishMarkedPart(matching:verify:)``): the mark must be this download's (URL; the
-    /// length and ETag of `state` when there is one), and the bytes must read back to its CRC. Under a checksum the
-    /// file is read and its digest compared before the rename. Returns the result (nothing fetched); `.none` when
-    /// there is no such file; `.failedCheck` when its bytes do not match (the mark is removed, and the resume that
-    /// follows checks every piece).
-    private func finishMarkedPart(_ partial: PartialDownload, state: DownloadState?) throws -> MarkedPartOutcome {
-        let paths = partial.paths
-        let expected = request.checksum
-        var mismatch: [UInt8]?
-        let found: PartStore.MarkedPart
-        do {
-            found = try partial.finishMarkedPart(
-                matching: { mark in
-                    guard request.owns(mark.url) else { return false }
-                    if let total = state?.validators.totalLength, total != mark.length { return false }
-                    if let etag = state?.validators.etag, etag != mark.etag { return false }
-                    return true
-                },
-                verify: { (part: String) throws(DownloadError) in
-                    guard let expected else { return }
-                    let digest = try FileOperations.digest(ofFileAt: part, expected.algorithm)
-                    guard expected.matches(digest) else {
-                        mismatch = digest
-                        throw DownloadError(.checksumMismatch, "checksum mismatch")
-                    }
-                })
-        } catch {
-            guard let mismatch, let expected else { throw error }
-            let got = "\(expected.algorithm.name)=\(ExpectedChecksum.hexString(mismatch))"
-            if state?.adoption?.kept == true, !request.overwrite {
-                throw DownloadError(
-                    .checksumMismatch,
-                    "checksum mismatch: expected \(expected), got \(got); the file was continued from another program's partial download, which may differ from the server's between the samples compared: it is kept as \(paths.part), and nothing was saved at \(paths.destination)",
-                    remedy: .overwrite(.downloadAgain))
-            }
-            try discardLeftovers(paths)
-            throw DownloadError(
-                .checksumMismatch,
-                "checksum mismatch: expected \(expected), got \(got); the downloaded data was deleted and nothing was saved at \(paths.destination)"
-            )
-        }
-        let mark: CompletionMark
-        switch found {
-        case .none: return .none
-        case .failedCheck: return .failedCheck
-        case .finished(let finished): mark = finished
-        }
-        if state?.adoption?.origin == .aria2 { ForeignPartial.removeControlFile(of: paths.destination) }
-        emit(.destinationResolved(paths.destination))
-        emit(
-            .resuming(
-                from: mark.length,
-                note: "the previous run had finished writing \(paths.part) (all \(mark.length) bytes read back to the "
-                    + "CRC32C it recorded) but was stopped before moving it into place; moved it there, nothing fetched"))
-        return .finished(
-            DownloadResult(
-                destination: paths.destination, bytes: mark.length, bytesTransferred: 0, resumedFrom: mark.length,
-                alreadyComplete: false, checksum: expected))
-    }
-
-    /// What ``finishMarkedPart(_:state:)`` did.
-    private enum MarkedPartOutcome {
-        case none
-        case finished(DownloadResult)
-        case failedCheck
-    }
-
-    /// Whether a file at the destination that Stitch did not finish may be replaced by the finished download: with
-    /// ``DownloadRequest/overwrite``, or when the file there is another program's partial of this download that
-    /// `--adopt` found (adopted, it is no longer there; not adopted, the complete file replaces it). Not for any
-    /// other file: `--adopt` with nothing to adopt replaces nothing.
-    private var replacesDestination: Bool { request.overwrite || adoption != nil }
-
-    private func checkDestination(_ partial: PartialDownload, exists: Bool) throws -> DownloadResult? {
-        guard exists else { return nil }
-        if let done = try completedResult(partial) { return done }
-        if replacesDestination { return nil }
-        throw DownloadError(
-            .destinationExists, "\(partial.paths.destination) already exists", remedy: .overwrite(.replace))
-    }
-
-    /// The result for a destination this run's URL already completed, if it is that; with a checksum asked
-    /// for, the file is hashed and must match.
-    private func completedResult(_ partial: PartialDownload) throws -> DownloadResult? {
-        let paths = partial.paths
-        guard let mark = partial.completion, request.owns(mark.url) else { return nil }
-        if let expected = request.checksum {
-            let digest = try FileOperations.digest(ofFileAt: paths.destination, expected.algorithm)
-            guard expected.matches(digest) else {
-                if request.overwrite { return nil }  // download it again and replace it
-                throw DownloadError(
-                    .checksumMismatch,
-                    "\(paths.destination) is already downloaded but does not match \(expected) (it has \(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest)))",
-                    remedy: .overwrite(.downloadAgain))
-            }
-        }
-        emit(.destinationResolved(paths.destination))
-        return DownloadResult(
-            destination: paths.destination, bytes: mark.length, bytesTransferred: 0, resumedFrom: mark.length,
-            alreadyComplete: true, checksum: request.checksum)
-    }
-
-    private func discardLeftovers(_ paths: DownloadPaths) throws(DownloadError) {
-        try PartStore.removeLeftovers(at: paths)
     }
 
     /// Hashes the bytes already on disk once, so the running digest covers the whole file.
