@@ -31,16 +31,8 @@ import Foundation
 /// programming error: it stops a debug build (and so the tests) at once, and in a release build it ends the
 /// download with a protocol-violation error rather than guess.
 ///
-/// The rules of a lane's request (see ``laneRequestEnded(_:_:running:now:jitter:)``):
-/// - Once the transfer is stopping (a restart, a failure), nothing else happens.
-/// - Files that could not be prepared for the body end the download.
-/// - A verdict that the kept bytes cannot be trusted (a 200 to a range, a changed validator, a bad
-///   `Content-Range`) stops every lane and the download restarts — unless another lane is left and the response
-///   looked like another edge's version of the file: then the lane retires and the rest goes over one connection.
-///   A download on one connection restarts in place on a 200 instead (the body is kept from byte 0); out of
-///   restarts, it fails as unstable.
-/// - Everything else is the lane's ``AttemptStateMachine``'s, except that a lane refused by the server (429, 503)
-///   or out of retries retires while another lane is receiving.
+/// The lanes of a running transfer have their own machine (``TransferStateMachine``), carried in the
+/// ``State/transferring(_:_:)`` state; their events pass through this one, which checks that a transfer runs.
 struct DownloadStateMachine: Sendable {
     // MARK: State and actions
 
@@ -373,300 +365,77 @@ struct DownloadStateMachine: Sendable {
         return value
     }
 
-    // MARK: The transfer's lanes
+    // MARK: The transfer's lanes (``TransferStateMachine``)
 
-    /// What a transfer's lanes share.
-    struct Transfer: Sendable {
-        let lanes: Int
-        let split: Bool
-        /// Which lane takes what, and which connections are replaced.
-        var scheduler: LaneScheduler
-        /// Lanes still working (not retired).
-        var activeLanes: Int
-        /// Why every lane stops, once one decided so.
-        var stop: Stop?
-        /// Each segment's request sequence (a lane's; on one connection the download's ``Run/first``).
-        var attempts: [Int: AttemptStateMachine] = [:]
-        /// Set once connections answered with different versions of the file: the rest goes over one connection.
-        var versionsDiffer = false
-        /// Set once a lane's response was the version the download has.
-        var acceptedKnownVersion = false
-        /// Set when a response of unknown length ended complete: its segment has no end to say so.
-        var completedWhole = false
-
-        /// Whether some connections answered with the download's version and others with another: not a file that
-        /// changed for everyone (then every lane meets the new version), so splitting again would meet it again.
-        var connectionsDisagree: Bool { versionsDiffer && acceptedKnownVersion }
-
-        /// Whether the transfer is the download's one segment on one connection (N = 1).
-        var alone: Bool { lanes == 1 && !split }
-
-        /// Stops every lane for `stop` (the first reason stands).
-        mutating func halt(_ stop: Stop) {
-            if self.stop == nil { self.stop = stop }
-        }
-
-        /// The request sequence of segment `slot`: on one connection the download's own, else the lane's.
-        func attempts(_ slot: Int, _ run: Run) -> AttemptStateMachine {
-            if alone { return run.first }
-            return attempts[slot]
-                ?? AttemptStateMachine(
-                    startURL: run.first.startURL, policy: run.first.policy, maxRedirects: run.first.maxRedirects,
-                    scope: .connection)
-        }
-
-        mutating func setAttempts(_ slot: Int, _ sequence: AttemptStateMachine, _ run: inout Run) {
-            if alone { run.first = sequence } else { attempts[slot] = sequence }
-        }
-
-        /// The download carries on without the calling lane after its response was another version of the file:
-        /// while another lane is left, which either gets the known version (and the download goes on) or meets the
-        /// other one too and retires in turn; the last lane restarts the download. The others retire as they go
-        /// idle (``laneIdle(segments:running:now:)``). Returns whether this is the first such response (nil: the
-        /// last lane).
-        mutating func keepOneVersion() -> Bool? {
-            guard activeLanes > 1 else { return nil }
-            activeLanes -= 1
-            let first = !versionsDiffer
-            versionsDiffer = true
-            scheduler.versionsDiffer = true
-            return first
-        }
-
-        /// Retires the calling lane if the download can go on without it: another lane is still working and one is
-        /// receiving now.
-        mutating func retire(running: [Int: LaneScheduler.Running], except slot: Int) -> Bool {
-            guard activeLanes > 1, running.contains(where: { $0.key != slot && $0.value.receiving }) else {
-                return false
-            }
-            activeLanes -= 1
-            return true
-        }
-    }
-
-    enum Stop: Sendable {
-        case restart(RestartReason)
-        case failure(DownloadError)
-    }
+    typealias Transfer = TransferStateMachine
+    typealias Stop = TransferStateMachine.Stop
+    typealias LaneWork = TransferStateMachine.LaneWork
+    typealias LaneReport = TransferStateMachine.LaneReport
+    typealias LaneAction = TransferStateMachine.LaneAction
 
     /// Whether the lanes are stopping.
     var stopping: Bool { transfer?.stop != nil }
+    /// Whether the transfer is the download's one segment on one connection (N = 1).
+    var alone: Bool { transfer?.alone ?? false }
+    /// Each receiving request's speed as last sampled (for traces).
+    var laneSpeeds: [Int: Double] { transfer?.scheduler.speeds ?? [:] }
 
-    /// Stops every lane for `stop` (the first reason stands).
+    /// See ``TransferStateMachine/halt(_:)``.
     mutating func halt(_ stop: Stop) {
         inTransfer("a stop of the lanes") { _, transfer in transfer.halt(stop) }
     }
 
-    /// What an idle lane does.
-    enum LaneWork: Sendable, Equatable {
-        /// Fetch this segment (unowned and unfinished).
-        case fetch(Int)
-        /// Cut segment `victim` at `at`, report the new segment (``stole(_:)``) and fetch it; replace the victim's
-        /// connection if asked.
-        case steal(victim: Int, at: Int64, replaceVictim: Bool)
-        /// Nothing worth taking now: wait a moment in case a connection turns slow (the end game).
-        case wait
-        /// The lane is done (nothing left, or the lanes are stopping).
-        case stop
-        /// The lane retires: connections answered with different versions and another lane is left.
-        case retire
-    }
-
-    /// The work for an idle lane, given the segments as written and the requests running.
+    /// See ``TransferStateMachine/laneIdle(segments:running:now:)``.
     mutating func laneIdle(segments: [Segment], running: [Int: LaneScheduler.Running], now: Double) -> LaneWork {
         inTransfer("an idle lane") { _, transfer in
-            guard transfer.stop == nil, !transfer.completedWhole else { return .stop }
-            if transfer.versionsDiffer, transfer.activeLanes > 1 {
-                transfer.activeLanes -= 1
-                return .retire
-            }
-            switch transfer.scheduler.claim(segments: segments, running: running, now: now) {
-            case .segment(let slot):
-                return .fetch(slot)
-            case .steal(let victim, let at, let replaceVictim):
-                return .steal(victim: victim, at: at, replaceVictim: replaceVictim)
-            case .none:
-                return transfer.lanes == 1 || segments.allSatisfy(\.isComplete) ? .stop : .wait
-            }
+            transfer.laneIdle(segments: segments, running: running, now: now)
         } ?? .stop
     }
 
-    /// Each receiving request's speed as last sampled (for traces).
-    var laneSpeeds: [Int: Double] { transfer?.scheduler.speeds ?? [:] }
-
-    /// The executor split a segment for a steal, and the calling lane fetches the new segment `slot`.
+    /// See ``TransferStateMachine/stole(_:)``.
     mutating func stole(_ slot: Int) {
-        inTransfer("a steal") { _, transfer in transfer.scheduler.own(slot) }
+        inTransfer("a steal") { _, transfer in transfer.stole(slot) }
     }
 
-    /// The lane is done with `slot`.
+    /// See ``TransferStateMachine/released(_:)``.
     mutating func released(_ slot: Int) {
-        inTransfer("a released segment") { _, transfer in
-            transfer.scheduler.release(slot)
-            // On one connection the sequence is the download's own (``Run/first``), kept across segments.
-            if !transfer.alone { transfer.attempts[slot] = nil }
-        }
+        inTransfer("a released segment") { _, transfer in transfer.released(slot) }
     }
 
-    /// The next request for segment `slot` of `bounds` (where it is written to and where it ends; nil: unknown),
-    /// and the URL to ask. Nil: the segment is done, or the lanes are stopping. `known`: the validators the
-    /// download has; `overlapWindow`: what a resume without a validator re-fetches to compare.
+    /// See ``TransferStateMachine/nextRequest(_:written:end:known:overlapWindow:first:)``.
     mutating func nextRequest(
         _ slot: Int, written: Int64, end: Int64?, known: Validators?, overlapWindow: Int64
     ) -> (plan: RequestPlan, url: URL)? {
-        inTransfer("a lane's next request") { run, transfer -> (plan: RequestPlan, url: URL)? in
-            guard transfer.stop == nil, !transfer.completedWhole else { return nil }
-            if let end, written >= end { return nil }
-            let plan: RequestPlan
-            if transfer.alone {
-                // As a resume does: a range from where the file got to, with If-Range or (no strong validator) an
-                // overlap to compare; no end.
-                plan = ResumePolicy.plan(offset: written, known: known, overlapWindow: overlapWindow)
-            } else {
-                // Several segments are only ever asked for with an end and If-Range; without them the bytes cannot
-                // be checked: every lane stops and the download restarts.
-                guard let end, let ifRange = known?.ifRange else {
-                    transfer.halt(.restart(.unverifiableSegments))
-                    return nil
-                }
-                plan = RequestPlan(rangeStart: written, resumeOffset: written, ifRange: ifRange, rangeEnd: end)
-            }
-            return (plan, transfer.attempts(slot, run).url)
+        inTransfer("a lane's next request") { run, transfer in
+            transfer.nextRequest(slot, written: written, end: end, known: known, overlapWindow: overlapWindow, first: run.first)
         } ?? nil
     }
 
-    /// Whether the transfer is the download's one segment on one connection (N = 1).
-    var alone: Bool { transfer?.alone ?? false }
-
-    /// What one lane's request came to, as its executor saw it.
-    struct LaneReport: Sendable {
-        var attempt: AttemptReport
-        /// The files could not be prepared for the body (a state write, a restart in place).
-        var decisionError: DownloadError?
-        /// The body's sink was attached (false: the head was refused, or a restart in place was not allowed).
-        var sinkAttached = true
-        /// The sink stopped for the run's sake (a halt, a broken store, a failed checkpoint), not of its own.
-        var stoppedForRun = false
-    }
-
-    /// What a lane does after a request.
-    enum LaneAction: Sendable, Equatable {
-        /// Ask again for what is left of the segment (done, or shrunk by a split: the executor re-reads its end).
-        case again
-        /// A redirect was followed on the download's one connection: say so, and ask again.
-        case redirected(URL)
-        /// The segment is done.
-        case segmentDone
-        /// The lane retires and says why (`notice`; nil: said already); the others carry on.
-        case retire(notice: String?)
-        /// The lanes are stopping (``stopping``): the transfer's outcome says why.
-        case stop
-        /// Say that the lane retries, and wait (`checkpoint`: a durable checkpoint first, on one connection).
-        case wait(seconds: Double, attempt: Int, of: Int, reason: String, checkpoint: Bool)
-        /// The run is being interrupted.
-        case interrupted
-    }
-
-    /// The decision after a request of segment `slot` ended as `report` says; `running` are the lanes' requests
-    /// in flight (a lane may retire only while another is receiving).
+    /// See ``TransferStateMachine/laneRequestEnded(_:_:running:now:jitter:first:unstable:)``: on one connection the
+    /// lane's request sequence is the download's own (``Run/first``).
     mutating func laneRequestEnded(
         _ slot: Int, _ report: LaneReport, running: [Int: LaneScheduler.Running], now: Int64, jitter: Double
     ) -> LaneAction {
-        inTransfer("the end of a lane's request") { run, transfer -> LaneAction in
-            // A response with the download's version, even one that ends after a stop: with another version seen,
-            // the connections disagreed (the file did not change for everyone).
-            if case .accept = report.attempt.verdict, !transfer.alone { transfer.acceptedKnownVersion = true }
-            guard transfer.stop == nil else { return .stop }
-            if let error = report.decisionError {
-                transfer.halt(.failure(error))
-                return .stop
-            }
-            switch report.attempt.verdict {
-            case .restartWithBody where transfer.alone:
-                // Restarted in place, the body kept from byte 0; without a sink, the restarts are used up.
-                if !report.sinkAttached {
-                    transfer.halt(.failure(run.unstable))
-                    return .stop
-                }
-            case .restart(let why), .restartWithBody(let why, _):
-                if Self.isAnotherVersion(why), let first = transfer.keepOneVersion() {
-                    return .retire(
-                        notice: first
-                            ? "\(why) on one connection: the server's connections may answer with different versions "
-                                + "(edges of a CDN?); keeping only the bytes of the version this download has and "
-                                + "continuing with one connection" : nil)
-                }
-                transfer.halt(.restart(why))
-                return .stop
-            default:
-                break
-            }
-            if report.stoppedForRun { return .again }
-            var sequence = transfer.attempts(slot, run)
-            let action = sequence.attemptEnded(report.attempt, now: now, jitter: jitter)
-            transfer.setAttempts(slot, sequence, &run)
-            switch action {
-            case .complete where report.attempt.end == nil:
-                transfer.completedWhole = true  // an unknown length: the response's end is the file's
-                return .segmentDone
-            case .follow(let url) where transfer.alone:
-                return .redirected(url)
-            case .requestAgain, .follow, .complete:
-                return .again
-            case .restart(let why):
-                transfer.halt(.restart(why))
-                return .stop
-            case .interrupted:
-                return .interrupted
-            case .fail(let error):
-                // Out of retries (or refused) while other connections bring the file: this one is not needed.
-                let refusedOrSpent =
-                    error.code == .retriesExhausted || error.code == .network
-                    || error.httpStatus.map(Self.isRefusal) == true
-                if refusedOrSpent, transfer.retire(running: running, except: slot) {
-                    return .retire(notice: "\(error.message); continuing with \(transfer.activeLanes) connection(s)")
-                }
-                transfer.halt(.failure(error))
-                return .stop
-            case .wait(let seconds, let attempt, let of, let reason):
-                // A server that refuses extra connections (429, 503; nginx limit_conn) gets fewer of them.
-                if case .retry(let status, _) = report.attempt.verdict, Self.isRefusal(status),
-                    transfer.retire(running: running, except: slot)
-                {
-                    return .retire(
-                        notice: "the server refused an extra connection (\(reason)); continuing with "
-                            + "\(transfer.activeLanes)")
-                }
-                return .wait(seconds: seconds, attempt: attempt, of: of, reason: reason, checkpoint: transfer.alone)
-            }
+        inTransfer("the end of a lane's request") { run, transfer in
+            let unstable = run.unstable
+            return transfer.laneRequestEnded(
+                slot, report, running: running, now: now, jitter: jitter, first: &run.first, unstable: unstable)
         } ?? .stop
     }
 
-    /// One sample of the receiving requests (see ``LaneScheduler/sample(segments:running:now:)``): the slots
-    /// whose connections are to be replaced.
+    /// See ``TransferStateMachine/sample(segments:running:now:)``.
     mutating func sample(segments: [Segment], running: [Int: LaneScheduler.Running], now: Double) -> [Int] {
         inTransfer("a sample of the lanes") { _, transfer in
-            transfer.scheduler.sample(segments: segments, running: running, now: now)
+            transfer.sample(segments: segments, running: running, now: now)
         } ?? []
     }
 
-    /// A request on `slot` ended (see ``LaneScheduler/requestEnded(_:wholeSpeed:)``).
+    /// See ``TransferStateMachine/requestEnded(_:wholeSpeed:)``.
     mutating func requestEnded(_ slot: Int, wholeSpeed: Double?) {
         inTransfer("the end of a lane's connection") { _, transfer in
-            transfer.scheduler.requestEnded(slot, wholeSpeed: wholeSpeed)
+            transfer.requestEnded(slot, wholeSpeed: wholeSpeed)
         }
     }
-
-    /// Restart reasons that one edge of a CDN with another copy of the file would give.
-    static func isAnotherVersion(_ reason: RestartReason) -> Bool {
-        switch reason {
-        case .etagChanged, .lastModifiedChanged, .lengthChanged, .rangeIgnored: true
-        default: false
-        }
-    }
-
-    /// Statuses with which a server turns away a connection it will not serve now.
-    static func isRefusal(_ status: Int) -> Bool { status == 429 || status == 503 }
 }
 
 extension RestartReason {
