@@ -17,9 +17,20 @@ import Testing
     /// of real time for that (the engine's disk work, on a loaded machine) before stepping anyway. Gives up after
     /// `limit` virtual seconds.
     static func drive(
-        _ clock: ManualClock, _ transport: ScriptedTransport, step: Double, limit: Double,
+        _ clock: ManualClock, _ transport: ScriptedTransport, step: Double, limit: Double, startAfter: Int = 0,
         until done: @Sendable () -> Bool
     ) async {
+        // No virtual time passes until the transport has seen `startAfter` requests: each lane's first request is
+        // made before any other lane's body is paced (a lane whose task a loaded machine ran late would otherwise
+        // start after the others had run for a while, and its connection be judged or cut by then).
+        let bound = ContinuousClock.now + .seconds(120)
+        while !done(), transport.requests.count < startAfter {
+            guard ContinuousClock.now < bound else {
+                Issue.record("only \(transport.requests.count) of \(startAfter) requests were made with the clock stopped")
+                break
+            }
+            try? await Task.sleep(for: .milliseconds(1))
+        }
         let start = clock.uptime()
         while !done(), clock.uptime() - start < limit {
             var quiet = 0
@@ -72,7 +83,10 @@ import Testing
             }
             result.withLock { $0 = outcome }
         }
-        await drive(clock, transport, step: 0.01, limit: 300) { result.withLock { $0 != nil } }
+        // The request for the whole file, then one per lane.
+        await drive(clock, transport, step: 0.01, limit: 300, startAfter: 1 + (options.connections ?? 1)) {
+            result.withLock { $0 != nil }
+        }
         _ = await task.result
         let outcome = try #require(result.withLock { $0 })
         return Run(
