@@ -149,63 +149,35 @@ func sendAll(_ fd: Int32, _ bytes: [UInt8], more: Bool = false) -> Bool {
     bytes.withUnsafeBytes { sendAll(fd, $0, more: more) }
 }
 
-/// A value protected by a pthread mutex with an associated condition variable
-/// (monotonic clock), for the few places where a thread must wait for a state change.
-/// `Locked` has no condition variable, hence this small reviewed type.
+/// A value behind a ``ConditionLock``, for the few places where a test's thread waits for a state change.
 final class Condition<Value: Sendable>: @unchecked Sendable {
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let condition: UnsafeMutablePointer<pthread_cond_t>
+    // Sendable: `value` is reached only under `lock`.
+    private let lock = ConditionLock()
     private var value: Value
 
-    init(_ value: Value) {
-        self.value = value
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        pthread_mutex_init(mutex, nil)
-        condition = .allocate(capacity: 1)
-        condition.initialize(to: pthread_cond_t())
-        var attributes = pthread_condattr_t()
-        pthread_condattr_init(&attributes)
-        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        pthread_cond_init(condition, &attributes)
-        pthread_condattr_destroy(&attributes)
-    }
-
-    deinit {
-        pthread_cond_destroy(condition)
-        pthread_mutex_destroy(mutex)
-        condition.deallocate()
-        mutex.deallocate()
-    }
+    init(_ value: Value) { self.value = value }
 
     /// Reads or mutates the value under the lock and wakes every waiter afterwards.
     func update<R>(_ body: (inout Value) -> R) -> R {
-        pthread_mutex_lock(mutex)
-        let result = body(&value)
-        pthread_cond_broadcast(condition)
-        pthread_mutex_unlock(mutex)
-        return result
+        lock.withLock {
+            let result = body(&value)
+            lock.broadcast()
+            return result
+        }
     }
 
     /// Waits until `body` returns true (it may mutate the value when it does), or until
     /// `timeout` elapses (nil waits forever). Returns whether `body` succeeded.
     func wait(timeout: Duration?, _ body: (inout Value) -> Bool) -> Bool {
-        var deadline = timespec()
-        if let timeout {
-            clock_gettime(CLOCK_MONOTONIC, &deadline)
+        let deadline = timeout.map { timeout -> UInt64 in
             let (seconds, attoseconds) = timeout.components
-            let totalNanoseconds = Int64(deadline.tv_nsec) + attoseconds / 1_000_000_000
-            deadline.tv_sec += Int(seconds) + Int(totalNanoseconds / 1_000_000_000)
-            deadline.tv_nsec = Int(totalNanoseconds % 1_000_000_000)
+            return ConditionLock.monotonicNanoseconds() + UInt64(max(0, seconds)) * 1_000_000_000
+                + UInt64(max(0, attoseconds / 1_000_000_000))
         }
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        while true {
-            if body(&value) { return true }
-            if timeout == nil {
-                pthread_cond_wait(condition, mutex)
-            } else if pthread_cond_timedwait(condition, mutex, &deadline) == ETIMEDOUT {
-                return body(&value)
+        return lock.withLock {
+            while true {
+                if body(&value) { return true }
+                if !lock.wait(untilNanoseconds: deadline) { return body(&value) }
             }
         }
     }

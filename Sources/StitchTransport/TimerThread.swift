@@ -1,4 +1,5 @@
 import Foundation
+import StitchLocks
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -47,50 +48,24 @@ package final class EngineClock: @unchecked Sendable {
         var work: @Sendable () -> Void
     }
 
-    // Guarded by `mutex`; `condition` uses CLOCK_MONOTONIC.
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let condition: UnsafeMutablePointer<pthread_cond_t>
+    // Guarded by `lock`, whose condition waits on the monotonic clock.
+    private let lock = ConditionLock()
     private var entries: [UInt64: Entry] = [:]
     private var nextID: UInt64 = 0
     /// When the thread wakes up unless signalled (`.max`: not until signalled); nil while it runs work.
     private var sleepsUntil: UInt64? = .max
     private var started = false
 
-    package init() {
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        pthread_mutex_init(mutex, nil)
-        condition = .allocate(capacity: 1)
-        condition.initialize(to: pthread_cond_t())
-        var attributes = pthread_condattr_t()
-        pthread_condattr_init(&attributes)
-        #if !canImport(Darwin)
-        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        #endif
-        pthread_cond_init(condition, &attributes)
-        pthread_condattr_destroy(&attributes)
-    }
+    package init() {}
 
-    deinit {
-        // Only for clocks that never started their thread (tests make their own): the thread holds `self`.
-        pthread_cond_destroy(condition)
-        pthread_mutex_destroy(mutex)
-        condition.deallocate()
-        mutex.deallocate()
-    }
-
-    private static func now() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
+    private static func now() -> UInt64 { ConditionLock.monotonicNanoseconds() }
 
     /// Runs `work` every `interval` seconds (the first time one interval from now) until cancelled.
     package func every(_ interval: Double, _ work: @escaping @Sendable () -> Void) -> Timer {
         let seconds = interval.isFinite ? min(max(0.001, interval), Self.longestInterval) : Self.longestInterval
         let period = UInt64(seconds * 1e9)
         let now = Self.now()
-        pthread_mutex_lock(mutex)
+        lock.lock()
         nextID += 1
         let id = nextID
         entries[id] = Entry(due: now + period, period: period, work: work)
@@ -99,9 +74,9 @@ package final class EngineClock: @unchecked Sendable {
         // Woken only when this timer is due before the thread would wake anyway.
         if !start, let until = sleepsUntil, now + period < until {
             sleepsUntil = nil
-            pthread_cond_signal(condition)
+            lock.signal()
         }
-        pthread_mutex_unlock(mutex)
+        lock.unlock()
         if start {
             let thread = Thread { [self] in run() }
             thread.name = "stitch.clock"
@@ -112,22 +87,22 @@ package final class EngineClock: @unchecked Sendable {
 
     /// Timers registered and not cancelled (for tests).
     package var count: Int {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
+        lock.lock()
+        defer { lock.unlock() }
         return entries.count
     }
 
     private func cancel(_ id: UInt64) {
         // Not woken: it finds nothing due at its next wake-up. The entry (its closure) is released after the
         // lock, in case that is the last reference to something.
-        pthread_mutex_lock(mutex)
+        lock.lock()
         let removed = entries.removeValue(forKey: id)
-        pthread_mutex_unlock(mutex)
+        lock.unlock()
         _ = removed
     }
 
     private func run() {
-        pthread_mutex_lock(mutex)
+        lock.lock()
         while true {
             let now = Self.now()
             var due: [@Sendable () -> Void] = []
@@ -145,27 +120,14 @@ package final class EngineClock: @unchecked Sendable {
             }
             if !due.isEmpty {
                 sleepsUntil = nil
-                pthread_mutex_unlock(mutex)
+                lock.unlock()
                 for work in due { work() }
                 due.removeAll()
-                pthread_mutex_lock(mutex)
+                lock.lock()
                 continue
             }
             sleepsUntil = next
-            if next == .max {
-                pthread_cond_wait(condition, mutex)
-            } else {
-                #if canImport(Darwin)
-                // Darwin's conditions wait on the wall clock only: wait for the time left instead (unbuilt here).
-                let now = Self.now()
-                let left = next > now ? next - now : 0
-                var relative = timespec(tv_sec: Int(left / 1_000_000_000), tv_nsec: Int(left % 1_000_000_000))
-                _ = pthread_cond_timedwait_relative_np(condition, mutex, &relative)
-                #else
-                var deadline = timespec(tv_sec: Int(next / 1_000_000_000), tv_nsec: Int(next % 1_000_000_000))
-                _ = pthread_cond_timedwait(condition, mutex, &deadline)
-                #endif
-            }
+            lock.wait(untilNanoseconds: next == .max ? nil : next)
             sleepsUntil = nil
         }
     }
