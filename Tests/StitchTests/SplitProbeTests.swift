@@ -27,7 +27,7 @@ import Testing
             splittable: {
                 asked.splittable += 1
                 return splittable
-            }, limitingRate: limit,
+            }, limitingRate: { limit },
             lanes: {
                 asked.lanes += 1
                 return lanes

@@ -260,7 +260,8 @@ final class DownloadRun: @unchecked Sendable {
     private func openExisting(_ paths: DownloadPaths) throws -> DownloadResult? {
         let found = try Reopening(request: request, adoption: adoption, emit: { [self] in emit($0) }).open(paths)
         switch found {
-        case .nothing:
+        case .nothing(let kept):
+            if adoption == nil { adoption = kept }
             return nil
         case .complete(let done):
             return done
@@ -487,7 +488,7 @@ final class DownloadRun: @unchecked Sendable {
                 return known.totalLength == total && known.acceptRanges && known.ifRange != nil
                     && machine({ $0.splittingFailed }) == nil
             },
-            limitingRate: options.rateLimiter?.limitingRate,
+            limitingRate: { [options] in options.rateLimiter?.limitingRate },
             lanes: { [self] in known.map { lanes(for: $0) } ?? 1 })
         self.probe = probe
         switch verdict {

@@ -101,8 +101,10 @@ struct Reopening {
 
     /// What was found.
     enum Outcome {
-        /// Nothing to resume: the download starts with a request for the whole file.
-        case nothing
+        /// Nothing to resume: the download starts with a request for the whole file. `adoption`: what the
+        /// download began with, when a partial of this download that came from another program's was deleted to
+        /// start over (its control file still goes once the file is finished, and the new state records it).
+        case nothing(adoption: AdoptionRecord?)
         /// The file is already complete (or was finished and is now renamed into place).
         case complete(DownloadResult)
         /// A partial to continue.
@@ -132,9 +134,9 @@ struct Reopening {
             throw error
         case .discard:
             try discardLeftovers(paths)
-            return try fresh(partial, stateless: true)
+            return try fresh(partial, stateless: true, adoption: self.adoption)
         case .none:
-            return try fresh(partial, stateless: true)
+            return try fresh(partial, stateless: true, adoption: self.adoption)
         case .use(let found, let damaged):
             state = found
             damagedState = damaged
@@ -156,7 +158,7 @@ struct Reopening {
             throw error
         case .discard:
             try discardLeftovers(paths)
-            return try fresh(partial, stateless: false)
+            return try fresh(partial, stateless: false, adoption: self.adoption)
         case .resume:
             break
         }
@@ -183,7 +185,7 @@ struct Reopening {
             // A repair (a fallback, or damage found after a reboot) cannot be done in place, and the user asked
             // to start over.
             try discardLeftovers(paths)
-            return try fresh(partial, stateless: false)
+            return try fresh(partial, stateless: false, adoption: adoption)
         }
         var (store, point) = try reopened.get()
         if let damagedState {
@@ -210,12 +212,14 @@ struct Reopening {
     /// No partial to resume: a file at the destination this download already completed is the result; any other
     /// file there is refused unless it may be replaced. `stateless`: there was no state file (a small download
     /// has none), so a part file finished but not renamed into place is finished now.
-    private func fresh(_ partial: PartialDownload, stateless: Bool) throws -> Outcome {
-        if let done = try checkDestination(partial, exists: partial.destinationExists) { return .complete(done) }
+    private func fresh(_ partial: PartialDownload, stateless: Bool, adoption: AdoptionRecord?) throws -> Outcome {
+        if let done = try checkDestination(partial, exists: partial.destinationExists, adoption: adoption) {
+            return .complete(done)
+        }
         if stateless, partial.partExists, case .finished(let done) = try finishMarkedPart(partial, state: nil) {
             return .complete(done)
         }
-        return .nothing
+        return .nothing(adoption: adoption)
     }
 
     /// What the check after a reboot cut, for the user; nil when it cut nothing.
@@ -303,7 +307,9 @@ struct Reopening {
         case failedCheck
     }
 
-    func checkDestination(_ partial: PartialDownload, exists: Bool) throws -> DownloadResult? {
+    func checkDestination(_ partial: PartialDownload, exists: Bool, adoption: AdoptionRecord?) throws
+        -> DownloadResult?
+    {
         guard exists else { return nil }
         if let done = try completedResult(partial) { return done }
         if OpenPolicy.replacesDestination(overwrite: request.overwrite, adoption: adoption) { return nil }

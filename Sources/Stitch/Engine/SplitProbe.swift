@@ -62,11 +62,11 @@ struct SplitProbe: Sendable, Equatable {
 
     /// One sample: the response has reached `offset` at `now`. `splittable` is asked only when a look is due:
     /// whether the response is still one that may be split (the length probed, ranges and a strong validator, and
-    /// splitting not given up for this run). `limitingRate`: a rate limit in force, which explains a slow
+    /// splitting not given up for this run). `limitingRate` (asked only at a look of the re-probe): a rate limit in force, which explains a slow
     /// connection (more connections would share it). `lanes` is asked last, only when a split is otherwise worth it
     /// (asking may take connections from a host's cap).
     mutating func sample(
-        offset: Int64, now: Double, splittable: () -> Bool, limitingRate: Int64?, lanes: () -> Int
+        offset: Int64, now: Double, splittable: () -> Bool, limitingRate: () -> Int64?, lanes: () -> Int
     ) -> Verdict {
         switch stage {
         case .done:
@@ -99,7 +99,7 @@ struct SplitProbe: Sendable, Equatable {
             // A rate limit that explains the speed (within a factor of two of the limit) is no reason to split:
             // more connections would share the same limit. One far above the speed (`--limit-rate 100M` against a
             // line capped at 2 MiB/s) explains nothing.
-            if let limitingRate, seconds > 0, Double(bytes) / seconds >= Double(limitingRate) / 2 { return .none }
+            if let limitingRate = limitingRate(), seconds > 0, Double(bytes) / seconds >= Double(limitingRate) / 2 { return .none }
             guard splittable(),
                 SplitPolicy.reprobe(
                     bytes: bytes, seconds: seconds, probeRate: probeRate, remaining: total - offset,
