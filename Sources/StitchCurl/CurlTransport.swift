@@ -78,7 +78,9 @@ final class CurlResponse: TransportResponse {
     let head: ResponseHead
     private let transfer: CurlTransfer
     private let loop: CurlEventLoop
+    /// Whether the body was asked for (received or discarded).
     private let consumed = Atomic<Bool>(false)
+    private let cancelled = Atomic<Bool>(false)
 
     init(transfer: CurlTransfer, head: ResponseHead, loop: CurlEventLoop) {
         self.transfer = transfer
@@ -87,7 +89,9 @@ final class CurlResponse: TransportResponse {
     }
 
     deinit {
-        if !consumed.load(ordering: .acquiring) { loop.submit(.cancel(transfer)) }
+        if !consumed.load(ordering: .acquiring) && !cancelled.load(ordering: .acquiring) {
+            loop.submit(.cancel(transfer))
+        }
     }
 
     func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
@@ -99,8 +103,9 @@ final class CurlResponse: TransportResponse {
     }
 
     func cancel() {
-        // Also while the body streams: `receive(into:)` then returns `.cancelled`.
-        consumed.store(true, ordering: .releasing)
+        // Also while the body streams: `receive(into:)` then returns `.cancelled`; a body asked for afterwards
+        // reaches the loop after the cancel, and ends as the transfer did.
+        cancelled.store(true, ordering: .releasing)
         loop.submit(.cancel(transfer))
     }
 

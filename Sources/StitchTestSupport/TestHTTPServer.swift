@@ -187,6 +187,16 @@ public final class TestHTTPServer: Sendable {
         core.state.withLock { $0.maxInFlightPerPath[path] ?? 0 }
     }
 
+    /// Samples the counts of requests in flight (``maxActiveRequests`` and the like) only after waiting up to
+    /// `lag` for connections whose client is closing them, whenever a request arrives with more than `count`
+    /// others' in flight: for a client whose transport closes a connection a little after its transfer has ended
+    /// (``TransportBackend/connectionCloseLag``), so that the sample shows what the client holds. The wait ends as
+    /// soon as enough have closed; a connection still open after it counts. Zero `lag`: sampled at once (as before
+    /// any call).
+    public func settleInFlightCount(above count: Int, within lag: Duration) {
+        core.state.withLock { $0.settling = lag > .zero ? (count, lag) : nil }
+    }
+
     /// Restarts the maxima (``maxOpenConnections``, ``maxActiveRequests``, ``maxActivePaths`` and the
     /// per-path maxima) from the current values.
     public func resetConcurrencyMaxima() {
@@ -304,6 +314,8 @@ struct ServerState: Sendable {
     var nextStallID = 0
     var throttle: Int?
     var stopped = false
+    /// See ``TestHTTPServer/settleInFlightCount(above:within:)``.
+    var settling: (above: Int, lag: Duration)?
 }
 
 /// A response in progress on a connection.
@@ -435,6 +447,12 @@ final class ServerCore: Sendable {
     /// maxima. Other in-flight responses whose client has hung up do not count (their threads may not
     /// have noticed yet): a client closes an aborted connection before it opens the next one.
     func beginResponse(connectionID id: Int, fd: Int32, path: String) {
+        let (settling, others) = state.withLock { state in
+            (state.settling, state.inFlight.filter { $0.key != id && !$0.value.gone }.map(\.value.fd))
+        }
+        if let settling, others.count + 1 > settling.above {
+            awaitHangUps(of: others, count: others.count + 1 - settling.above, within: settling.lag)
+        }
         state.withLock { state in
             state.inFlight[id] = InFlight(fd: fd, path: path)
             for (other, entry) in state.inFlight where other != id && !entry.gone && peerHasHungUp(entry.fd) {
@@ -450,6 +468,28 @@ final class ServerCore: Sendable {
 
     /// Ends the in-flight response of connection `id` (idempotent). Called just before the client can
     /// see the response end (its last byte, or the connection closing).
+    /// Waits until `count` of the connections `fds` have been closed by their client, or `lag` has passed. A
+    /// descriptor closed and reused meanwhile only makes the wait longer: the sample after it reads the live set
+    /// again, under the lock.
+    private func awaitHangUps(of fds: [Int32], count: Int, within lag: Duration) {
+        let deadline = ContinuousClock.now + lag
+        var open = fds
+        var closed = 0
+        while closed < count, !open.isEmpty {
+            let left = deadline - ContinuousClock.now
+            let (seconds, attoseconds) = left.components
+            let milliseconds = max(0, Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000))
+            var entries = open.map { pollfd(fd: $0, events: pollReadHangUp, revents: 0) }
+            let ready = poll(&entries, nfds_t(entries.count), milliseconds)
+            if ready < 0, errno == EINTR { continue }
+            let hungUp = pollReadHangUp | Int16(POLLHUP) | Int16(POLLERR) | Int16(POLLNVAL)
+            let still = entries.filter { $0.revents & hungUp == 0 }.map(\.fd)
+            closed += open.count - still.count
+            open = still
+            if ready <= 0 { return }  // the lag is over (or poll failed): what is open counts
+        }
+    }
+
     func endResponse(connectionID id: Int) {
         state.withLock { _ = $0.inFlight.removeValue(forKey: id) }
     }

@@ -219,7 +219,10 @@ public protocol TransportResponse: AnyObject, Sendable {
     /// reused. `.success` once it is read or the limit is reached.
     func discard() async -> Result<Void, TransportError>
     /// Ends the transfer without reading (the rest of) the body: before a decision, or while ``receive(into:)``
-    /// runs (which then returns `.cancelled`).
+    /// runs (which then returns `.cancelled`). It returns at once; a ``receive(into:)`` or ``discard()`` called
+    /// after it takes no bytes and returns once the transfer has ended and let go of its connection (`.cancelled`,
+    /// or how it had ended already): how a caller waits for that before its next request, so that a cap on
+    /// connections holds at the server too.
     func cancel()
 }
 

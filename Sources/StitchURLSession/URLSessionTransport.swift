@@ -129,7 +129,9 @@ public final class URLSessionTransport: HTTPTransport {
 final class URLSessionResponse: TransportResponse {
     let head: ResponseHead
     private let transfer: URLSessionTransfer
+    /// Whether the body was asked for (received or discarded).
     private let consumed = Atomic<Bool>(false)
+    private let cancelled = Atomic<Bool>(false)
 
     init(transfer: URLSessionTransfer, head: ResponseHead) {
         self.transfer = transfer
@@ -137,7 +139,7 @@ final class URLSessionResponse: TransportResponse {
     }
 
     deinit {
-        if !consumed.load(ordering: .acquiring) { transfer.cancel() }
+        if !consumed.load(ordering: .acquiring) && !cancelled.load(ordering: .acquiring) { transfer.cancel() }
     }
 
     func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
@@ -148,8 +150,9 @@ final class URLSessionResponse: TransportResponse {
         await body(.discarding)
     }
 
+    /// A body asked for afterwards ends `.cancelled` once the task has: its connection is let go of by then.
     func cancel() {
-        consumed.store(true, ordering: .releasing)
+        cancelled.store(true, ordering: .releasing)
         transfer.cancel()
     }
 
@@ -199,6 +202,8 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     private var betweenWindows = false
     /// Whether the running task has ended (its completion came): cancelling it does nothing, and no callback follows.
     private var taskDone = false
+    /// The running task's answer was dropped (`sendAsAsked`): its end sends the engine's request as made.
+    private var resendOnEnd = false
     /// Whether the response can bring at most a window (or is no longer than one): then nothing is let go of.
     private var bounded = false
     /// Why a later window's answer was refused.
@@ -337,12 +342,22 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         return URLSession(configuration: configuration, delegate: self, delegateQueue: operations)
     }
 
-    /// Drops the windowed request whose answer cannot stand for the engine's, and sends the engine's as it made it
-    /// (on a session of its own: the dropped task's bytes may still be arriving on its connection).
+    /// Drops the windowed request whose answer cannot stand for the engine's, and sends the engine's as it made it,
+    /// once the dropped task has ended: one request never holds two connections, even for a moment (the per-host
+    /// cap counts connections).
     private func sendAsAsked() {
         guard stopReason == nil else { return }
         window = nil
-        task?.cancel()
+        if let task, !taskDone {
+            resendOnEnd = true
+            task.cancel()  // `didCompleteWithError` follows, and sends it
+            return
+        }
+        resend()
+    }
+
+    /// The engine's request as it made it, on a session of its own (nothing of the dropped task's can reach it).
+    private func resend() {
         session?.invalidateAndCancel()
         session = nil
         startTask()
@@ -371,6 +386,11 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     func decide(_ phase: Phase, _ continuation: CheckedContinuation<Result<Void, TransportError>, Never>) {
         queue.async { [self] in
             bodyContinuation = continuation
+            if stopReason == .cancelled, !finished, outcome == nil, task != nil, !taskDone {
+                // Cancelled before the engine decided: answered when the task's end comes (`didCompleteWithError`
+                // follows the cancel), so that the caller's next request never overlaps this one's connection.
+                return
+            }
             if finished || stopReason == .cancelled {
                 finish(outcome ?? .failure(.cancelled))
                 return
@@ -448,7 +468,7 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     }
 
     func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-        guard !finished, stopReason == nil, dataTask === task else { return }
+        guard !finished, stopReason == nil, dataTask === task, !resendOnEnd else { return }
         if !taskHeadSeen {
             if let http = dataTask.response as? HTTPURLResponse {
                 guard acceptTaskHead(http) else { return }
@@ -484,6 +504,14 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
         guard !finished, task === self.task else { return }
         taskDone = true
+        if resendOnEnd {
+            resendOnEnd = false
+            // Stopped meanwhile (a cancel, a stall): that is how the transfer ends, below.
+            if stopReason == nil {
+                resend()
+                return
+            }
+        }
         if !taskHeadSeen, error == nil, let http = task.response as? HTTPURLResponse {
             // A 3xx the session read to its end before asking about the redirect comes without the response
             // callback.
@@ -725,6 +753,13 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     }
 
     /// Resumes whoever waits with `result`, once, and lets the session go.
+    private var afterInvalidation: (() -> Void)?
+    func urlSession(_ session: URLSession, didBecomeInvalidWithError error: (any Error)?) {
+        let run = afterInvalidation
+        afterInvalidation = nil
+        run?()
+    }
+
     private func finish(_ result: Result<Void, TransportError>) {
         if let continuation = headContinuation {
             headContinuation = nil
@@ -736,6 +771,15 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         } else if let continuation = bodyContinuation {
             bodyContinuation = nil
             finished = true
+            if let session {
+                afterInvalidation = { continuation.resume(returning: result) }
+                timer?.cancel()
+                timer = nil
+                dropHeld()
+                session.finishTasksAndInvalidate()
+                self.session = nil
+                return
+            }
             continuation.resume(returning: result)
         } else if stopReason == .cancelled {
             // Cancelled with nobody waiting (a dropped response): let the session go now; a late `decide` or

@@ -1119,12 +1119,14 @@ extension DownloadOptions {
 final class Fixture: Sendable {
     let server: TestHTTPServer
     let directory: TemporaryDirectory
-    let clock = FakeClock()
+    let clock: FakeClock
     let watch: Watch
     let directoryMode: Bool
     private let snapshotBox = Locked<[UInt8]?>(nil)
 
-    init(directoryMode: Bool = false) throws {
+    /// With `timeStands`, the download's clock never moves (see ``FakeClock/init(timeStands:)``).
+    init(directoryMode: Bool = false, timeStands: Bool = false) throws {
+        clock = FakeClock(timeStands: timeStands)
         server = try TestHTTPServer()
         directory = try TemporaryDirectory()
         self.directoryMode = directoryMode
@@ -1223,6 +1225,25 @@ final class Fixture: Sendable {
 /// Records the sleeps the engine asks for and returns at once.
 final class FakeClock: DownloadClock {
     private let recorded = Locked<[Double]>([])
+    private let timeStands: Bool
+
+    /// With `timeStands`, no time passes for the engine and the transport: ``uptime()`` stays put and timers never
+    /// fire, so no stall timeout, checkpoint or progress tick ever comes; an attempt ends only on what the server
+    /// does (for tests where that is the whole story: a loaded machine that delivers a head late, say 5 s late, can
+    /// then not turn it into a stall). Else uptime and timers are the system's.
+    init(timeStands: Bool = false) {
+        self.timeStands = timeStands
+    }
+
+    func uptime() -> Double { timeStands ? 1_000 : monotonicNow() }
+
+    func every(_ interval: Double, _ work: @escaping @Sendable () -> Void) -> any ClockTimer {
+        timeStands ? NeverFires() : EngineClock.shared.every(interval, work)
+    }
+
+    private struct NeverFires: ClockTimer {
+        func cancel() {}
+    }
 
     var sleeps: [Double] { recorded.withLock { $0 } }
 

@@ -290,7 +290,6 @@ import Testing
         }
         var options = DownloadOptions.testing
         options.connections = 2
-        options.transport.stallTimeout = 5
         let outcome = await Self.bounded { [options] in try await f.download(f.request(), options: options) }
         let result = try outcome.get()
         try f.expectComplete(result, file.data)
@@ -301,12 +300,12 @@ import Testing
 
     @Test(arguments: nameCases)
     func hostileNames(_ c: NameCase) async throws {
-        let f = try Fixture(directoryMode: true)
+        // The server ends the response itself: no stall is part of any case (the clock stands; see HostileCase).
+        let f = try Fixture(directoryMode: true, timeStands: true)
         let file = Self.file(seed: 0x4A3E)
         f.serve(file, faults: .always(.raw(Self.ok(file, extra: [Array("Content-Disposition: ".utf8) + c.disposition]))))
         var options = DownloadOptions.testing
         options.connections = 1
-        options.transport.stallTimeout = 5
         let outcome = await Self.bounded { [options] in try await f.download(f.request(), options: options) }
         if c.refusedOver.contains(.selected) {
             let error = try #require(outcome.failure, "over \(TestBackend.selected) the head cannot be read")
@@ -399,7 +398,7 @@ import Testing
     /// Runs a case and checks its outcome; returns the fixture for extra checks.
     @discardableResult
     static func check(_ c: HostileCase, sourceLocation: SourceLocation = #_sourceLocation) async throws -> Fixture {
-        let f = try Fixture()
+        let f = try Fixture(timeStands: c.timeStands)
         let file = Self.file()
         f.serve(file, faults: c.faults(file))
         let outcome = await bounded { try await f.download(f.request(), options: c.options) }
@@ -545,6 +544,10 @@ struct HostileCase: Sendable, CustomTestStringConvertible {
     let name: String
     private(set) var expect: Expect
     let options: DownloadOptions
+    /// Whether the download's clock stands still (no stall timeout ever fires; see ``FakeClock/init(timeStands:)``):
+    /// for the cases whose server ends every response itself (a close, a complete body), where a stall could only
+    /// be a loaded machine's. `options` without their own set this.
+    let timeStands: Bool
     let maxSleep: Double
     let faults: @Sendable (ServedFile) -> FaultPolicy
     /// Why the case cannot run over a backend (it would take the test process down): it is left out there.
@@ -581,12 +584,12 @@ struct HostileCase: Sendable, CustomTestStringConvertible {
         self.expect = expect
         self.maxSleep = maxSleep
         self.faults = faults
+        timeStands = options == nil
         self.options =
             options
             ?? {
                 var options = DownloadOptions.testing
                 options.connections = 1
-                options.transport.stallTimeout = 5
                 return options
             }()
     }

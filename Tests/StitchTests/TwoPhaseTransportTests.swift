@@ -117,4 +117,49 @@ import Testing
         let windows = (transport as? URLSessionTransport)?.window.map { (file.data.count + $0 - 1) / $0 } ?? 1
         #expect(server.requests(for: "/file").count == 1 + windows)
     }
+
+    /// A response cancelled before the engine takes its body (a lane's connection cut off while its head was being
+    /// judged, or a head refused): the body asked for afterwards takes nothing, and returns `.cancelled` only once
+    /// the transfer has ended: over libcurl its connection is closed by then; FoundationNetworking closes it a
+    /// moment later on a queue of its own (`TransportBackend.connectionCloseLag`). On the old code the body failed
+    /// at once, "a response body can be read only once", and the lane took its cut-off connection for a failed
+    /// request (counted, retried after a backoff) and asked again while the old one was still open.
+    @Test(arguments: TransportBackend.available, [false, true])
+    func aBodyAskedForAfterACancelEndsWithTheConnection(backend: TransportBackend, receiving: Bool) async throws {
+        let transport = backend.testTransport
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 4 << 20, seed: 74, etag: "\"c\"")
+        // Nothing of the body until the client hangs up: only the cancel ends the request.
+        server.serve("/file", file: file, faults: .onRequest(0, .stallAfter(0, then: .close)))
+        let request = TransportRequest(url: server.url("/file"), headers: HTTPHeaders(), options: TransportOptions())
+        guard case .success(let response) = await transport.start(request) else {
+            Issue.record("no head")
+            return
+        }
+        #expect(server.activeRequests == 1)
+        response.cancel()
+        final class Refuse: BodySink, @unchecked Sendable {
+            var bytes = 0
+            func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {
+                bytes += chunk.count
+                return .accepted
+            }
+        }
+        let sink = Refuse()
+        let outcome = receiving ? await response.receive(into: sink) : await response.discard()
+        // Closed by then over libcurl; over URLSession a moment later (`TransportBackend.connectionCloseLag`): how
+        // long is not asserted, only that it closes (the wait is a bound).
+        let openAtReturn = server.activeRequests
+        let closed = await blocking { waitUntil(timeout: 60) { server.activeRequests == 0 } }
+        guard case .failure(let error) = outcome else {
+            Issue.record("a cancelled response's body ended \(outcome)")
+            return
+        }
+        #expect(error.isCancelled, "\(error)")
+        #expect(backend.connectionCloseLag > .zero || openAtReturn == 0,
+            "the body returned with the cancelled request's connection open")
+        #expect(closed, "the cancelled request's connection stayed open")
+        #expect(sink.bytes == 0)
+    }
 }

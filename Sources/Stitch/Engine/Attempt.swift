@@ -50,6 +50,7 @@ func performAttempt(
     case .discard: return (await response.discard(), decisionError)
     case .abort:
         response.cancel()
+        _ = await response.discard()  // returns once the connection is let go of (see `TransportResponse.cancel`)
         return (.failure(.abortedBySink), decisionError)
     }
 }
