@@ -551,6 +551,30 @@ import StitchLocks
         Self.expectBytes(f.dest, file.data)
     }
 
+    /// The same repair that cannot be done in place, for a download that adopted aria2's partial and was cut
+    /// between the adoption's rename and the removal of aria2's control file: with `overwrite` the partial is
+    /// deleted and the download starts over, still as the adopting download, so the control file (which
+    /// describes a file no longer there) goes when the file is finished. Before the fix of bf30e6c the start over
+    /// forgot the adoption, and the control file stayed beside the finished file for good.
+    @Test func anAdoptedDownloadStartedOverStillRemovesAria2sControlFile() async throws {
+        let f = try Fixture()
+        var state = try Self.scatteredDamage(f, bootID: "before-the-reboot")
+        state.adoption = AdoptionRecord(origin: .aria2, kept: false)
+        try StateFile.write(state, to: f.paths.state)
+        let control = ForeignPartial.controlFile(of: f.dest)
+        try writeFile(control, [UInt8](repeating: 7, count: 64))
+        let file = ServedFile.random(size: 1 << 20, seed: 85, etag: Self.etag)
+        f.serve(file)
+
+        let error = await #expect(throws: DownloadError.self) { try await Self.download(f, f.url, to: f.dest) }
+        #expect(error?.code == .unusableState, "\(String(describing: error))")
+        #expect(fileExists(control), "a refused run removed aria2's control file")
+        let result = try await Self.download(f, f.url, to: f.dest, overwrite: true)
+        #expect(result.resumedFrom == 0)
+        Self.expectBytes(f.dest, file.data)
+        #expect(!fileExists(control), "aria2's control file stayed beside the finished file")
+    }
+
     /// A fallback stopped by an error before its first state write (here the live record cannot be created) leaves the
     /// damaged state and the previous one as they were; the next run falls back again and keeps what is proven.
     @Test func fallbackInterruptedBeforeItsFirstWriteFallsBackAgain() async throws {
