@@ -242,15 +242,9 @@ final class DownloadRun: @unchecked Sendable {
 
     /// The sink's trouble in this attempt, in the words of the state machine.
     private func sinkOutcome() -> AttemptReport.SinkOutcome {
-        switch sink?.failure ?? attemptFailure {
-        case nil: return .none
-        case .overlapMismatch(let at): return .overlapMismatch(at: at)
-        case .write(let errno):
-            return .storageFailed(DownloadError.io("cannot write", path: store?.paths.part ?? "", errno))
-        case .checkpoint:
-            return .storageFailed(checkpointer?.error ?? DownloadError(.io, "cannot save download state"))
-        case .tooLong: return .tooLong
-        }
+        (sink?.failure ?? attemptFailure).map {
+            $0.outcome(part: store?.paths.part ?? "", checkpointError: checkpointer?.error)
+        } ?? .none
     }
 
     // MARK: Steps

@@ -29,6 +29,20 @@ final class SegmentSink: BodySink, @unchecked Sendable {
         case tooLong
         /// A checkpoint (a sync or a state write) failed: nothing more may be written.
         case checkpoint
+
+        /// What this means for the attempt's machine, the one mapping of every request (the first and each
+        /// lane's). `part`: the part file's path; `checkpointError`: why the checkpoint failed, when known.
+        func outcome(part: String, checkpointError: DownloadError?) -> AttemptReport.SinkOutcome {
+            switch self {
+            case .overlapMismatch(let at): .overlapMismatch(at: at)
+            case .write(let errno): .storageFailed(DownloadError.io("cannot write", path: part, errno))
+            case .tooLong: .tooLong
+            case .checkpoint:
+                .storageFailed(
+                    checkpointError
+                        ?? DownloadError(.io, "an earlier write of \(part) failed; stopping", resumable: true))
+            }
+        }
     }
 
     /// Where the body's bytes stop counting.

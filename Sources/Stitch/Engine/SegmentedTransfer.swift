@@ -323,7 +323,7 @@ final class SegmentedTransfer: Sendable {
             var outcome = AttemptReport.SinkOutcome.none
             var stoppedForRun = false
             if let failure = laneRequest.failure {
-                outcome = sinkOutcome(failure)
+                outcome = failure.outcome(part: store.paths.part, checkpointError: checkpointer?.error)
             } else if laneRequest.reachedEnd {
                 outcome = .reachedEnd  // the next request re-reads the end: done, or shrunk by a split
             } else if laneRequest.replace.isSet, Self.endedByUs(result) {
@@ -386,16 +386,6 @@ final class SegmentedTransfer: Sendable {
     /// What a response on the download's one connection added to the validators.
     fileprivate func adopt(_ validators: Validators) {
         knownBox.withLock { $0 = validators }
-    }
-
-    /// What a sink's own trouble means for the lane's state machine.
-    private func sinkOutcome(_ failure: SegmentSink.Failure) -> AttemptReport.SinkOutcome {
-        switch failure {
-        case .write(let errno): .storageFailed(DownloadError.io("cannot write", path: store.paths.part, errno))
-        case .checkpoint: .storageFailed(checkpointer?.error ?? brokenError)
-        case .tooLong: .tooLong
-        case .overlapMismatch(let at): .overlapMismatch(at: at)
-        }
     }
 }
 
