@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import StitchLocks
 import StitchTestSupport
 import Synchronization
 import Testing
@@ -441,6 +442,68 @@ import Testing
     }
 
     // MARK: Splitting a segment
+
+    /// A checkpoint held in its data sync (a slow disk) does not hold up a split, which the engine makes under
+    /// its lanes' lock; the checkpoint then takes the split in: it records what it had synced in the victim's
+    /// shortened segment and keeps the new one, which the next checkpoint writes. (Before, the checkpoint held the
+    /// state lock through its syncs, and the split, with every lane behind it, waited for the disk.)
+    @Test func aSplitDoesNotWaitForACheckpointsSync() async throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/file.bin")
+        let total: Int64 = 4_000_000
+        let data = ServedFile.randomBytes(count: Int(total), seed: 13)
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: total).validators)
+        try write(store, data, 0..<500_000)
+        let inSync = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        store.beforeCheckpointSync.withLock {
+            $0 = {
+                inSync.signal()
+                release.wait()
+            }
+        }
+        // On threads of their own: both block (the checkpoint in its sync; the split, before the fix, on the lock).
+        let checkpointed = Locked<Result<Void, DownloadError>?>(nil)
+        let checkpointDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            let result = Result { () throws(DownloadError) in try store.checkpoint() }
+            checkpointed.withLock { $0 = result }
+            checkpointDone.signal()
+        }
+        #expect(await blocking { inSync.wait(timeout: .now() + 60) == .success }, "the checkpoint never synced")
+        let slot = Locked<Int?>(nil)
+        let splitDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            let made = store.split(0, at: 2_000_000)
+            slot.withLock { $0 = made }
+            splitDone.signal()
+        }
+        // A bound, not a pace: with the state lock held through the sync, the split waits until the release below.
+        let splitReturned = await blocking { splitDone.wait(timeout: .now() + 60) == .success }
+        #expect(splitReturned, "the split waited for the checkpoint's sync")
+        release.signal()
+        store.beforeCheckpointSync.withLock { $0 = nil }
+        #expect(await blocking { checkpointDone.wait(timeout: .now() + 60) == .success })
+        if !splitReturned { _ = await blocking { splitDone.wait(timeout: .now() + 60) } }
+        try checkpointed.withLock { $0 }?.get()
+        #expect(slot.withLock { $0 } == 1)
+        let segments = [
+            Segment(start: 0, end: 2_000_000, durable: 500_000),
+            Segment(start: 2_000_000, end: total, durable: 2_000_000),
+        ]
+        #expect(store.snapshot.segments == segments)
+        #expect(store.durable.load(ordering: .relaxed) == 500_000)
+        // On disk the segment as it was when the checkpoint read it; the next checkpoint writes the split.
+        #expect(try StateFile.read(paths.state)?.segments == [Segment(start: 0, end: total, durable: 500_000)])
+        try write(store, data, 2_000_000..<2_100_000, slot: 1)
+        try store.checkpoint()
+        #expect(try StateFile.read(paths.state)?.segments == [
+            Segment(start: 0, end: 2_000_000, durable: 500_000),
+            Segment(start: 2_000_000, end: total, durable: 2_100_000),
+        ])
+    }
 
     /// `split` changes only memory: until a checkpoint the state file keeps the victim's longer segment, whose
     /// written extent stays short of the split point, and the new slot is beyond the state's list. A crash then

@@ -128,14 +128,22 @@ struct ResumePoint: Sendable {
 /// Owns what is on disk for one download. Every write the crash rules depend on goes through here.
 ///
 /// Threads: `write`, `read` and `noteWritten` are called on the transport thread during a transfer;
-/// `checkpoint` on the checkpointer thread; the rest by the engine. State changes are serialised by one lock;
-/// how far each segment is written lives in the live record's slots (atomic loads and stores), so progress can
-/// be read from anywhere and the hot path takes no lock.
+/// `checkpoint` on the checkpointer thread; the rest by the engine. The steps that write the state file are
+/// serialised by one lock held through their syncs (`durableSteps`); the in-memory state has a lock of its own,
+/// which a checkpoint holds only to read it and to take in what it wrote, never through a sync, so a split (taken
+/// under the engine's lanes' lock) never waits for the disk. How far each segment is written lives in the live
+/// record's slots (atomic loads and stores), so progress can be read from anywhere and the hot path takes no lock.
 final class PartStore: @unchecked Sendable {
     let paths: DownloadPaths
     let fd: Int32
     private let live: LiveRecord
     private let state: Locked<DownloadState>
+    /// Held through each step that writes the state file (checkpoint, restart, new validators, invalidation,
+    /// finish, discard), taken before the state lock: those steps follow one another, and one that read the state
+    /// finds it unchanged when it writes, but for splits (``split(_:at:)``, the only change made without it).
+    private let durableSteps = Locked(())
+    /// For tests: called by a checkpoint just before its data sync (which it may hold up, as a slow disk would).
+    let beforeCheckpointSync = Locked<(@Sendable () -> Void)?>(nil)
     /// The durable bytes over all segments, mirrored for readers outside the lock.
     let durable: Atomic<Int64>
     /// Set after a failed `fdatasync` or a half-done restart: nothing this store writes may be trusted as
@@ -195,6 +203,14 @@ final class PartStore: @unchecked Sendable {
     }
 
     var snapshot: DownloadState { state.withLock { $0 } }
+
+    /// Runs a step that writes the state file: under `durableSteps`, then the state lock (held through the step's
+    /// I/O; these steps are rare, unlike checkpoints).
+    private func durableStep<T, Failure: Error>(_ body: (inout DownloadState) throws(Failure) -> T) throws(Failure) -> T {
+        try durableSteps.withLock { _ throws(Failure) in
+            try state.withLock { (state: inout DownloadState) throws(Failure) in try body(&state) }
+        }
+    }
 
     /// One segment covering the whole file (open-ended while the length is unknown).
     static func wholeFile(_ validators: Validators) -> [Segment] {
@@ -617,16 +633,22 @@ final class PartStore: @unchecked Sendable {
     /// Makes everything written so far durable: `fdatasync` the data, then atomically replace the state
     /// with the new durable extents (temp, fsync, rename, fsync directory).
     func checkpoint(force: Bool = false) throws(DownloadError) {
-        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+        try durableSteps.withLock { _ throws(DownloadError) in
             try checkUsable()
-            var next = state
+            // What is written now, read under the state lock (a split may come at any moment after it: it cuts a
+            // segment only past what its writer has claimed, so each extent read here stays inside its segment).
+            let (current, written) = state.withLock { state in
+                (state, state.segments.indices.map { live.load(slot: $0) })
+            }
+            var next = current
             for index in next.segments.indices {
-                next.segments[index].durable = Self.written(next.segments[index], live.load(slot: index))
+                next.segments[index].durable = Self.written(next.segments[index], written[index])
             }
             // A piece's checksum is recorded once all of its bytes are in this checkpoint; the other durable bytes
             // are proven (the new bytes of pieces not yet complete are read back, from the page cache).
-            try prove(&next, from: state)
-            if next == state && !force { return }
+            try prove(&next, from: current)
+            if next == current && !force { return }
+            beforeCheckpointSync.withLock { $0 }?()
             guard syncData(fd) == 0 else {
                 let error = Errno.current
                 broken.store(true, ordering: .releasing)
@@ -638,9 +660,17 @@ final class PartStore: @unchecked Sendable {
             next.updatedAt = now()
             try writeState(next)
             Self.dropFromCache(
-                fd, from: state.segments, to: next.segments, keepingBelow: cacheKeptBelow.load(ordering: .relaxed))
-            state = next
-            durable.store(next.durableBytes, ordering: .releasing)
+                fd, from: current.segments, to: next.segments, keepingBelow: cacheKeptBelow.load(ordering: .relaxed))
+            let taken = state.withLock { state in
+                // Splits made meanwhile only moved ends and added segments (kept: the next checkpoint writes them;
+                // until then the file's longer segments say no more than was written); the rest is what was written.
+                var taken = next
+                taken.segments = state.segments
+                for index in next.segments.indices { taken.segments[index].durable = next.segments[index].durable }
+                state = taken
+                return taken
+            }
+            durable.store(taken.durableBytes, ordering: .releasing)
             forgetRecordedPieces(next)
         }
     }
@@ -762,7 +792,7 @@ final class PartStore: @unchecked Sendable {
     /// slots. With an unknown length (one prefix) the download is cut at the first of them.
     func invalidate(pieces damaged: [Int]) throws(DownloadError) {
         guard !damaged.isEmpty else { return }
-        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+        try durableStep { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
             guard let total = state.validators.totalLength else {
                 try cutPrefix(&state, at: Int64(damaged.min()!) * state.pieceSize)
@@ -859,7 +889,7 @@ final class PartStore: @unchecked Sendable {
     }
 
     /// Set by a fallback `reopen` until the first state write replaces the damaged file. Only read and written under
-    /// the state lock (or before the store is shared).
+    /// `durableSteps` (or before the store is shared).
     private var replacesDamagedState = false
 
     /// Whether this store has a state file on disk (a small download has none until its first checkpoint).
@@ -876,7 +906,7 @@ final class PartStore: @unchecked Sendable {
     /// Throws the partial data away and starts again from zero with new validators. The new state (with a
     /// new nonce) is durable before the part file is cut, so a crash in between trusts nothing old.
     func restart(validators: Validators) throws(DownloadError) {
-        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+        try durableStep { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
             var next = state
             next.validators = validators
@@ -912,7 +942,7 @@ final class PartStore: @unchecked Sendable {
     /// `Content-Range`) durably at once, so bytes the live record vouches for are never paired with validators
     /// that were only in memory. A length learnt for the single open segment closes it.
     func update(validators: Validators) throws(DownloadError) {
-        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+        try durableStep { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
             guard state.validators != validators else { return }
             var next = state
@@ -959,7 +989,7 @@ final class PartStore: @unchecked Sendable {
     /// for a caller that forgets the download durably right after (the background driver removes its record: without
     /// this sync a power cut left the sidecar files with no record to clean them up, PowerCutTests).
     func finish(url: String, length: Int64, durableCleanup: Bool = false) throws(DownloadError) {
-        try state.withLock { (state: inout DownloadState) throws(DownloadError) in
+        try durableStep { (state: inout DownloadState) throws(DownloadError) in
             try checkUsable()
             // The file ends where the data ends (a preallocation past it, or an untrusted tail, is cut).
             guard ftruncate(fd, off_t(length)) == 0 else {
@@ -1010,7 +1040,7 @@ final class PartStore: @unchecked Sendable {
 
     /// Removes the part file, state and live record.
     func discard() {
-        state.withLock { _ in
+        durableStep { _ in
             unlink(paths.part)
             for sidecar in paths.sidecars { unlink(sidecar) }
         }
