@@ -263,10 +263,19 @@ import Testing
             _ = machine.next(store: .init(segments: 4, written: 0))
             machine.transferStarted(lanes: 1, split: false, rateLimited: false, pieceSize: 1 << 20, minimumSplitSize: 1 << 20)
         }
-        await #expect(processExitsWith: .success) {
+        await #expect(processExitsWith: .failure) {
+            // A restart in place is the one connection's; several lanes restart whole.
             var machine = DownloadStateMachine(startURL: URL(string: "http://example.test/f")!, maxRestarts: 3)
             _ = machine.next(store: .init(segments: 4, written: 0))
             machine.transferStarted(lanes: 4, split: true, rateLimited: false, pieceSize: 1 << 20, minimumSplitSize: 1 << 20)
+            _ = machine.restartInPlace()
+        }
+        await #expect(processExitsWith: .success) {
+            var machine = DownloadStateMachine(startURL: URL(string: "http://example.test/f")!, maxRestarts: 3)
+            _ = machine.next(store: .init(segments: 4, written: 0))
+            let started = machine.transferStarted(
+                lanes: 4, split: true, rateLimited: false, pieceSize: 1 << 20, minimumSplitSize: 1 << 20)
+            precondition(started == nil)
             _ = machine.nextRequest(0, written: 0, end: nil, known: nil, overlapWindow: 0)
             _ = machine.transferEnded(allComplete: true)
         }

@@ -13,7 +13,7 @@ import Testing
         _ bytes: Int64, announced: Int64? = 4 << 20, state: Int64? = 4 << 20, holes: [Range<Int64>] = []
     ) -> FinishPolicy.Refusal? {
         FinishPolicy.written(
-            bytes: bytes, announced: announced, stateLength: state, holes: holes, pieceSize: mib, paths: paths)
+            bytes: bytes, announced: announced, stateLength: state, holes: { holes }, pieceSize: mib, paths: paths)
     }
 
     /// Every byte written, no hole: finished. A length other than the one announced: kept for a resume, whatever
@@ -25,6 +25,15 @@ import Testing
         #expect(short?.disposal == .keep)
         #expect(short?.error.message == "have 3145728 bytes but the server said the file has 4194304")
         #expect(short?.error.isResumable == true && short?.error.remedy == .rerun(.resume))
+        // The holes are not even read then (a call into the file system for nothing).
+        var reads = 0
+        let refused = FinishPolicy.written(
+            bytes: 3 * Self.mib, announced: 4 * Self.mib, stateLength: 4 * Self.mib,
+            holes: {
+                reads += 1
+                return []
+            }, pieceSize: Self.mib, paths: Self.paths)
+        #expect(refused?.disposal == .keep && reads == 0)
     }
 
     /// Holes in a file whose every byte was written: the pieces they touch are marked not downloaded (a hole

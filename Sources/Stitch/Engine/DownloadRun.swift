@@ -346,10 +346,10 @@ final class DownloadRun: @unchecked Sendable {
         guard let store else { throw DownloadError(.protocolViolation, "no response body") }
         let bytes = store.writtenBytes
         // Every byte was written, so the file has no hole: one means another program cut the file under the run
-        // (FinishPolicy). One lseek: metadata only, cheap enough for a cooperative thread.
+        // (FinishPolicy). One lseek, once the length is right: metadata only, cheap enough for a cooperative thread.
         if let refusal = FinishPolicy.written(
             bytes: bytes, announced: known?.totalLength, stateLength: store.snapshot.validators.totalLength,
-            holes: store.holes(before: bytes), pieceSize: store.pieceSize, paths: store.paths)
+            holes: { store.holes(before: bytes) }, pieceSize: store.pieceSize, paths: store.paths)
         {
             try await dispose(store, refusal)
         }
@@ -391,6 +391,7 @@ final class DownloadRun: @unchecked Sendable {
     private func dispose(_ store: PartStore, _ refusal: FinishPolicy.Refusal) async throws -> Never {
         if refusal.disposal == .discard { storeClosed = true }
         let disposal = refusal.disposal
+        if disposal == .keep { throw refusal.error }  // nothing to do on the disk
         try await offloaded { () throws(DownloadError) in
             switch disposal {
             case .keep: break
@@ -570,11 +571,12 @@ final class DownloadRun: @unchecked Sendable {
         }
         let minimumSplitSize = options.minimumSplitSize
         let rateLimited = options.rateLimiter?.isLimiting ?? false
-        machine {
+        let refused = machine {
             $0.transferStarted(
                 lanes: lanes, split: split, rateLimited: rateLimited, pieceSize: store.pieceSize,
                 minimumSplitSize: minimumSplitSize)
         }
+        if let refused { return refused }
         let transfer = SegmentedTransfer(
             store: store, known: known ?? store.snapshot.validators, split: split, request: request,
             options: options, transport: transport, clock: clock, lanes: lanes,

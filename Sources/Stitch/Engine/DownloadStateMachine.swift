@@ -255,11 +255,13 @@ struct DownloadStateMachine: Sendable {
     }
 
     /// A transfer starts over `lanes` lanes (the action was ``Action/transfer(split:)`` with the same `split`).
+    /// Nil once the transfer runs; the failure (a ``misfit(_:)``) when none was asked for, to be acted on instead.
+    @discardableResult
     mutating func transferStarted(lanes: Int, split: Bool, rateLimited: Bool, pieceSize: Int64, minimumSplitSize: Int64)
+        -> Action?
     {
         guard case .preparingTransfer(let run, split) = state, lanes >= 1 else {
-            _ = misfit("the start of a transfer")
-            return
+            return misfit("the start of a transfer")
         }
         state = .transferring(
             run,
@@ -268,6 +270,7 @@ struct DownloadStateMachine: Sendable {
                 scheduler: LaneScheduler(
                     lanes: lanes, rateLimited: rateLimited, pieceSize: pieceSize, minimumSplitSize: minimumSplitSize),
                 activeLanes: lanes))
+        return nil
     }
 
     /// How a transfer ended, once every lane is done: `allComplete`, every segment is written to its end.
@@ -304,11 +307,13 @@ struct DownloadStateMachine: Sendable {
 
     /// A restart in place (a 200 with the whole file to the one connection's ranged request): whether one is left.
     mutating func restartInPlace() -> Bool {
+        guard case .transferring(_, let transfer) = state, transfer.alone else {
+            // Only the one connection's lane keeps a 200's body from its first byte; several lanes restart whole.
+            _ = misfit("a restart in place")
+            return false
+        }
         let maxRestarts = maxRestarts
-        return inTransfer("a restart in place") { run, transfer in
-            guard transfer.alone else { return false }
-            return run.takeRestart(maxRestarts: maxRestarts)
-        } ?? false
+        return inTransfer("a restart in place") { run, _ in run.takeRestart(maxRestarts: maxRestarts) } ?? false
     }
 
     /// The failure of a file that kept changing.

@@ -30,9 +30,10 @@ enum FinishPolicy {
     }
 
     /// The check of what was written: `bytes` written, `announced` the length the download's validators say,
-    /// `stateLength` the one the part file's state records, `holes` the file's holes before `bytes`.
+    /// `stateLength` the one the part file's state records, `holes` reads the file's holes before `bytes` (asked
+    /// only once the length is right: it costs a call into the file system).
     static func written(
-        bytes: Int64, announced: Int64?, stateLength: Int64?, holes: [Range<Int64>], pieceSize: Int64,
+        bytes: Int64, announced: Int64?, stateLength: Int64?, holes readHoles: () -> [Range<Int64>], pieceSize: Int64,
         paths: DownloadPaths
     ) -> Refusal? {
         if let announced, bytes != announced {
@@ -42,6 +43,7 @@ enum FinishPolicy {
                     resumable: true, remedy: .rerun(.resume)),
                 disposal: .keep)
         }
+        let holes = readHoles()
         guard !holes.isEmpty else { return nil }
         let lost = holes.reduce(Int64(0)) { $0 + Int64($1.count) }
         var disposal = Disposal.discard
