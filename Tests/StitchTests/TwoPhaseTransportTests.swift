@@ -24,18 +24,28 @@ import Testing
         func open() { released.signal() }
     }
 
-    /// One download's head decision — where a resume check opens, reopens and hashes files — is held on the
-    /// blocking pool; another download over the same libcurl transport (the one thread every transfer shares)
-    /// runs to the end meanwhile, and the held one then completes byte for byte.
-    @Test(arguments: [false, true])
-    func otherTransfersGoOnWhileADecisionIsHeld(resuming: Bool) async throws {
+    /// What a test holds of one download: its head decision (fresh, or a resume check, which opens, reopens and
+    /// hashes files), or the read of a resumed body's overlap from the part file (a slow disk).
+    enum Held: String, CaseIterable, Sendable, CustomTestStringConvertible {
+        case decision, resumeDecision, overlapRead
+        var testDescription: String { rawValue }
+    }
+
+    /// One download's head decision, or the disk read its resumed body starts with, is held on the blocking pool;
+    /// another download over the same libcurl transport (the one thread every transfer shares) runs to the end
+    /// meanwhile, and the held one then completes byte for byte. (The overlap was read on the transport's thread
+    /// before; the other download then waited.)
+    @Test(arguments: Held.allCases)
+    func otherTransfersGoOnWhileADecisionIsHeld(held what: Held) async throws {
         let held = try Fixture()
-        let heldFile = ServedFile.random(size: 2 << 20, seed: 71, etag: "\"held\"")
-        if resuming {
+        // Without a validator (no ETag) a resume asks again for the bytes before its point and compares them.
+        let heldFile = ServedFile.random(size: 2 << 20, seed: 71, etag: what == .overlapRead ? nil : "\"held\"")
+        if what != .decision {
             // A partial to resume, so the held decision is a resume check.
             held.serve(heldFile, faults: .onRequest(0, .dropAfter(700_000)))
             var once = DownloadOptions.testing
             once.retry.maxRetries = 0
+            once.connections = 1
             await #expect(throws: DownloadError.self) { try await held.download(held.request(), options: once) }
             #expect(fileExists(held.paths.state))
             held.watch.resetEvents()
@@ -47,7 +57,12 @@ import Testing
 
         let gate = Gate()
         var options = DownloadOptions.testing
-        options.headDecisionHook = { gate.pass() }
+        options.connections = 1
+        if what == .overlapRead {
+            options.overlapReadHook = { gate.pass() }
+        } else {
+            options.headDecisionHook = { gate.pass() }
+        }
         let heldTask = Task { try await held.download(held.request(), options: options) }
         #expect(await blocking { gate.waitUntilEntered(seconds: 120) }, "the held download never got a head")
 
@@ -67,7 +82,12 @@ import Testing
         gate.open()
         let heldResult = try await heldTask.value
         try held.expectComplete(heldResult, heldFile.data)
-        if resuming { #expect(heldResult.resumedFrom > 0, "\(heldResult)") }
+        if what != .decision { #expect(heldResult.resumedFrom > 0, "\(heldResult)") }
+        if what == .overlapRead {
+            // The resume asked again for bytes before its point (the overlap the held read compared).
+            let resumed = try #require(held.server.requests.last?.header("Range"), "no range asked")
+            #expect(resumed == "bytes=\(heldResult.resumedFrom - ResumePolicy.defaultOverlapWindow)-", "\(resumed)")
+        }
     }
 
     /// A response dropped without a decision is cancelled (its connection closed), and the transport goes on: over

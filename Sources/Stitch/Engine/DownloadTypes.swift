@@ -121,7 +121,8 @@ public struct DownloadOptions: Sendable {
     public var checkpointBytes: Int64 = 16 << 20
     /// Restarts from zero allowed in one run before the source is called unstable.
     public var maxRestarts = 3
-    /// Bytes re-fetched and compared when resuming without a validator.
+    /// Bytes re-fetched and compared when resuming without a validator (at most 4 MiB: they are held in memory
+    /// for the comparison).
     public var overlapWindow: Int64 = 64 * 1024
     /// How often `.progress` events are sent.
     public var progressInterval: Double = 0.25
@@ -153,6 +154,9 @@ public struct DownloadOptions: Sendable {
     /// Tests only: called on the blocking pool before the engine judges a response head (and does the disk work
     /// that goes with it), so a test can hold one download's decision and watch the others go on.
     var headDecisionHook: (@Sendable () -> Void)?
+    /// Tests only: called before a resumed body's overlap (the bytes asked for again before the resume point) is
+    /// read from the part file to be compared, so a test can hold that read as a slow disk would.
+    var overlapReadHook: (@Sendable () -> Void)?
 
     /// The defaults.
     public init() {}

@@ -79,6 +79,8 @@ enum HeadVerdict: Sendable, Hashable {
 enum ResumePolicy {
     /// Bytes re-fetched and compared when no validator can be sent with the range request.
     static let defaultOverlapWindow: Int64 = 64 * 1024
+    /// The most bytes compared: they are read from the part file into memory before the body flows.
+    static let maximumOverlapWindow: Int64 = 4 << 20
 
     /// Plans the next request given `offset` trusted bytes and what we know of the resource.
     static func plan(offset: Int64, known: Validators?, overlapWindow: Int64 = defaultOverlapWindow) -> RequestPlan {
@@ -86,7 +88,8 @@ enum ResumePolicy {
         if let ifRange = known.ifRange {
             return RequestPlan(rangeStart: offset, resumeOffset: offset, ifRange: ifRange)
         }
-        return RequestPlan(rangeStart: max(0, offset - overlapWindow), resumeOffset: offset, ifRange: nil)
+        let window = min(max(0, overlapWindow), maximumOverlapWindow)
+        return RequestPlan(rangeStart: max(0, offset - window), resumeOffset: offset, ifRange: nil)
     }
 
     /// Request headers the engine alone sets (lowercased); a caller's values for them are dropped.

@@ -81,14 +81,18 @@ final class SegmentSink: BodySink, @unchecked Sendable {
     /// The body reached the segment's end (see ``Bound/segmentEnd(requestEnd:)``).
     private(set) var reachedEnd = false
     private var closed = false
-    private var compareBuffer: UnsafeMutableRawBufferPointer?
+    /// The part file's bytes from the body's first byte to ``verifyEnd`` (at most the overlap window), read when
+    /// the sink is made, on the decision pool: the transport's thread only compares (a read could wait on the
+    /// disk, and every transfer shares that thread). Nil when the file held fewer (then the first byte mismatches).
+    private let onDisk: [UInt8]?
+    private let onDiskStart: Int64
 
     init(
         store: PartStore, slot: Int, bound: Bound, offset: Int64, verifyEnd: Int64 = 0,
         rateLimiter: RateLimiter?, clock: any DownloadClock, checkpointer: Checkpointer?, counters: TransferCounters,
         digest: DigestHasher? = nil, pieces: PieceHasher?,
         shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: ((Int64) -> Bool)? = nil,
-        canRequestRest: Bool = false
+        canRequestRest: Bool = false, beforeOverlapRead: (@Sendable () -> Void)? = nil
     ) {
         self.canRequestRest = canRequestRest
         self.store = store
@@ -104,10 +108,15 @@ final class SegmentSink: BodySink, @unchecked Sendable {
         self.pieces = pieces
         self.shouldStop = shouldStop
         self.afterWrite = afterWrite
-    }
-
-    deinit {
-        compareBuffer?.deallocate()
+        onDiskStart = offset
+        if verifyEnd > offset {
+            beforeOverlapRead?()
+            var bytes = [UInt8](repeating: 0, count: Int(verifyEnd - offset))
+            let read = bytes.withUnsafeMutableBytes { store.read(into: $0, at: offset) }
+            onDisk = read == bytes.count ? bytes : nil
+        } else {
+            onDisk = []
+        }
     }
 
     /// Up to the segment's end as the store has it now (a split moves it closer), or nil for a body bounded by the
@@ -192,19 +201,13 @@ final class SegmentSink: BodySink, @unchecked Sendable {
         return true
     }
 
+    /// Whether `bytes` at `offset` (before ``verifyEnd``) are the part file's, as read when the sink was made.
     private func matchesDisk(_ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Bool {
-        if compareBuffer == nil { compareBuffer = .allocate(byteCount: 256 << 10, alignment: 16) }
-        let buffer = compareBuffer!
-        var checked = 0
-        while checked < bytes.count {
-            let count = min(bytes.count - checked, buffer.count)
-            let target = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count])
-            guard store.read(into: target, at: offset + Int64(checked)) == count,
-                memcmp(target.baseAddress!, bytes.baseAddress! + checked, count) == 0
-            else { return false }
-            checked += count
+        guard let onDisk else { return false }
+        let from = Int(offset - onDiskStart)
+        return onDisk.withUnsafeBytes { disk in
+            from >= 0 && from + bytes.count <= disk.count && memcmp(disk.baseAddress! + from, bytes.baseAddress!, bytes.count) == 0
         }
-        return true
     }
 }
 

@@ -537,7 +537,8 @@ final class LaneRequest: @unchecked Sendable {
             verifyEnd: verifyEnd, rateLimiter: transfer.options.rateLimiter, clock: transfer.clock,
             checkpointer: transfer.checkpointer,
             counters: transfer.counters, digest: transfer.owner.runningDigest, pieces: pieces,
-            shouldStop: { transfer.stopped.load(ordering: .relaxed) }, canRequestRest: validators.canResume)
+            shouldStop: { transfer.stopped.load(ordering: .relaxed) }, canRequestRest: validators.canResume,
+            beforeOverlapRead: transfer.options.overlapReadHook)
         self.sink = sink
         receivingFlag.store(true, ordering: .relaxed)
         transfer.owner.receiving(status: head.status, offset: max(start, verifyEnd), validators: validators)
