@@ -243,6 +243,8 @@ final class ScriptedResponse: TransportResponse, Sendable {
     }
 
     func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
+        // Cancelled before: nothing taken, as the real transports answer (`TransportResponse.cancel()`).
+        if cancelled.load(ordering: .acquiring) { return .failure(.cancelled) }
         transport.bodyStarted(true)
         defer {
             transport.bodyStarted(false)

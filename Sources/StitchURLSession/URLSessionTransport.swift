@@ -753,13 +753,6 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
     }
 
     /// Resumes whoever waits with `result`, once, and lets the session go.
-    private var afterInvalidation: (() -> Void)?
-    func urlSession(_ session: URLSession, didBecomeInvalidWithError error: (any Error)?) {
-        let run = afterInvalidation
-        afterInvalidation = nil
-        run?()
-    }
-
     private func finish(_ result: Result<Void, TransportError>) {
         if let continuation = headContinuation {
             headContinuation = nil
@@ -771,15 +764,6 @@ final class URLSessionTransfer: NSObject, URLSessionDataDelegate, @unchecked Sen
         } else if let continuation = bodyContinuation {
             bodyContinuation = nil
             finished = true
-            if let session {
-                afterInvalidation = { continuation.resume(returning: result) }
-                timer?.cancel()
-                timer = nil
-                dropHeld()
-                session.finishTasksAndInvalidate()
-                self.session = nil
-                return
-            }
             continuation.resume(returning: result)
         } else if stopReason == .cancelled {
             // Cancelled with nobody waiting (a dropped response): let the session go now; a late `decide` or

@@ -153,8 +153,8 @@ final class PartStore: @unchecked Sendable {
     /// Piece checksums computed by the writers, waiting for their bytes to become durable.
     private let pendingPieces = Locked<[Int: UInt32]>([:])
 
-    /// Each segment's end (`Int64.max` while open), by slot: read lock-free by the writers on every chunk, so a
-    /// checkpoint holding the state lock through its syncs never stalls a transfer. Written under the state lock.
+    /// Each segment's end (`Int64.max` while open), by slot: read lock-free by the writers on every chunk, so no
+    /// step that holds a lock through its syncs stalls a transfer. Written under the state lock.
     private let ends = UnsafeMutablePointer<Int64>.allocate(capacity: LiveRecord.slotCount)
     /// Where each segment's writer may be writing to (by slot; never below its written offset). A writer claims its
     /// next chunk, up to the segment's end, before it writes it (``claim(_:upTo:)``); a split never cuts a claimed
@@ -704,7 +704,8 @@ final class PartStore: @unchecked Sendable {
     /// pages folios can be larger, and some pages stay cached: slower, never wrong.)
     static func dropFromCache(_ fd: Int32, from before: [Segment], to after: [Segment], keepingBelow kept: Int64) {
         let folio: Int64 = 2 << 20
-        // `after` is `before` with durable ends moved (one lock holds both), so they pair by index.
+        // `after` is `before` with durable ends moved (one step under `durableSteps` made both), so they pair by
+        // index.
         for (old, new) in zip(before, after) where new.durable > old.durable {
             let start = max(kept, old.start, old.durable / folio * folio)
             guard new.durable > start else { continue }
@@ -770,7 +771,8 @@ final class PartStore: @unchecked Sendable {
 
     /// Brings `next`'s piece checksums and proofs up to date (``Proofs/update(_:previous:pending:read:)``), from the
     /// proofs of `current` (less those in `cut` pieces), the writers' pending checksums and the part file. Returns
-    /// the pieces whose pending checksum it recorded. Call with the state lock held.
+    /// the pieces whose pending checksum it recorded. Call under `durableSteps` (`current` is then the state
+    /// whatever splits do meanwhile: they change no piece and no proof).
     @discardableResult
     private func prove(_ next: inout DownloadState, from current: DownloadState, cut: Set<Int> = []) throws(DownloadError)
         -> [Int]
