@@ -443,18 +443,23 @@ import Testing
 
     // MARK: Splitting a segment
 
+    /// A new part file `file.bin` in `dir` for a file of `total` bytes, nothing written.
+    func newStore(in dir: TemporaryDirectory, total: Int64) throws -> PartStore {
+        try PartStore.create(
+            paths: DownloadPaths(destination: dir.path + "/file.bin"), url: "http://x/file.bin", headers: [],
+            checksum: nil, validators: makeState(durable: 0, total: total).validators)
+    }
+
     /// A checkpoint held in its data sync (a slow disk) does not hold up a split, which the engine makes under
     /// its lanes' lock; the checkpoint then takes the split in: it records what it had synced in the victim's
     /// shortened segment and keeps the new one, which the next checkpoint writes. (Before, the checkpoint held the
     /// state lock through its syncs, and the split, with every lane behind it, waited for the disk.)
     @Test func aSplitDoesNotWaitForACheckpointsSync() async throws {
         let dir = try TemporaryDirectory()
-        let paths = DownloadPaths(destination: dir.path + "/file.bin")
         let total: Int64 = 4_000_000
         let data = ServedFile.randomBytes(count: Int(total), seed: 13)
-        let store = try PartStore.create(
-            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
-            validators: makeState(durable: 0, total: total).validators)
+        let store = try newStore(in: dir, total: total)
+        let paths = store.paths
         try write(store, data, 0..<500_000)
         let inSync = DispatchSemaphore(value: 0)
         let release = DispatchSemaphore(value: 0)
@@ -633,12 +638,9 @@ import Testing
     /// and a claim after a split stops at the new end.
     @Test func aClaimedChunkIsNeverSplitOff() throws {
         let dir = try TemporaryDirectory()
-        let paths = DownloadPaths(destination: dir.path + "/file.bin")
         let total: Int64 = 1_000_000
         let data = ServedFile.randomBytes(count: Int(total), seed: 13)
-        let store = try PartStore.create(
-            paths: paths, url: "http://x/file.bin", headers: [], checksum: nil,
-            validators: makeState(durable: 0, total: total).validators)
+        let store = try newStore(in: dir, total: total)
         try write(store, data, 0..<100_000)
         #expect(store.claim(0, upTo: 116_384) == total)
         #expect(store.split(0, at: 110_000) == nil, "inside the claimed chunk")

@@ -205,9 +205,8 @@ final class SegmentSink: BodySink, @unchecked Sendable {
     private func matchesDisk(_ bytes: UnsafeRawBufferPointer, at offset: Int64) -> Bool {
         guard let onDisk else { return false }
         let from = Int(offset - onDiskStart)
-        return onDisk.withUnsafeBytes { disk in
-            from >= 0 && from + bytes.count <= disk.count && memcmp(disk.baseAddress! + from, bytes.baseAddress!, bytes.count) == 0
-        }
+        guard from >= 0, from + bytes.count <= onDisk.count else { return false }
+        return onDisk.withUnsafeBytes { memcmp($0.baseAddress! + from, bytes.baseAddress!, bytes.count) == 0 }
     }
 }
 
