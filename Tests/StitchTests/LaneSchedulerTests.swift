@@ -117,7 +117,7 @@ import Testing
         let fast = scheduler.speeds[0] ?? 0
         #expect(fast >= Double(48 * Self.mib), "\(fast)")
         let left = Double(segments[0].end! - segments[0].durable) / fast
-        #expect(left < SegmentedTransfer.stealMinimumSecondsFast)
+        #expect(left < LaneTiming.stealMinimumSecondsFast)
         #expect(scheduler.claim(segments: segments, running: running, now: 0.35) == .none)
         // A tail below two granules plus the slack: never.
         var small = Self.scheduler(lanes: 2)

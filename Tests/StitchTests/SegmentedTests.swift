@@ -66,7 +66,7 @@ import StitchLocks
         let steals = asked.count - lanes
         let sent = Int64(f.server.bodyBytesSent)
         #expect(
-            sent <= size + SegmentedTransfer.stealSlack * Int64(steals), "sent \(sent) for \(size), \(steals) steals")
+            sent <= size + LaneTiming.stealSlack * Int64(steals), "sent \(sent) for \(size), \(steals) steals")
         if steals == 0 { #expect(sent == size, "without steals every byte is sent once") }
         print(
             "SegmentedTests: \(lanes) lanes: \(asked.count) ranged requests (\(steals) steals), "
@@ -131,7 +131,7 @@ import StitchLocks
         let sent = Int64(f.server.bodyBytesSent)
         #expect(sent >= size)
         #expect(
-            sent <= size + (slow.start + 100_000 - resumedAt) + SegmentedTransfer.stealSlack * steals,
+            sent <= size + (slow.start + 100_000 - resumedAt) + LaneTiming.stealSlack * steals,
             "sent \(sent) for \(size), \(steals) steals")
         #expect(f.watch.retries.isEmpty && f.watch.restarts.isEmpty, "\(f.watch.events)")
     }
@@ -140,11 +140,11 @@ import StitchLocks
     /// speed yet (just started, or nothing received) may always be stolen from.
     @Test func stealingWeighsTheVictimsTimeLeft() {
         let left = { (written: Int64, now: Double) in
-            SegmentedTransfer.secondsLeft(from: 1_000, at: 10, written: written, end: 101_000, now: now)
+            LaneTiming.secondsLeft(from: 1_000, at: 10, written: written, end: 101_000, now: now)
         }
         #expect(left(51_000, 11) == 1)  // 50 000 B/s, 50 000 left
-        #expect(left(91_000, 11) < SegmentedTransfer.stealMinimumSeconds)  // almost done: left alone
-        #expect(left(11_000, 11) >= SegmentedTransfer.stealMinimumSeconds)  // slow: worth a steal
+        #expect(left(91_000, 11) < LaneTiming.stealMinimumSeconds)  // almost done: left alone
+        #expect(left(11_000, 11) >= LaneTiming.stealMinimumSeconds)  // slow: worth a steal
         #expect(left(1_000, 20) == .infinity)  // stalled from the start
         #expect(left(51_000, 10.05) == .infinity)  // too young to judge
     }
@@ -228,7 +228,7 @@ import StitchLocks
         #expect(again.contains { $0.last == target.last }, "the segment's end asked for: \(again)")
         // Every request beyond one per segment (steals, replaced connections, the retry) may cost the slack.
         let steals = Int64(max(again.count - 1, asked.count - segments.count))
-        let slack = SegmentedTransfer.stealSlack * steals
+        let slack = LaneTiming.stealSlack * steals
         switch kind {
         case .drop, .shortBody, .stall, .unavailable:
             #expect(f.server.bodyBytesSent <= Int(size + slack), "sent \(f.server.bodyBytesSent)")
@@ -624,7 +624,7 @@ import StitchLocks
         }
         #expect(resumed.allSatisfy { $0.header("If-Range") == Self.etag })
         let sent = Int64(f.server.bodyBytesSent - sentBefore)
-        #expect(sent >= size - have && sent <= size - have + SegmentedTransfer.stealSlack * Int64(steals),
+        #expect(sent >= size - have && sent <= size - have + LaneTiming.stealSlack * Int64(steals),
             "only the missing bytes are sent (and what \(steals) steals cost): \(sent) for \(size - have)")
         #expect(result.resumedFrom == have)
         #expect(f.watch.resumes.map(\.from) == [have])
@@ -720,7 +720,7 @@ import StitchLocks
         #expect(result.resumedFrom == kept)
         let sent = Int64(f.server.bodyBytesSent - sentBefore)
         let steals = Int64(asked.count - stops.count)
-        #expect(sent >= size - kept && sent <= size - kept + SegmentedTransfer.stealSlack * steals, "sent \(sent)")
+        #expect(sent >= size - kept && sent <= size - kept + LaneTiming.stealSlack * steals, "sent \(sent)")
     }
 
     // MARK: 6. Piece checks
@@ -785,7 +785,7 @@ import StitchLocks
         Self.expectNested(asked, total: 8 * mib)
         let steals = Int64(asked.count - 4)
         let sent = Int64(f.server.bodyBytesSent - sentBefore)
-        #expect(sent >= 4 * mib && sent <= 4 * mib + SegmentedTransfer.stealSlack * steals,
+        #expect(sent >= 4 * mib && sent <= 4 * mib + LaneTiming.stealSlack * steals,
             "only the damaged pieces and the tails (and what \(steals) steals cost): \(sent)")
         #expect(result.resumedFrom == 4 * mib)
         if check == .reboot {

@@ -114,7 +114,18 @@ enum Adoption {
     }
 }
 
-extension DownloadRun {
+/// `--adopt` for one run: looks for another program's partial at the destination and proves it (see ``Adoption``).
+struct ForeignAdoption {
+    let context: RunContext
+    let reporter: RunReporter
+
+    private var request: DownloadRequest { context.request }
+    private var options: DownloadOptions { context.options }
+    private var transport: any HTTPTransport { context.transport }
+    private var clock: any DownloadClock { context.clock }
+    private var startURL: URL { context.startURL }
+    private func emit(_ event: DownloadEvent) { reporter.emit(event) }
+
     /// What the proof came to.
     private enum Proof {
         case proven(Validators)
@@ -124,11 +135,12 @@ extension DownloadRun {
 
     /// With ``DownloadRequest/adopt``: finds another program's partial download at `paths` and, on proof, makes it a
     /// Stitch partial that this run then resumes; on no proof, says why (the download then starts from zero beside
-    /// it). Throws — leaving everything as it is — when the partial cannot be looked at (a damaged aria2 control
-    /// file), or the server cannot be asked (the network, an HTTP error).
-    func adoptForeignPartial(_ paths: DownloadPaths) async throws {
+    /// it). Returns what the run keeps of it (nil: nothing found). Throws — leaving everything as it is — when the
+    /// partial cannot be looked at (a damaged aria2 control file), or the server cannot be asked (the network, an
+    /// HTTP error).
+    func adopt(_ paths: DownloadPaths) async throws -> AdoptionRecord? {
         let inspection = try await offloaded { () throws(DownloadError) in try ForeignPartial.inspect(paths) }
-        guard case .found(let foreign) = inspection else { return }
+        guard case .found(let foreign) = inspection else { return nil }
         let origin: AdoptionRecord.Origin
         switch foreign.origin {
         case .prefix: origin = .prefix
@@ -138,12 +150,12 @@ extension DownloadRun {
         switch proof {
         case .declined(let why):
             try await offloaded { () throws(DownloadError) in try ForeignPartial.discardInertState(paths) }
-            adoption = AdoptionRecord(origin: origin, kept: false)
             emit(
                 .restarting(
                     .untrustedPartial(
                         "cannot adopt \(paths.destination): \(why); downloading it again (it is replaced only by the "
                             + "complete file)")))
+            return AdoptionRecord(origin: origin, kept: false)
         case .proven(let validators):
             let total = validators.totalLength ?? foreign.size
             let state = DownloadState(
@@ -154,7 +166,6 @@ extension DownloadRun {
                 adoption: AdoptionRecord(origin: origin, kept: true), bootID: BootID.current,
                 liveNonce: PartStore.newNonce(), updatedAt: now())
             try await offloaded { () throws(DownloadError) in try ForeignPartial.takeOver(paths, state: state) }
-            adoption = state.adoption
             let source: String
             switch foreign.origin {
             case .prefix: source = "wget -c or curl -C -"
@@ -171,6 +182,7 @@ extension DownloadRun {
                 .notice(
                     "adopting \(paths.destination) (left by \(source)): \(foreign.claimedBytes) of \(total) bytes; "
                         + proved))
+            return state.adoption
         }
     }
 

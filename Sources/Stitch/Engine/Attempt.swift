@@ -54,3 +54,16 @@ func performAttempt(
         return (.failure(.abortedBySink), decisionError)
     }
 }
+
+/// Runs blocking file-system work (syncs, renames) on ``BlockingPool``'s threads instead of a cooperative one.
+/// Not cancellable: once started, the work completes.
+func offloaded<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
+    try await BlockingPool.shared.run(work)
+}
+
+/// Runs a response-head decision (and the disk work it may need) on ``BlockingPool/decisions``.
+func offloadedDecision<T: Sendable>(
+    _ work: @escaping @Sendable () throws(DownloadError) -> T
+) async throws(DownloadError) -> T {
+    try await BlockingPool.decisions.run(work)
+}

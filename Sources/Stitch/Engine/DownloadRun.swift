@@ -1,561 +1,254 @@
 import Foundation
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Synchronization
 import StitchLocks
 
-/// One call of ``Downloader/download(_:options:onEvent:)``: the executor of the download's state machine
-/// (``DownloadStateMachine``). It finds what is on disk, performs the machine's actions — the first connection's
-/// requests for the whole file, the transfer over one lane or several (``SegmentedTransfer``, the lanes'
-/// executor), restarts, waits, the end — and reports what came of each. It decides nothing the machine decides.
+/// One call of ``Downloader/download(_:options:onEvent:)``: the one executor of the download's state machine
+/// (``DownloadStateMachine``, asked under ``core``). It performs the machine's actions — the first connection's
+/// request for the whole file, a transfer over one lane or several, restarts, waits, the end — and reports what
+/// came of each. It decides nothing: the machines decide, ``LaneRequest`` judges every response head (one
+/// decision for every request), ``RunFiles`` does the disk work and ``SplitControl`` keeps the split's state.
 ///
-/// Threads: the engine's task runs `run()`. Each request has two phases: the transport hands over the response
-/// head, and the engine decides what it means on the blocking pool (`decide`: it may open, reopen, preallocate or
-/// hash files, which must never hold up the transport's thread that every transfer shares); then, while the body
-/// streams, the transport thread feeds the request's ``SegmentSink`` (a `pwrite` and counters) and the engine task
-/// waits. The awaits order the three, so the mutable fields below are never touched by two at once. The state
-/// machine is behind ``core``, which the lanes share. Progress readers use the atomics only.
-final class DownloadRun: @unchecked Sendable {
-    let request: DownloadRequest
-    let options: DownloadOptions
-    let transport: any HTTPTransport
-    let clock: any DownloadClock
-    /// The caller's events: the transport thread, the engine task and the progress ticker all send; the caller's
-    /// callback gets one at a time, on a queue of its own.
-    private let events: EventChannel
-    let startURL: URL
-
-    // Across attempts.
-    private var store: PartStore?
-    private var checkpointer: Checkpointer?
-    private var known: Validators?
-    private var hasher: DigestHasher?
-    private var resumedFrom: Int64 = 0
-    /// What `--adopt` found at the destination (this run, or the run whose state this one continues); nil when the
-    /// download did not begin from another program's partial.
-    var adoption: AdoptionRecord?
-    /// The download's state machine, with its lanes' requests beside it: the one lock this run's executors (this
-    /// object's task, the lanes, the decisions and the monitor) take to ask it.
+/// A transfer runs lanes on a task group. Each *lane* claims a segment (or steals the end of one: the machine
+/// says which), requests exactly its bytes (`Range: bytes=N-M` with `If-Range`), and reports how each request
+/// ended; its sink writes with `pwrite` at the segment's offsets and records them in the live record. Every 206 is
+/// checked against the validators and the range asked for; a mismatch stops every lane and the download restarts
+/// from zero. A failing lane retries its own segment with backoff while the others go on; one refused (429, 503)
+/// or out of retries while others receive retires. A download on one connection is a transfer with one lane
+/// (``LaneRequest/Role/alone``).
+///
+/// Uneven links (the monitor, slow connections replaced, steals and the end game, connections that get different
+/// versions of the file) follow ``LaneScheduler`` and ``TransferStateMachine``; nothing is ever spliced.
+///
+/// Threads: the engine's task runs ``run()`` and the lanes; head decisions run on the decision pool, bodies on the
+/// transport's thread (the sink: a `pwrite`, counters, and the probe's sample), disk work on the blocking pool.
+/// Every field is a constant; what changes is behind the locks of the types it holds, none taken under another.
+final class DownloadRun: Sendable {
+    let context: RunContext
+    let reporter: RunReporter
+    let files: RunFiles
+    let splits: SplitControl
+    /// The download's state machine, with its lanes' requests beside it: the one lock this run's executor (its
+    /// task, the lanes, the decisions and the monitor) takes to ask it. No other lock is taken under it.
     let core: Locked<EngineCore>
-    private var currentURL: URL
-
-    // Per attempt, set by the delegate.
-    private var plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
-    private var verdict: HeadVerdict?
-    private var setupError: DownloadError?
-    /// The attempt's body sink, once its head was accepted.
-    private var sink: SegmentSink?
-    /// Trouble the decision met before any body (space could not be reserved).
-    private var attemptFailure: SegmentSink.Failure?
-    private var switchToResume = false
-    private var alreadyComplete: DownloadResult?
-    /// Where the attempt's body has to end (the file's length; nil: unknown).
-    private var limit: Int64?
-    /// Set once the store's files are renamed into place or deleted: nothing may be written for it after.
-    private var storeClosed = false
-    /// Set once a store exists, so progress is never reported before the destination is.
-    private let hasStore = Atomic<Bool>(false)
-
-    // Read from anywhere.
-    /// Body bytes received over every attempt and lane.
-    private let counters: TransferCounters
-    private let position = Atomic<Int64>(0)
-    private let totalLength = Atomic<Int64>(-1)
 
     init(
         request: DownloadRequest, options: DownloadOptions, transport: any HTTPTransport,
         clock: any DownloadClock, onEvent: @escaping @Sendable (DownloadEvent) -> Void
     ) throws {
-        self.request = request
-        self.options = options
-        self.transport = transport
-        self.clock = clock
-        events = EventChannel(onEvent)
-        self.startURL = try validateURL(request.url)
-        self.currentURL = startURL
-        self.counters = TransferCounters(checkpointBytes: options.checkpointBytes)
-        self.connections = ConnectionPlan(options)
-        self.core = Locked(
+        let startURL = try validateURL(request.url)
+        context = RunContext(
+            request: request, options: options, transport: transport, clock: clock, startURL: startURL)
+        reporter = RunReporter(checkpointBytes: options.checkpointBytes, onEvent: onEvent)
+        files = RunFiles(context: context, reporter: reporter)
+        splits = SplitControl(options)
+        core = Locked(
             EngineCore(
                 machine: DownloadStateMachine(
                     startURL: startURL, retry: options.retry, maxRedirects: options.maxRedirects,
                     maxRestarts: options.maxRestarts)))
-        if let checksum = request.checksum { hasher = DigestHasher(checksum.algorithm) }
     }
 
-    deinit {
-        checkpointer?.stop()
-    }
-
-    // MARK: The executor
+    // MARK: The download's steps
 
     func run() async throws -> DownloadResult {
         let result: DownloadResult
         do {
             result = try await runSteps()
         } catch {
-            await endRun()
-            closeEvents()
-            await events.drained()
+            await files.endRun()
+            reporter.close()
+            await reporter.drained()
             throw error
         }
-        await endRun()
+        await files.endRun()
         // Every event the run sent has reached the caller before the result does, and none comes after.
-        closeEvents()
-        await events.drained()
+        reporter.close()
+        await reporter.drained()
         return result
     }
 
-    /// The run is over, whatever the outcome: no more timed checkpoints, one last one for a partial that stays (an
-    /// error that is not retried, a pause), and the next run may take the files. That checkpoint syncs: on the
-    /// blocking pool, never a cooperative thread (which every download and the caller's tasks share).
-    private func endRun() async {
-        guard !storeClosed, store != nil else {
-            checkpointer?.stop()
-            store?.unlock()
-            return
-        }
-        _ = try? await offloaded { [self] () throws(DownloadError) in
-            checkpointer?.stop()
-            try? store?.checkpoint()
-            store?.unlock()
-        }
-    }
-
     private func runSteps() async throws -> DownloadResult {
+        let request = context.request
         if case .file(let path) = request.destination {
             let paths = DownloadPaths(destination: absolutePath(path))
-            if request.adopt { try await adoptForeignPartial(paths) }
+            if request.adopt, let found = try await ForeignAdoption(context: context, reporter: reporter).adopt(paths) {
+                files.adoption = found
+            }
             // What an earlier run left is looked at on the blocking pool: reopening may sync, read the state and
             // hash a prefix; an already complete file may be hashed against a checksum. With nothing there (the
             // usual first run) the two failing lookups are all it costs, here.
             if PartialDownload.mayBeThere(paths) {
-                let open = { @Sendable [self] () throws(DownloadError) -> DownloadResult? in
-                    do { return try openExisting(paths) } catch let error as DownloadError { throw error } catch {
+                let files = self.files
+                let open = { @Sendable () throws(DownloadError) -> DownloadResult? in
+                    do { return try files.openExisting(paths) } catch let error as DownloadError { throw error } catch {
                         throw DownloadError(.io, "\(error)")
                     }
                 }
                 if let done = try await offloaded(open) { return done }
             }
         }
-        let ticker = startProgressTicker()
+        let ticker = reporter.startTicker(context.clock, interval: context.options.progressInterval)
         defer {
             ticker.cancel()
-            closeEvents()
+            reporter.close()
         }
-
-        // The executor of the download's state machine: it performs each action and reports what came of it.
-        var action = machine { $0.next(store: storeFacts) }
+        var action = nextStep()
         while true {
             Trace.note("\(request.url) run action \(action) priority \(Task.currentPriority)")
             switch action {
             case .requestWhole, .considerSplit, .transfer:
                 // Before anything that asks the server; an action that ends the run, or a restart's discard of
                 // bytes the machine no longer trusts, is done even when the run is being cancelled.
-                if Task.isCancelled { throw try interrupted() }
+                if Task.isCancelled { throw files.interrupted() }
             default:
                 break
             }
             switch action {
             case .requestWhole(let url):
-                // The whole file: nothing is kept yet. This request names the file, creates the store, and
-                // decides whether to split.
-                action = await requestWhole(url)
-                if let setupError { throw setupError }
-                if let alreadyComplete { return alreadyComplete }
+                switch try await requestWhole(url) {
+                case .next(let next): action = next
+                case .complete(let done): return done
+                }
             case .considerSplit:
-                let didSplit = store.map(resplit) ?? false
+                let (store, known) = (files.store, files.known)
+                let didSplit = store.map { splits.resplit($0, known: known) } ?? false
                 action = machine { $0.splitConsidered(didSplit) }
             case .transfer(let split):
-                guard let store else { throw DownloadError(.protocolViolation, "no part file to continue") }
+                guard let store = files.store else {
+                    throw DownloadError(.protocolViolation, "no part file to continue")
+                }
                 action = try await runTransfer(store, split: split)
             case .redirected(let url):
-                emit(.redirected(to: url.absoluteString))
-                action = machine { $0.next(store: storeFacts) }
+                reporter.emit(.redirected(to: url.absoluteString))
+                action = nextStep()
             case .restart(let reason):
-                try discardForRestart(reason)
-                action = machine { $0.next(store: storeFacts) }
+                try files.restart(reason, validators: nil)
+                splits.reset()
+                action = nextStep()
             case .wait(let delay, let attempt, let of, let reason):
-                emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
-                await checkpointOffPool()
-                do { try await clock.sleep(seconds: delay) } catch { throw try interrupted() }
-                action = machine { $0.next(store: storeFacts) }
+                reporter.emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
+                await files.checkpointOffPool()
+                do { try await context.clock.sleep(seconds: delay) } catch { throw files.interrupted() }
+                action = nextStep()
             case .finish:
-                return try await finish()
+                try await files.stopCheckpoints()
+                // No event after this point: once the file is renamed into place the download is over, and a late
+                // progress tick must not reach the caller after (or while) the result is returned. Every event
+                // sent so far reaches the caller before the rename: one who sees an event never finds the file
+                // already there.
+                reporter.close()
+                await reporter.drained()
+                return try await files.finish()
             case .fail(let error):
-                await checkpointOffPool()
+                await files.checkpointOffPool()
                 throw error
             case .interrupted:
-                throw try interrupted()
+                throw files.interrupted()
             }
         }
     }
 
     /// Asks the state machine under the run's lock.
-    private func machine<T: Sendable>(_ body: (inout DownloadStateMachine) -> T) -> T {
+    func machine<T: Sendable>(_ body: (inout DownloadStateMachine) -> T) -> T {
         core.withLock { body(&$0.machine) }
     }
 
-    /// What the part file holds, for the state machine.
-    private var storeFacts: DownloadStateMachine.Store? {
-        store.map {
-            .init(segments: $0.snapshot.segments.count, written: $0.written(0), canCheckRanges: known?.ifRange != nil)
-        }
+    /// The machine's next step for what the part file holds now (read before its lock is taken).
+    private func nextStep(splitNow: Bool = false) -> DownloadStateMachine.Action {
+        let facts = files.machineFacts
+        return machine { $0.next(store: facts, splitNow: splitNow) }
     }
 
-    /// One request for the whole file on the first connection; returns what the state machine makes of it.
-    private func requestWhole(_ url: URL) async -> DownloadStateMachine.Action {
-        plan = RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil)
-        verdict = nil
-        probe = nil
-        setupError = nil
-        sink = nil
-        attemptFailure = nil
-        switchToResume = false
-        let before = store?.written(0) ?? 0
-        let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
-        currentURL = url
-        let result = await attempt(
-            TransportRequest(url: url.absoluteString, headers: headers, options: options.transport, clock: clock))
+    private enum WholeEnd { case next(DownloadStateMachine.Action), complete(DownloadResult) }
+
+    /// One request for the whole file on the first connection (lane 0, ``LaneRequest/Role/whole``); returns what
+    /// the state machine makes of it, or the result when the file it named is already complete. A decision that
+    /// could not prepare the files (a store that cannot be made) ends the run with its error.
+    private func requestWhole(_ url: URL) async throws -> WholeEnd {
+        splits.reset()
+        let before = files.store?.written(0) ?? 0
+        let request = LaneRequest(
+            run: self, role: .whole, slot: 0, plan: RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil),
+            known: files.known, url: url, lanes: nil)
+        let result = await request.perform()
+        if let error = request.decisionError { throw error }
+        let ending = request.ending
+        if case .complete(let done)? = ending { return .complete(done) }
+        let store = files.store
         let written = store?.written(0) ?? 0
         let report = AttemptReport(
-            verdict: verdict, result: result, sink: sinkOutcome(), written: written, end: limit,
-            saved: max(0, written - before), durable: store?.durable.load(ordering: .acquiring) ?? 0)
+            verdict: request.verdict, result: result, sink: request.sinkOutcome(result).0, written: written,
+            end: request.bodyEnd, saved: max(0, written - before), durable: store?.durable.load(ordering: .acquiring) ?? 0)
         // A response that ended complete is taken even if the run is being cancelled at that moment.
         var cancelled = false
         if case .failure(let error) = result, error.isCancelled || Task.isCancelled { cancelled = true }
-        let splitNow = segmentNow
-        segmentNow = false
-        let facts = storeFacts
-        let now = clock.now()
-        return machine {
-            $0.firstRequestEnded(
-                report, store: facts, splitNow: splitNow, resumeSaved: switchToResume, cancelled: cancelled, now: now,
-                jitter: Double.random(in: 0...1))
+        var splitNow = splits.takeSplitNow()
+        var resumeSaved = false
+        switch ending {
+        case .splitNow?: splitNow = true
+        case .resumeSaved?: resumeSaved = true
+        case .complete?, nil: break
         }
+        let facts = files.machineFacts
+        let now = context.clock.now()
+        let jitter = Double.random(in: 0...1)
+        return .next(
+            machine {
+                $0.firstRequestEnded(
+                    report, store: facts, splitNow: splitNow, resumeSaved: resumeSaved, cancelled: cancelled, now: now,
+                    jitter: jitter)
+            })
     }
 
-    /// The sink's trouble in this attempt, in the words of the state machine.
-    private func sinkOutcome() -> AttemptReport.SinkOutcome {
-        (sink?.failure ?? attemptFailure).map {
-            $0.outcome(part: store?.paths.part ?? "", checkpointError: checkpointer?.error)
-        } ?? .none
+    /// A 200 with the whole (new) file to the one connection's ranged request: restarts from zero in place, the
+    /// body kept from its first byte. False when the restarts are used up (the download then fails as unstable).
+    /// On the decision pool.
+    func restartInPlace(_ reason: RestartReason, validators: Validators) throws(DownloadError) -> Bool {
+        guard machine({ $0.restartInPlace() }), files.store != nil else { return false }
+        try files.restart(reason, validators: validators)
+        return true
     }
 
-    // MARK: Steps
-
-    /// Looks at what an earlier run left at `paths` (``Reopening``) and takes a partial to resume. Returns a result
-    /// if the file is already complete. On the blocking pool.
-    private func openExisting(_ paths: DownloadPaths) throws -> DownloadResult? {
-        let found = try Reopening(request: request, adoption: adoption, emit: { [self] in emit($0) }).open(paths)
-        switch found {
-        case .nothing(let kept):
-            if adoption == nil { adoption = kept }
-            return nil
-        case .complete(let done):
-            return done
-        case .resume(let resumed):
-            let store = resumed.store
-            self.store = store
-            adoption = resumed.adoption
-            known = resumed.known
-            resumedFrom = resumed.point.bytes
-            position.store(resumed.point.bytes, ordering: .relaxed)
-            if let total = resumed.total { totalLength.store(total, ordering: .relaxed) }
-            if store.snapshot.segments.count == 1 {
-                try hashPrefix(store, upTo: resumed.point.prefix)
-            } else {
-                hashFromDisk = true
-            }
-            startCheckpointer(store)
-            emit(.destinationResolved(paths.destination))
-            emit(.resuming(from: resumed.point.bytes, note: resumed.point.note))
-            return nil
-        }
-    }
-
-    /// Hashes the bytes already on disk once, so the running digest covers the whole file.
-    private func hashPrefix(_ store: PartStore, upTo end: Int64) throws {
-        guard let hasher, end > 0 else { return }
-        hasher.reset()
-        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
-        defer { chunk.deallocate() }
-        var at: Int64 = 0
-        while at < end {
-            let want = Int(min(Int64(chunk.count), end - at))
-            let got = store.read(into: UnsafeMutableRawBufferPointer(rebasing: chunk[0..<want]), at: at)
-            guard got == want else { throw DownloadError(.io, "cannot read \(store.paths.part) to verify it") }
-            hasher.update(UnsafeRawBufferPointer(rebasing: chunk[0..<got]))
-            at += Int64(got)
-        }
-    }
-
-    private func startCheckpointer(_ store: PartStore) {
-        checkpointer = Checkpointer(store: store, interval: options.checkpointInterval, clock: clock)
-        counters.resetCheckpointCount()
-        hasStore.store(true, ordering: .releasing)
-    }
-
-    /// Discards what is kept for a restart from zero (the state machine counted it) and says why.
-    private func discardForRestart(_ reason: RestartReason) throws {
-        emit(.restarting(reason))
-        resumedFrom = 0  // nothing kept: the result must not report a resume
-        try store?.restart(validators: .none)
-        hasher?.reset()
-        probe = nil
-        known = nil
-        position.store(0, ordering: .relaxed)
-        counters.resetCheckpointCount()
-        currentURL = startURL
-    }
-
-    /// A durable checkpoint now (a retry's pause is a good moment), on the blocking pool: it syncs, and many
-    /// downloads retrying at once must not hold the few cooperative threads.
-    private func checkpointOffPool() async {
-        guard let store, !storeClosed else { return }
-        _ = try? await offloaded { () throws(DownloadError) in try store.checkpoint() }
-    }
-
-    /// Saves the state durably and describes the interruption.
-    private func interrupted() throws -> DownloadError {
-        checkpointer?.stop()
-        // A failed last checkpoint still leaves the earlier ones and the live record: report the interruption.
-        try? store?.checkpoint()
-        let saved = store?.durable.load(ordering: .acquiring) ?? 0
-        return DownloadError(
-            .cancelled, "interrupted; \(saved) bytes saved", resumable: store != nil,
-            remedy: store != nil ? .rerun(.resume) : nil)
-    }
-
-    private func finish() async throws -> DownloadResult {
-        // Stopping waits for a checkpoint in progress (syncs): not on a cooperative thread. Most small downloads
-        // end with none running, and need no other thread for it.
-        if let checkpointer, !checkpointer.stopIfIdle() {
-            try await offloaded { () throws(DownloadError) in checkpointer.stop() }
-        }
-        // No event after this point: once the file is renamed into place the download is over, and a late
-        // progress tick must not reach the caller after (or while) the result is returned. Every event sent so
-        // far reaches the caller before the rename: one who sees an event never finds the file already there.
-        closeEvents()
-        await events.drained()
-        guard let store else { throw DownloadError(.protocolViolation, "no response body") }
-        let bytes = store.writtenBytes
-        // Every byte was written, so the file has no hole: one means another program cut the file under the run
-        // (FinishPolicy). One lseek, once the length is right: metadata only, cheap enough for a cooperative thread.
-        if let refusal = FinishPolicy.written(
-            bytes: bytes, announced: known?.totalLength, stateLength: store.snapshot.validators.totalLength,
-            holes: { store.holes(before: bytes) }, pieceSize: store.pieceSize, paths: store.paths)
-        {
-            try await dispose(store, refusal)
-        }
-        var verified: ExpectedChecksum?
-        if let expected = request.checksum, let hasher {
-            // Several connections wrote out of order: the digest is the file's, read on the blocking pool.
-            let digest =
-                hashFromDisk
-                ? try await offloaded { () throws(DownloadError) in
-                    try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: bytes)
-                } : hasher.finalize()
-            if let refusal = FinishPolicy.digest(
-                digest, expected: expected, adoptedKept: store.snapshot.adoption?.kept == true,
-                overwrite: request.overwrite, paths: store.paths)
-            {
-                try await dispose(store, refusal)
-            }
-            verified = expected
-        }
-        storeClosed = true
-        // Two syncs and a rename: blocking calls that must not hold one of the few cooperative threads, or a
-        // list of small files syncs two at a time instead of letting the file system commit them together.
-        let url = request.url
-        let aria2 = adoption?.origin == .aria2
-        try await offloaded { () throws(DownloadError) in
-            try store.finish(url: url, length: bytes)
-            // aria2's control file of a partial this download adopted (left by a crash between the adoption's
-            // rename and its removal) or replaced: it describes a file that is no longer there.
-            if aria2 { ForeignPartial.removeControlFile(of: store.paths.destination) }
-        }
-        return DownloadResult(
-            destination: store.paths.destination, bytes: bytes,
-            bytesTransferred: counters.received.load(ordering: .relaxed), resumedFrom: resumedFrom,
-            alreadyComplete: false, checksum: verified)
-    }
-
-    /// Does what ``FinishPolicy`` decided with a part file that is not renamed into place, on the blocking pool,
-    /// and throws why.
-    private func dispose(_ store: PartStore, _ refusal: FinishPolicy.Refusal) async throws -> Never {
-        if refusal.disposal == .discard { storeClosed = true }
-        let disposal = refusal.disposal
-        if disposal == .keep { throw refusal.error }  // nothing to do on the disk
-        try await offloaded { () throws(DownloadError) in
-            switch disposal {
-            case .keep: break
-            case .invalidate(let pieces): try store.invalidate(pieces: pieces)
-            case .discard: store.discard()
-            }
-        }
-        throw refusal.error
-    }
-
-    /// Hands `event` to the caller's `onEvent` (see ``EventChannel``): at once from the engine's tasks, through the
-    /// run's event queue from the transport's thread (`fromTransport`).
-    func emit(_ event: DownloadEvent, fromTransport: Bool = false) {
-        events.send(event, fromTransport: fromTransport)
-    }
-
-    private var eventsOpen: Bool { events.isOpen }
-
-    private func closeEvents() {
-        events.close()
-    }
-
-    /// Progress every `progressInterval`, timed by the shared clock (a download over before its first tick costs
-    /// no thread a wake-up). Each tick is emitted from a task: computing progress takes the store's lock, which a
-    /// checkpoint's sync may hold, and the clock's thread must not wait (nor resolve the weak reference to this
-    /// run: it could be the last one, and the run's deinit would run there).
-    ///
-    /// At most one tick task per download, waiting or running: on a machine too busy to run them, or while a
-    /// sync holds the store's lock, ticks are dropped, not queued up on cooperative threads.
-    private func startProgressTicker() -> any ClockTimer {
-        let ticks = ProgressTicks(self)
-        return clock.every(options.progressInterval) { ticks.fire() }
-    }
-
-    private final class ProgressTicks: Sendable {
-        private let busy = Atomic<Bool>(false)
-        private let run: Locked<WeakRun>
-
-        struct WeakRun {
-            weak var run: DownloadRun?
-        }
-
-        init(_ run: DownloadRun) { self.run = Locked(WeakRun(run: run)) }
-
-        func fire() {
-            guard !busy.exchange(true, ordering: .acquiringAndReleasing) else { return }
-            Task { [self] in
-                defer { busy.store(false, ordering: .releasing) }
-                // Not once the run is finishing: the final syncs hold the store's lock, and this is a cooperative
-                // thread.
-                guard let run = run.withLock({ $0.run }), run.hasStore.load(ordering: .acquiring), run.eventsOpen
-                else { return }
-                run.emit(.progress(run.progress))
-            }
-        }
-    }
-
-    var progress: DownloadProgress {
-        let total = totalLength.load(ordering: .relaxed)
-        // Durable first, then written: a restart in between can only make written smaller, so clamp.
-        let opened = hasStore.load(ordering: .acquiring)
-        // With several connections the lanes write, not this object's sink: the store knows for all of them.
-        let durable = opened ? store?.durable.load(ordering: .acquiring) ?? 0 : 0
-        let bytes = opened ? store?.writtenBytes ?? 0 : position.load(ordering: .relaxed)
-        return DownloadProgress(bytes: bytes, total: total >= 0 ? total : nil, durableBytes: min(durable, bytes))
-    }
-
-    // MARK: Several connections
-
-    /// Set once the first response has been probed and the download split over several connections: the
-    /// transfer stops and the lanes take over from where it got to.
-    private var segmentNow = false
-
-    /// The first response of a download that may be split, while its speed is measured (and then watched, if the
-    /// probe kept one connection): sampled after each write of that response, on the transport's thread.
-    private var probe: SplitProbe?
-
-    /// Samples the probe once the first response has reached `offset`. Returns true when the download splits now
-    /// (the transfer stops; the lanes continue from its offset), false to go on with this connection. Runs on the
-    /// transport's thread, from the sink.
-    private func endProbe(at offset: Int64) -> Bool {
-        guard var probe, !probe.isDone, let store else { return false }
-        let known = self.known
-        let total = probe.total
-        let verdict = probe.sample(
-            offset: offset, now: clock.uptime(),
-            splittable: { [self] in
-                guard let known else { return false }
-                return known.totalLength == total && known.acceptRanges && known.ifRange != nil
+    /// Samples the first response's probe once it has reached `offset` (``SplitProbe``). Returns true when the
+    /// download splits now (the response stops; the lanes continue from its offset), false to go on with this
+    /// connection. On the transport's thread, from the sink: what it emits goes through the event queue.
+    func probeSampled(at offset: Int64) -> Bool {
+        guard let store = files.store, let known = files.known else { return false }
+        let (verdict, total) = splits.sampleProbe(
+            offset: offset, now: context.clock.uptime(),
+            splittable: { [self] total in
+                known.totalLength == total && known.acceptRanges && known.ifRange != nil
                     && machine({ $0.splittingFailed }) == nil
             },
-            limitingRate: { [options] in options.rateLimiter?.limitingRate },
-            lanes: { [self] in known.map { lanes(for: $0) } ?? 1 })
-        self.probe = probe
+            lanes: { [splits] in splits.lanes(for: known) })
         switch verdict {
         case .none:
             return false
         case .keepOne(let notice):
-            emit(.notice(notice), fromTransport: true)
+            reporter.emit(.notice(notice), fromTransport: true)
             return false
         case .split(let slowdown):
-            guard let known else { return false }
-            split(store, total: probe.total, lanes: lanes(for: known))
-            guard store.snapshot.segments.count > 1 else { return false }
+            guard splits.split(store, total: total, lanes: splits.lanes(for: known)) else { return false }
             if let slowdown {
-                emit(.notice(slowdown.notice(connections: store.snapshot.segments.count)), fromTransport: true)
+                reporter.emit(
+                    .notice(slowdown.notice(connections: store.snapshot.segments.count)), fromTransport: true)
             }
-            totalLength.store(probe.total, ordering: .relaxed)
-            segmentNow = true
+            reporter.announce(total: total)
+            splits.markSplitNow()
             return true
         }
     }
 
-    /// The running digest did not see the bytes in order (several connections): hash the file at the end.
-    private var hashFromDisk = false
-
-    /// How many connections this download uses (``ConnectionPlan``): the grant is asked once per run.
-    private var connections: ConnectionPlan
-
-    /// How many connections this download should use, given what the server said.
-    private func lanes(for validators: Validators) -> Int {
-        connections.lanes(for: validators, grant: options.connectionGrant)
-    }
-
-    /// Whether to split now: more than one connection wanted and the server gave what ranges need (see
-    /// ``SplitPolicy/canSplit(_:wanted:asked:minimumSplitSize:failure:)``); says why not when that is worth saying.
-    private func shouldSegment(_ validators: Validators, status: Int) -> Bool {
-        let (allowed, notice) = SplitPolicy.canSplit(
-            validators, wanted: connections.wanted(for: validators), asked: options.connections,
-            minimumSplitSize: options.minimumSplitSize, failure: machine { $0.splittingFailed })
-        if let notice { emit(.notice(notice)) }
-        return allowed
-    }
-
-    /// Cuts what remains of the single segment (from its written offset to `total`) into `lanes` segments on
-    /// piece boundaries (``SplitPolicy/boundaries(from:total:lanes:pieceSize:minimumSplitSize:)``).
-    private func split(_ store: PartStore, total: Int64, lanes: Int) {
-        var slot = 0
-        let boundaries = SplitPolicy.boundaries(
-            from: store.written(0), total: total, lanes: lanes, pieceSize: store.pieceSize,
-            minimumSplitSize: options.minimumSplitSize)
-        for boundary in boundaries {
-            guard let next = store.split(slot, at: boundary) else { break }
-            slot = next
-        }
-    }
-
-    /// Whether a resumed single-segment partial should continue over several connections (asked once, at the
-    /// start of the run: ``ConnectionPlan/resplit(known:written:grant:)``); splits it if so.
-    private func resplit(_ store: PartStore) -> Bool {
-        guard store.snapshot.segments.count == 1, let total = known?.totalLength,
-            let lanes = connections.resplit(known: known, written: store.written(0), grant: options.connectionGrant)
-        else { return false }
-        split(store, total: total, lanes: lanes)
-        return store.snapshot.segments.count > 1
-    }
+    // MARK: A transfer
 
     /// Runs a transfer of the part file's segments: over several lanes (`split`), or the download's one segment
-    /// over one lane (a download on one connection). Returns what the state machine makes of its end.
+    /// over one lane. Returns what the state machine makes of its end.
     private func runTransfer(_ store: PartStore, split: Bool) async throws -> DownloadStateMachine.Action {
-        let lanes: Int
+        let count: Int
+        let known = files.known
         if split, let known {
-            lanes = max(1, self.lanes(for: known))
-            hashFromDisk = true
+            count = max(1, splits.lanes(for: known))
+            files.hashFromDisk()
             // Space reserved and the split durable before any lane writes, so a crash in the first second keeps
             // every lane's bytes (disk work: on the blocking pool).
             let total = known.totalLength
@@ -565,207 +258,250 @@ final class DownloadRun: @unchecked Sendable {
                 }
                 try store.checkpoint(force: true)
             }
-            Trace.note("\(request.url) split checkpoint done")
         } else {
-            lanes = 1
+            count = 1
         }
-        let minimumSplitSize = options.minimumSplitSize
+        let options = context.options
         let rateLimited = options.rateLimiter?.isLimiting ?? false
+        let pieceSize = store.pieceSize
         let refused = machine {
             $0.transferStarted(
-                lanes: lanes, split: split, rateLimited: rateLimited, pieceSize: store.pieceSize,
-                minimumSplitSize: minimumSplitSize)
+                lanes: count, split: split, rateLimited: rateLimited, pieceSize: pieceSize,
+                minimumSplitSize: options.minimumSplitSize)
         }
         if let refused { return refused }
-        let transfer = SegmentedTransfer(
-            store: store, known: known ?? store.snapshot.validators, split: split, request: request,
-            options: options, transport: transport, clock: clock, lanes: lanes,
-            emit: { [self] event in emit(event) }, checkpointer: checkpointer, counters: counters, owner: self)
+        let lanes = TransferLanes(
+            store: store, count: count, alone: count == 1 && !split, known: known ?? store.snapshot.validators)
         do {
-            try await transfer.run()
+            try await runLanes(lanes)
         } catch is CancellationError {
-            throw try interrupted()
+            throw files.interrupted()
         }
         // On one connection a response may have added to the validators.
-        if !split { known = transfer.known }
+        if lanes.alone { files.known = lanes.known }
         let allComplete = store.writtenSegments.allSatisfy(\.isComplete)
         return machine { $0.transferEnded(allComplete: allComplete) }
     }
 
-    // MARK: For the one lane of a download on one connection (on the decision pool)
-
-    /// The digest that sees every byte in order from 0, unless the bytes came over several connections.
-    var runningDigest: DigestHasher? { hashFromDisk ? nil : hasher }
-
-    /// A 200 with the whole (new) file to the one connection's ranged request: restarts from zero in place, the
-    /// body kept from its first byte. False when the restarts are used up (the download then fails as unstable).
-    func restartInPlace(_ reason: RestartReason, validators: Validators) throws(DownloadError) -> Bool {
-        guard machine({ $0.restartInPlace() }) else { return false }
-        emit(.restarting(reason))
-        resumedFrom = 0  // nothing kept: the result must not report a resume
-        guard let store else { return false }
-        try store.restart(validators: validators)
-        hasher?.reset()
-        counters.resetCheckpointCount()
-        known = validators
-        return true
+    /// Asks the state machine under the run's lock; once it stops the lanes, their sinks are told.
+    private func withCore<T: Sendable>(_ lanes: TransferLanes, _ body: (inout EngineCore) -> T) -> T {
+        let (value, stopping) = core.withLock { core in (body(&core), core.machine.stopping) }
+        if stopping { lanes.stopped.store(true, ordering: .releasing) }
+        return value
     }
 
-    /// The one connection's body starts flowing at `offset`.
-    func receiving(status: Int, offset: Int64, validators: Validators) {
-        totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
-        emit(.receiving(status: status, offset: offset, total: validators.totalLength))
-    }
-
-    // MARK: One attempt
-
-    /// One request (see ``performAttempt(_:on:hook:started:decide:)``); a decision that could not prepare the
-    /// files (a store that cannot be made) ends the run with its error.
-    private func attempt(_ request: TransportRequest) async -> Result<Void, TransportError> {
-        let (result, error) = await performAttempt(
-            request, on: transport, hook: options.headDecisionHook, decide: { [self] head in decide(head) })
-        if let error { setupError = error }
-        return result
-    }
-
-    /// Judges a response head and prepares the files for its body. Runs on the blocking pool.
-    private func decide(_ head: ResponseHead) -> HeadDecision {
-        let verdict = ResumePolicy.evaluate(head, plan: plan, known: known)
-        self.verdict = verdict
-        switch verdict {
-        case .accept(let start, let validators):
-            do {
-                if store == nil {
-                    guard try createStore(head: head, validators: validators) else { return .abort }
-                } else if validators != known {
-                    try store?.update(validators: validators)
-                }
-            } catch {
-                setupError = error as? DownloadError ?? DownloadError(.io, "\(error)")
-                return .abort
-            }
-            known = validators
-            if let store, let total = validators.totalLength, shouldSegment(validators, status: head.status) {
-                if options.connections == nil, options.singleConnectionRate != nil {
-                    // Receive a moment first: the split happens (from where this response got to) unless one
-                    // connection turns out to be fast enough on its own.
-                    probe = SplitProbe(
-                        started: clock.uptime(), total: total, singleConnectionRate: options.singleConnectionRate,
-                        minimumSplitSize: options.minimumSplitSize)
-                } else if lanes(for: validators) > 1 {
-                    // Split now and let the lanes request exact ranges; this response's bytes are not needed.
-                    split(store, total: total, lanes: lanes(for: validators))
-                    totalLength.store(total, ordering: .relaxed)
-                    segmentNow = true
-                    return .abort
+    /// Runs the lanes until the state machine has no work left for them (every segment complete, or the lanes
+    /// stopping for a restart or a failure: ``DownloadStateMachine/transferEnded(allComplete:)`` says which).
+    /// - Throws: `CancellationError` when the task is cancelled.
+    private func runLanes(_ lanes: TransferLanes) async throws {
+        let url = context.request.url
+        Trace.note("\(url) transfer run lanes \(lanes.count) segments \(lanes.store.writtenSegments)")
+        defer { Trace.note("\(url) transfer run ended") }
+        // The monitor's beat, kept by the download's clock: it samples the lanes, and lanes with nothing to take
+        // look again. Only with several lanes (one has no peers to compare, and no one to wait for); a transfer
+        // over before the first beat costs no thread a wake-up.
+        let (beat, idle) = (lanes.beat, lanes.idle)
+        let timer =
+            lanes.count > 1
+            ? context.clock.every(LaneTiming.monitorInterval) {
+                beat.fire()
+                idle.fire()
+            } : nil
+        defer {
+            timer?.cancel()
+            beat.end()
+            idle.end()
+        }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<lanes.count {
+                group.addTask {
+                    defer { lanes.finished.add(1, ordering: .releasing) }
+                    try await self.lane(lanes)
                 }
             }
-            return begin(at: start, validators: validators, status: head.status)
-        case .restart, .restartWithBody:
-            // (A request for the whole file is never ranged, so it cannot meet a 200 to a range.)
-            return .abort
-        case .complete, .redirect, .retry, .fail:
-            return .discard
-        case .malformed, .refused:
-            return .abort
-        }
-    }
-
-    /// Sets up the attempt's sink for the whole file's body (`start` is 0).
-    private func begin(at start: Int64, validators: Validators, status: Int) -> HeadDecision {
-        guard let store else { return .abort }
-        if let total = validators.totalLength, let error = store.preallocate(totalLength: total) {
-            attemptFailure = .write(error)
-            return .abort
-        }
-        limit = validators.totalLength
-        var pieces: PieceHasher?
-        if let total = validators.totalLength {
-            var hasher = PieceHasher(pieceSize: store.pieceSize, total: total)
-            hasher.start(at: start, segmentStart: 0, store: store)
-            pieces = hasher
-        }
-        let sink = SegmentSink(
-            store: store, slot: 0, bound: .fileLength(validators.totalLength), offset: start,
-            rateLimiter: options.rateLimiter, clock: clock, checkpointer: checkpointer, counters: counters,
-            digest: hasher,
-            pieces: pieces,
-            // Only while the first response is probed; the sink lives no longer than this run.
-            afterWrite: probe == nil ? nil : { [unowned self] offset in endProbe(at: offset) },
-            canRequestRest: validators.canResume)
-        self.sink = sink
-        totalLength.store(validators.totalLength ?? -1, ordering: .relaxed)
-        position.store(start, ordering: .relaxed)
-        emit(.receiving(status: status, offset: start, total: validators.totalLength))
-        return .receive(sink)
-    }
-
-    /// Creates the part file and state once the first usable response names the resource. Returns false when
-    /// the transfer must stop instead (a saved partial to resume was found, or the file is already complete).
-    private func createStore(head: ResponseHead, validators: Validators) throws -> Bool {
-        let path: String
-        switch request.destination {
-        case .file(let file):
-            path = absolutePath(file)
-        case .directory(let directory):
-            // Leave room for the longest sidecar suffix, or `NAME.stitch-live` would exceed NAME_MAX.
-            let name = FileNaming.truncated(
-                Array(
-                    FileNaming.resolve(
-                        contentDisposition: head.headers["Content-Disposition"], urlPath: currentURL.path
-                    ).unicodeScalars),
-                maxBytes: FileNaming.maxNameBytes - DownloadPaths.longestSuffixBytes)
-            let named = absolutePath(directory.hasSuffix("/") ? directory + name : directory + "/" + name)
-            path = request.choosePath?(named) ?? named
-            let paths = DownloadPaths(destination: path)
-            if let done = try openExisting(paths) {
-                alreadyComplete = done
-                return false
+            if lanes.count > 1 {
+                group.addTask {
+                    while lanes.finished.load(ordering: .acquiring) < lanes.count, await beat.next() {
+                        self.monitor(lanes, now: self.context.clock.uptime())
+                    }
+                }
             }
-            if store != nil {
-                switchToResume = true  // resume the saved partial with a proper range request
-                return false
+            // The monitor waits for its beat; once every lane is done it is cancelled rather than waited for. After
+            // a halt the lanes still sleeping in a backoff or waiting on a slow server are cancelled too.
+            while try await group.next() != nil {
+                if lanes.finished.load(ordering: .acquiring) >= lanes.count
+                    || lanes.stopped.load(ordering: .acquiring)
+                {
+                    group.cancelAll()
+                }
             }
         }
-        let store = try PartStore.create(
-            paths: DownloadPaths(destination: path), url: request.url,
-            headers: request.headers.map { "\($0.name): \($0.value)" },
-            checksum: request.checksum?.description, validators: validators, adoption: adoption)
-        self.store = store
-        startCheckpointer(store)
-        emit(.destinationResolved(path))
-        return true
     }
-}
 
-func statusText(_ status: Int) -> String {
-    switch status {
-    case 400: return "Bad Request"
-    case 401: return "Unauthorized"
-    case 403: return "Forbidden"
-    case 404: return "Not Found"
-    case 405: return "Method Not Allowed"
-    case 408: return "Request Timeout"
-    case 410: return "Gone"
-    case 416: return "Range Not Satisfiable"
-    case 429: return "Too Many Requests"
-    case 500: return "Internal Server Error"
-    case 502: return "Bad Gateway"
-    case 503: return "Service Unavailable"
-    case 504: return "Gateway Timeout"
-    default: return ""
+    /// What an idle lane does once the state machine's work is performed.
+    private enum Claim: Sendable { case fetch(Int), wait, done }
+
+    /// The next work for an idle lane, as the state machine says; a steal's split is made here, in the part
+    /// file's state, under the same lock (the store's split never waits for a sync: see ``PartStore``).
+    private func claim(_ lanes: TransferLanes) -> Claim {
+        let store = lanes.store
+        let now = context.clock.uptime()
+        return withCore(lanes) { core in
+            // Read under the machine's lock, so that no other lane's steal splits the file between the reading
+            // and the decision (the store's lock is only ever taken briefly: never through a sync).
+            switch core.machine.laneIdle(segments: store.writtenSegments, running: core.running, now: now) {
+            case .fetch(let slot):
+                return .fetch(slot)
+            case .steal(let victim, let at, let replaceVictim):
+                Trace.note(
+                    "\(context.request.url) steal from \(victim) at \(at) replace \(replaceVictim) speeds \(core.machine.laneSpeeds)"
+                )
+                guard let slot = store.split(victim, at: at) else { return .wait }
+                core.machine.stole(slot)
+                if replaceVictim {
+                    // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
+                    core.requests[victim]?.replaceNow()
+                }
+                return .fetch(slot)
+            case .wait:
+                return .wait
+            case .stop, .retire:
+                return .done
+            }
+        }
     }
-}
 
-/// Runs blocking file-system work (syncs, renames) on ``BlockingPool``'s threads instead of a cooperative one.
-/// Not cancellable: once started, the work completes.
-func offloaded<T: Sendable>(_ work: @escaping @Sendable () throws(DownloadError) -> T) async throws(DownloadError) -> T {
-    try await BlockingPool.shared.run(work)
-}
+    /// Ten times a second: each running request's speed over the last half second; a connection slower than a
+    /// quarter of its peers' median for two samples in a row is dropped and its lane asks again on a new
+    /// connection. Not under a rate limit, which makes connections slow on purpose. (The rules are the scheduler's.)
+    private func monitor(_ lanes: TransferLanes, now: Double) {
+        let segments = lanes.store.writtenSegments
+        withCore(lanes) { core in
+            for slot in core.machine.sample(segments: segments, running: core.running, now: now) {
+                Trace.note("\(context.request.url) monitor replaces \(slot) speeds \(core.machine.laneSpeeds)")
+                core.requests[slot]?.replaceNow()
+            }
+        }
+    }
 
-/// Runs a response-head decision (and the disk work it may need) on ``BlockingPool/decisions``.
-func offloadedDecision<T: Sendable>(
-    _ work: @escaping @Sendable () throws(DownloadError) -> T
-) async throws(DownloadError) -> T {
-    try await BlockingPool.decisions.run(work)
+    private func register(_ request: LaneRequest?, for slot: Int, _ lanes: TransferLanes) {
+        let now = context.clock.uptime()
+        withCore(lanes) { core in
+            if request == nil {
+                // What a new request may expect: this one's speed over its last window, or (too short a request
+                // for a window) over its whole life.
+                let whole = core.requests[slot].flatMap { request -> Double? in
+                    let elapsed = now - request.startedAt
+                    let bytes = request.offset - request.plan.resumeOffset
+                    return elapsed > 0.01 && bytes >= LaneTiming.stealGranule ? Double(bytes) / elapsed : nil
+                }
+                core.machine.requestEnded(slot, wholeSpeed: whole)
+            }
+            core.requests[slot] = request
+        }
+    }
+
+    // MARK: One lane
+
+    private func lane(_ lanes: TransferLanes) async throws {
+        while true {
+            let claimed = claim(lanes)
+            Trace.note("\(context.request.url) lane claim \(claimed)")
+            switch claimed {
+            case .done:
+                return
+            case .wait:
+                // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
+                if lanes.count > 1 {
+                    guard await lanes.idle.next() else { return }
+                } else {
+                    do { try await context.clock.sleep(seconds: LaneTiming.monitorInterval) } catch { return }
+                }
+            case .fetch(let slot):
+                defer {
+                    withCore(lanes) { $0.machine.released(slot) }
+                    lanes.idle.fire()
+                }
+                do {
+                    if try await fetch(slot, lanes) == .retired { return }
+                } catch is CancellationError where lanes.stopped.load(ordering: .acquiring) {
+                    return  // cancelled because another lane halted the run: that halt is the outcome
+                }
+            }
+        }
+    }
+
+    /// How a lane's work on one segment ended.
+    private enum LaneEnd { case done, retired }
+
+    /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures; or gives it back and
+    /// retires the lane when the state machine says the download goes on without it.
+    private func fetch(_ slot: Int, _ lanes: TransferLanes) async throws -> LaneEnd {
+        let store = lanes.store
+        while !lanes.stopped.load(ordering: .acquiring) {
+            try Task.checkCancellation()
+            if let failure = files.checkpointError
+                ?? (store.isBroken
+                    ? DownloadError(.io, "an earlier write of \(store.paths.part) failed; stopping", resumable: true)
+                    : nil)
+            {
+                withCore(lanes) { $0.machine.halt(.failure(failure)) }
+                return .done
+            }
+            let start = store.written(slot)
+            let end = store.end(slot)
+            let known = lanes.known
+            let overlapWindow = context.options.overlapWindow
+            guard
+                let (plan, url) = withCore(lanes, {
+                    $0.machine.nextRequest(slot, written: start, end: end, known: known, overlapWindow: overlapWindow)
+                })
+            else { return .done }
+            let request = LaneRequest(
+                run: self, role: lanes.alone ? .alone : .segment, slot: slot, plan: plan, known: known, url: url,
+                lanes: lanes)
+            register(request, for: slot, lanes)
+            let result = await request.perform()
+            register(nil, for: slot, lanes)
+            if lanes.stopped.load(ordering: .acquiring) { return .done }
+            try Task.checkCancellation()
+
+            let (outcome, stoppedForRun) = request.sinkOutcome(result)
+            let written = store.written(slot)
+            // Read again: a split may have moved it, and a restart in place gives it the new file's length (none,
+            // for a body of unknown length).
+            let endNow = store.end(slot)
+            let report = DownloadStateMachine.LaneReport(
+                attempt: AttemptReport(
+                    verdict: request.verdict, result: result, sink: outcome, written: written, end: endNow,
+                    saved: max(0, written - start), durable: store.durable.load(ordering: .acquiring)),
+                decisionError: request.decisionError, sinkAttached: request.sink != nil,
+                stoppedForRun: stoppedForRun)
+            let now = context.clock.now()
+            let jitter = Double.random(in: 0...1)
+            let action = withCore(lanes) { core in
+                core.machine.laneRequestEnded(slot, report, running: core.running, now: now, jitter: jitter)
+            }
+            Trace.note("\(context.request.url) lane \(slot) request ended \(result) -> \(action)")
+            switch action {
+            case .again:
+                if case .replaced = outcome { reporter.emit(.notice("replacing a slow connection")) }
+            case .redirected(let next):
+                reporter.emit(.redirected(to: next.absoluteString))
+            case .segmentDone, .stop:
+                return .done
+            case .retire(let notice):
+                if let notice { reporter.emit(.notice(notice)) }
+                return .retired
+            case .interrupted:
+                throw CancellationError()
+            case .wait(let delay, let attempt, let of, let reason, let checkpoint):
+                reporter.emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
+                // A retry's pause is a good moment for a durable checkpoint (off the cooperative threads).
+                if checkpoint, !store.isBroken { await files.checkpointOffPool() }
+                try await context.clock.sleep(seconds: delay)
+            }
+        }
+        return .done
+    }
 }

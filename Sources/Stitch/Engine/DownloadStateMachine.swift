@@ -6,9 +6,9 @@ import Foundation
 /// no I/O and has no clock of its own (the time and the jitter are passed in), so every rule is a unit test with
 /// no sockets (DownloadStateMachineTests).
 ///
-/// Two executors drive it, under one lock (``DownloadRun/core``): ``DownloadRun`` for the download's steps (the
-/// first connection's requests, the transfer, restarts, the end) and ``SegmentedTransfer`` for its lanes (which
-/// segment an idle lane takes, what each lane's requests come to). What it is made of:
+/// One executor drives it, under one lock (``DownloadRun/core``): ``DownloadRun`` performs the download's steps
+/// (the first connection's requests, the transfer, restarts, the end) and its lanes' work (which segment an idle
+/// lane takes, what each lane's requests come to). What it is made of:
 /// - ``AttemptStateMachine``: what one request sequence does after each request (retry, backoff, redirect,
 ///   restart, fail) — the first connection's, and one per lane.
 /// - ``LaneScheduler``: which segment an idle lane takes, steals and the end game, slow connections replaced.

@@ -1,13 +1,13 @@
 /// The scheduling decisions of a download's lanes, as a pure state machine: which segment an idle lane takes,
 /// where a steal cuts a running segment (the end game), which slow connections are replaced. No I/O and no clock of
-/// its own: the executor (``SegmentedTransfer``) passes the segments as written, the running requests and the time,
+/// its own: the executor (``DownloadRun``) passes the segments as written, the running requests and the time,
 /// performs the returned work (a split of the part file, a replaced connection), and reports it back. Every rule
 /// is a unit test (LaneSchedulerTests).
 ///
 /// The rules:
 /// - An idle lane takes the unowned unfinished segment that starts first.
 /// - Else, under a rate limit (speeds say nothing), it takes half of the largest remainder that would keep its
-///   connection busy for at least ``SegmentedTransfer/stealMinimumSeconds`` more and is well above the in-flight
+///   connection busy for at least ``LaneTiming/stealMinimumSeconds`` more and is well above the in-flight
 ///   slack, on a piece boundary when the piece fits.
 /// - Else it takes over the end of the segment that would finish last (work stealing): stalled or far slower than a
 ///   new connection would be, the victim keeps one granule and its connection is replaced; else the split point
@@ -46,7 +46,7 @@ struct LaneScheduler: Sendable {
     private(set) var owned: Set<Int> = []
     /// The samples of each receiving request: (monotonic seconds, written offset), newest last.
     private var samples: [Int: [(Double, Int64)]] = [:]
-    /// Each receiving request's speed (bytes/s) over the last ``SegmentedTransfer/speedWindow``.
+    /// Each receiving request's speed (bytes/s) over the last ``LaneTiming/speedWindow``.
     private(set) var speeds: [Int: Double] = [:]
     /// Samples in a row each segment's connection has been much slower than its peers.
     private var slowTicks: [Int: Int] = [:]
@@ -86,7 +86,7 @@ struct LaneScheduler: Sendable {
     /// The lane is done with `slot`.
     mutating func release(_ slot: Int) { owned.remove(slot) }
 
-    private typealias Constants = SegmentedTransfer
+    private typealias Constants = LaneTiming
 
     /// What a new connection may expect, judged without `victim`: the median of the other receiving requests'
     /// speeds, else of the requests that ended lately. Never the victim's own speed: a stalled connection sampled
@@ -164,7 +164,7 @@ struct LaneScheduler: Sendable {
             guard end - written >= 2 * minimum + Constants.stealSlack else { return false }
             // No request running (a lane waiting to retry): it may take any time.
             guard let request = running[slot] else { return true }
-            return SegmentedTransfer.secondsLeft(
+            return LaneTiming.secondsLeft(
                 from: request.resumeOffset, at: request.startedAt, written: written, end: end, now: now)
                 >= Constants.stealMinimumSeconds
         }

@@ -6,6 +6,7 @@ import Musl
 import Darwin
 #endif
 import Synchronization
+import StitchLocks
 
 /// The engine's one body sink: writes one response's body into one segment of the part file, for a download on
 /// one connection and for each lane of a download on several alike.
@@ -17,7 +18,7 @@ import Synchronization
 ///
 /// Once the sink has said stop it takes nothing more of this response, whatever the transport does next: the
 /// bytes it would be offered are not the ones that follow ``offset``.
-final class SegmentSink: BodySink, @unchecked Sendable {
+final class SegmentSink: BodySink, Sendable {
     /// Why the sink stopped a body on its own.
     enum Failure: Sendable {
         /// A byte before ``verifyEnd`` differed from the one on disk: the file on the server is not the one the
@@ -59,8 +60,9 @@ final class SegmentSink: BodySink, @unchecked Sendable {
     let store: PartStore
     let slot: Int
     private let bound: Bound
-    /// Where the next byte goes.
-    private(set) var offset: Int64
+    /// Where the next byte goes (read from anywhere: the monitor samples it).
+    var offset: Int64 { published.load(ordering: .relaxed) }
+    private let published: Atomic<Int64>
     /// Bytes before this offset are compared with the disk, not written.
     private let verifyEnd: Int64
     private let rateLimiter: RateLimiter?
@@ -68,19 +70,29 @@ final class SegmentSink: BodySink, @unchecked Sendable {
     private let clock: any DownloadClock
     private let checkpointer: Checkpointer?
     private let counters: TransferCounters
-    private let digest: DigestHasher?
-    private var pieces: PieceHasher?
+    private let digest: RunningDigest?
     /// Checked before each chunk: true stops the body (the transfer halted, the connection is being replaced).
     private let shouldStop: @Sendable () -> Bool
     /// Called after each write with the new offset: true stops the body (the first response's probe split the
     /// download).
-    private let afterWrite: ((Int64) -> Bool)?
+    private let afterWrite: (@Sendable (Int64) -> Bool)?
 
     let canRequestRest: Bool
-    private(set) var failure: Failure?
+    /// Why the sink stopped the body on its own, if it did.
+    var failure: Failure? { body.withLock { $0.failure } }
     /// The body reached the segment's end (see ``Bound/segmentEnd(requestEnd:)``).
-    private(set) var reachedEnd = false
-    private var closed = false
+    var reachedEnd: Bool { body.withLock { $0.reachedEnd } }
+
+    /// What the body changes, on the transport's thread, one chunk at a time: the lock is held for a chunk (never
+    /// contended but by a reader of the outcome once the body is over).
+    private struct Body {
+        var offset: Int64
+        var pieces: PieceHasher?
+        var failure: Failure?
+        var reachedEnd = false
+        var closed = false
+    }
+    private let body: Locked<Body>
     /// The part file's bytes from the body's first byte to ``verifyEnd`` (at most the overlap window), read when
     /// the sink is made, on the decision pool: the transport's thread only compares (a read could wait on the
     /// disk, and every transfer shares that thread). Nil when the file held fewer (then the first byte mismatches).
@@ -90,22 +102,22 @@ final class SegmentSink: BodySink, @unchecked Sendable {
     init(
         store: PartStore, slot: Int, bound: Bound, offset: Int64, verifyEnd: Int64 = 0,
         rateLimiter: RateLimiter?, clock: any DownloadClock, checkpointer: Checkpointer?, counters: TransferCounters,
-        digest: DigestHasher? = nil, pieces: PieceHasher?,
-        shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: ((Int64) -> Bool)? = nil,
+        digest: RunningDigest? = nil, pieces: PieceHasher?,
+        shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: (@Sendable (Int64) -> Bool)? = nil,
         canRequestRest: Bool = false, beforeOverlapRead: (@Sendable () -> Void)? = nil
     ) {
         self.canRequestRest = canRequestRest
         self.store = store
         self.slot = slot
         self.bound = bound
-        self.offset = offset
+        published = Atomic(offset)
+        body = Locked(Body(offset: offset, pieces: pieces))
         self.verifyEnd = verifyEnd
         self.rateLimiter = rateLimiter
         self.clock = clock
         self.checkpointer = checkpointer
         self.counters = counters
         self.digest = digest
-        self.pieces = pieces
         self.shouldStop = shouldStop
         self.afterWrite = afterWrite
         onDiskStart = offset
@@ -122,40 +134,55 @@ final class SegmentSink: BodySink, @unchecked Sendable {
     /// Up to the segment's end as the store has it now (a split moves it closer), or nil for a body bounded by the
     /// file's length. On the transport's thread, as ``receive(_:)``.
     var bytesWanted: Int64? {
+        let (closed, offset) = body.withLock { ($0.closed, $0.offset) }
         guard case .segmentEnd = bound, !closed else { return closed ? 0 : nil }
         guard let end = store.end(slot) else { return 0 }
         return max(0, end - offset)
     }
 
     func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        if closed { return .abort }
+        let (decision, offset, probe) = body.withLock { body -> (ReceiveDecision, Int64, Bool) in
+            let decision = receive(bytes, &body)
+            return (decision, body.offset, decision == .accepted && afterWrite != nil)
+        }
+        published.store(offset, ordering: .relaxed)
+        // The probe's sample, outside the lock (it may split the file and send an event).
+        if probe, let afterWrite, afterWrite(offset) {
+            body.withLock { $0.closed = true }
+            return .abort
+        }
+        return decision
+    }
+
+    private func receive(_ bytes: UnsafeRawBufferPointer, _ body: inout Body) -> ReceiveDecision {
+        if body.closed { return .abort }
         if shouldStop() {
-            closed = true
+            body.closed = true
             return .abort
         }
         if store.isBroken || checkpointer?.hasFailed.load(ordering: .relaxed) == true {
-            failure = .checkpoint
-            closed = true
+            body.failure = .checkpoint
+            body.closed = true
             return .abort
         }
         // The rate limit is shared by every connection (and download) holding the same limiter.
         if let limiter = rateLimiter, let wait = limiter.take(bytes.count, now: clock.uptime()) {
             return .wait(.seconds(wait))
         }
-        if write(bytes) { return .accepted }
-        closed = true
+        if write(bytes, &body) { return .accepted }
+        body.closed = true
         return .abort
     }
 
-    private func write(_ bytes: UnsafeRawBufferPointer) -> Bool {
+    private func write(_ bytes: UnsafeRawBufferPointer, _ body: inout Body) -> Bool {
         var data = bytes
-        if offset < verifyEnd {
-            let count = Int(min(Int64(data.count), verifyEnd - offset))
-            guard matchesDisk(UnsafeRawBufferPointer(rebasing: data[0..<count]), at: offset) else {
-                failure = .overlapMismatch(verifyEnd)
+        if body.offset < verifyEnd {
+            let count = Int(min(Int64(data.count), verifyEnd - body.offset))
+            guard matchesDisk(UnsafeRawBufferPointer(rebasing: data[0..<count]), at: body.offset) else {
+                body.failure = .overlapMismatch(verifyEnd)
                 return false
             }
-            offset += Int64(count)
+            body.offset += Int64(count)
             counters.received.add(Int64(count), ordering: .relaxed)
             data = UnsafeRawBufferPointer(rebasing: data[count...])
             if data.isEmpty { return true }
@@ -165,39 +192,38 @@ final class SegmentSink: BodySink, @unchecked Sendable {
         switch bound {
         case .segmentEnd:
             // Claimed before the end is read: a split either moved the end already, or waits past this chunk.
-            guard let end = store.claim(slot, upTo: offset + Int64(data.count)) else { return false }
+            guard let end = store.claim(slot, upTo: body.offset + Int64(data.count)) else { return false }
             segmentEnd = end
-            let room = end - offset
+            let room = end - body.offset
             if room <= 0 {
                 counters.discarded.add(Int64(data.count), ordering: .relaxed)
-                reachedEnd = true
+                body.reachedEnd = true
                 return false
             }
             count = Int(min(Int64(data.count), room))
             if count < data.count { counters.discarded.add(Int64(data.count - count), ordering: .relaxed) }
         case .fileLength(let limit):
-            if let limit, offset + Int64(data.count) > limit {
-                failure = .tooLong
+            if let limit, body.offset + Int64(data.count) > limit {
+                body.failure = .tooLong
                 return false
             }
         }
         let chunk = UnsafeRawBufferPointer(rebasing: data[0..<count])
-        if let error = store.write(chunk, at: offset) {
-            failure = .write(error)
+        if let error = store.write(chunk, at: body.offset) {
+            body.failure = .write(error)
             return false
         }
         digest?.update(chunk)
-        pieces?.consume(chunk, at: offset, store: store)
-        offset += Int64(count)
-        store.noteWritten(slot, offset)
+        body.pieces?.consume(chunk, at: body.offset, store: store)
+        body.offset += Int64(count)
+        store.noteWritten(slot, body.offset)
         counters.wrote(count, checkpointer: checkpointer)
-        if case .segmentEnd(let requestEnd) = bound, let end = segmentEnd, count < data.count || offset >= end {
-            reachedEnd = true
+        if case .segmentEnd(let requestEnd) = bound, let end = segmentEnd, count < data.count || body.offset >= end {
+            body.reachedEnd = true
             // At the end it asked for, the response is over: let it finish so the connection is kept for the
             // lane's next range. Cut short by a split, the server is still sending: stop it.
-            return count == data.count && offset == requestEnd
+            return count == data.count && body.offset == requestEnd
         }
-        if let afterWrite, afterWrite(offset) { return false }
         return true
     }
 

@@ -1,0 +1,283 @@
+import Foundation
+import Synchronization
+import StitchLocks
+
+/// The part file of one run and what the run knows of it: the store once there is one, its checkpointer, the
+/// validators the bytes came with, the running digest, where a resume started and what `--adopt` found. Every
+/// step that touches the disk is here: finding what an earlier run left, creating the store, restarting from
+/// zero, checkpoints, the finish. It decides nothing (the state machine and ``FinishPolicy`` do); the run's
+/// executor (``DownloadRun``) calls it, and the head decisions (``LaneRequest``) on the decision pool.
+///
+/// The facts are behind one lock, taken only to read or set them: never through a sync (the store has its own
+/// locks), never with the state machine's lock held.
+final class RunFiles: Sendable {
+    struct Facts: Sendable {
+        var store: PartStore?
+        var checkpointer: Checkpointer?
+        /// The validators the kept bytes came with.
+        var known: Validators?
+        var resumedFrom: Int64 = 0
+        /// What `--adopt` found at the destination (this run, or the run whose state this one continues).
+        var adoption: AdoptionRecord?
+        /// The running digest did not see the bytes in order (several connections): hash the file at the end.
+        var hashFromDisk = false
+        /// The store's files were renamed into place or deleted: nothing may be written for it after.
+        var closed = false
+    }
+
+    private let facts = Locked(Facts())
+    private let context: RunContext
+    private let reporter: RunReporter
+    /// The digest of ``DownloadRequest/checksum``, fed in order while one connection writes from byte 0.
+    private let hasher: RunningDigest?
+
+    init(context: RunContext, reporter: RunReporter) {
+        self.context = context
+        self.reporter = reporter
+        hasher = context.request.checksum.map { RunningDigest($0.algorithm) }
+    }
+
+    var store: PartStore? { facts.withLock { $0.store } }
+    var known: Validators? {
+        get { facts.withLock { $0.known } }
+        set { facts.withLock { $0.known = newValue } }
+    }
+    var adoption: AdoptionRecord? {
+        get { facts.withLock { $0.adoption } }
+        set { facts.withLock { $0.adoption = newValue } }
+    }
+    var checkpointError: DownloadError? { facts.withLock { $0.checkpointer?.error } }
+    var checkpointer: Checkpointer? { facts.withLock { $0.checkpointer } }
+
+    /// The digest that sees every byte in order from 0, unless the bytes came over several connections.
+    var runningDigest: RunningDigest? { facts.withLock { $0.hashFromDisk } ? nil : hasher }
+
+    /// From now on the bytes come over several connections: the digest is the file's, read at the end.
+    func hashFromDisk() { facts.withLock { $0.hashFromDisk = true } }
+
+    /// What the part file holds, for the state machine.
+    var machineFacts: DownloadStateMachine.Store? {
+        let (store, known) = facts.withLock { ($0.store, $0.known) }
+        return store.map {
+            .init(segments: $0.snapshot.segments.count, written: $0.written(0), canCheckRanges: known?.ifRange != nil)
+        }
+    }
+
+    // MARK: Opening
+
+    /// Looks at what an earlier run left at `paths` (``Reopening``) and takes a partial to resume. Returns a result
+    /// if the file is already complete. On the blocking pool.
+    func openExisting(_ paths: DownloadPaths) throws -> DownloadResult? {
+        let found = try Reopening(request: context.request, adoption: adoption, emit: { [reporter] in reporter.emit($0) })
+            .open(paths)
+        switch found {
+        case .nothing(let kept):
+            facts.withLock { if $0.adoption == nil { $0.adoption = kept } }
+            return nil
+        case .complete(let done):
+            return done
+        case .resume(let resumed):
+            let store = resumed.store
+            let split = store.snapshot.segments.count > 1
+            facts.withLock {
+                $0.store = store
+                $0.adoption = resumed.adoption
+                $0.known = resumed.known
+                $0.resumedFrom = resumed.point.bytes
+                if split { $0.hashFromDisk = true }
+            }
+            reporter.position.store(resumed.point.bytes, ordering: .relaxed)
+            if let total = resumed.total { reporter.announce(total: total) }
+            if !split { try hashPrefix(store, upTo: resumed.point.prefix) }
+            startCheckpointer(store)
+            reporter.emit(.destinationResolved(paths.destination))
+            reporter.emit(.resuming(from: resumed.point.bytes, note: resumed.point.note))
+            return nil
+        }
+    }
+
+    /// Hashes the bytes already on disk once, so the running digest covers the whole file.
+    private func hashPrefix(_ store: PartStore, upTo end: Int64) throws {
+        guard let hasher, end > 0 else { return }
+        hasher.reset()
+        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { chunk.deallocate() }
+        var at: Int64 = 0
+        while at < end {
+            let want = Int(min(Int64(chunk.count), end - at))
+            let got = store.read(into: UnsafeMutableRawBufferPointer(rebasing: chunk[0..<want]), at: at)
+            guard got == want else { throw DownloadError(.io, "cannot read \(store.paths.part) to verify it") }
+            hasher.update(UnsafeRawBufferPointer(rebasing: chunk[0..<got]))
+            at += Int64(got)
+        }
+    }
+
+    /// Creates the part file and state at `path` for a response with `validators`. On the decision pool.
+    func create(at path: String, validators: Validators) throws {
+        let request = context.request
+        let store = try PartStore.create(
+            paths: DownloadPaths(destination: path), url: request.url,
+            headers: request.headers.map { "\($0.name): \($0.value)" },
+            checksum: request.checksum?.description, validators: validators, adoption: adoption)
+        facts.withLock { $0.store = store }
+        startCheckpointer(store)
+        reporter.emit(.destinationResolved(path))
+    }
+
+    private func startCheckpointer(_ store: PartStore) {
+        let checkpointer = Checkpointer(
+            store: store, interval: context.options.checkpointInterval, clock: context.clock)
+        facts.withLock { $0.checkpointer = checkpointer }
+        reporter.counters.resetCheckpointCount()
+        reporter.opened(store)
+    }
+
+    /// A response added to (or changed) the validators of the bytes kept: saved before its body is written.
+    func update(validators: Validators) throws(DownloadError) {
+        if let store, validators != known { try store.update(validators: validators) }
+        known = validators
+    }
+
+    // MARK: Restarts and checkpoints
+
+    /// Discards what is kept for a restart from zero (counted by the state machine), says why, and keeps
+    /// `validators` for the file from now on (none: not known until the next response).
+    func restart(_ reason: RestartReason, validators: Validators?) throws(DownloadError) {
+        reporter.emit(.restarting(reason))
+        let store = facts.withLock {
+            $0.resumedFrom = 0  // nothing kept: the result must not report a resume
+            return $0.store
+        }
+        try store?.restart(validators: validators ?? .none)
+        known = validators
+        hasher?.reset()
+        reporter.position.store(0, ordering: .relaxed)
+        reporter.counters.resetCheckpointCount()
+    }
+
+    /// A durable checkpoint now (a retry's pause is a good moment), on the blocking pool: it syncs, and many
+    /// downloads retrying at once must not hold the few cooperative threads.
+    func checkpointOffPool() async {
+        guard let store = facts.withLock({ $0.closed ? nil : $0.store }) else { return }
+        _ = try? await offloaded { () throws(DownloadError) in try store.checkpoint() }
+    }
+
+    /// Saves the state durably and describes the interruption.
+    func interrupted() -> DownloadError {
+        let (store, checkpointer) = facts.withLock { ($0.store, $0.checkpointer) }
+        checkpointer?.stop()
+        // A failed last checkpoint still leaves the earlier ones and the live record: report the interruption.
+        try? store?.checkpoint()
+        let saved = store?.durable.load(ordering: .acquiring) ?? 0
+        return DownloadError(
+            .cancelled, "interrupted; \(saved) bytes saved", resumable: store != nil,
+            remedy: store != nil ? .rerun(.resume) : nil)
+    }
+
+    /// The run is over, whatever the outcome: no more timed checkpoints, one last one for a partial that stays (an
+    /// error that is not retried, a pause), and the next run may take the files. That checkpoint syncs: on the
+    /// blocking pool, never a cooperative thread (which every download and the caller's tasks share).
+    func endRun() async {
+        let (store, checkpointer, closed) = facts.withLock { ($0.store, $0.checkpointer, $0.closed) }
+        guard !closed, let store else {
+            checkpointer?.stop()
+            store?.unlock()
+            return
+        }
+        _ = try? await offloaded { () throws(DownloadError) in
+            checkpointer?.stop()
+            try? store.checkpoint()
+            store.unlock()
+        }
+    }
+
+    // MARK: The finish
+
+    /// Stops the checkpoints before the finish (waiting for one in progress: off the cooperative threads when one
+    /// runs; most small downloads end with none running, and need no other thread for it).
+    func stopCheckpoints() async throws {
+        if let checkpointer, !checkpointer.stopIfIdle() {
+            try await offloaded { () throws(DownloadError) in checkpointer.stop() }
+        }
+    }
+
+    /// Verifies every byte is there (and the checksum), syncs and renames the file into place; or does what
+    /// ``FinishPolicy`` says with a part file that may not be, and throws why.
+    func finish() async throws -> DownloadResult {
+        let (store, known, adoption, hashFromDisk, resumedFrom) = facts.withLock {
+            ($0.store, $0.known, $0.adoption, $0.hashFromDisk, $0.resumedFrom)
+        }
+        guard let store else { throw DownloadError(.protocolViolation, "no response body") }
+        let request = context.request
+        let bytes = store.writtenBytes
+        // Every byte was written, so the file has no hole: one means another program cut the file under the run
+        // (FinishPolicy). One lseek, once the length is right: metadata only, cheap enough for a cooperative thread.
+        if let refusal = FinishPolicy.written(
+            bytes: bytes, announced: known?.totalLength, stateLength: store.snapshot.validators.totalLength,
+            holes: { store.holes(before: bytes) }, pieceSize: store.pieceSize, paths: store.paths)
+        {
+            try await dispose(store, refusal)
+        }
+        var verified: ExpectedChecksum?
+        if let expected = request.checksum, let hasher {
+            // Several connections wrote out of order: the digest is the file's, read on the blocking pool.
+            let digest =
+                hashFromDisk
+                ? try await offloaded { () throws(DownloadError) in
+                    try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: bytes)
+                } : hasher.finalize()
+            if let refusal = FinishPolicy.digest(
+                digest, expected: expected, adoptedKept: store.snapshot.adoption?.kept == true,
+                overwrite: request.overwrite, paths: store.paths)
+            {
+                try await dispose(store, refusal)
+            }
+            verified = expected
+        }
+        facts.withLock { $0.closed = true }
+        // Two syncs and a rename: blocking calls that must not hold one of the few cooperative threads, or a
+        // list of small files syncs two at a time instead of letting the file system commit them together.
+        let url = request.url
+        let aria2 = adoption?.origin == .aria2
+        try await offloaded { () throws(DownloadError) in
+            try store.finish(url: url, length: bytes)
+            // aria2's control file of a partial this download adopted (left by a crash between the adoption's
+            // rename and its removal) or replaced: it describes a file that is no longer there.
+            if aria2 { ForeignPartial.removeControlFile(of: store.paths.destination) }
+        }
+        return DownloadResult(
+            destination: store.paths.destination, bytes: bytes,
+            bytesTransferred: reporter.counters.received.load(ordering: .relaxed), resumedFrom: resumedFrom,
+            alreadyComplete: false, checksum: verified)
+    }
+
+    /// Does what ``FinishPolicy`` decided with a part file that is not renamed into place, on the blocking pool,
+    /// and throws why.
+    private func dispose(_ store: PartStore, _ refusal: FinishPolicy.Refusal) async throws -> Never {
+        let disposal = refusal.disposal
+        if disposal == .discard { facts.withLock { $0.closed = true } }
+        if disposal == .keep { throw refusal.error }  // nothing to do on the disk
+        try await offloaded { () throws(DownloadError) in
+            switch disposal {
+            case .keep: break
+            case .invalidate(let pieces): try store.invalidate(pieces: pieces)
+            case .discard: store.discard()
+            }
+        }
+        throw refusal.error
+    }
+}
+
+/// The digest of the download's bytes in order from byte 0, fed by one thread at a time (the sink's, on the
+/// transport's thread; the resume's prefix, the finish) and reached only under its lock.
+final class RunningDigest: Sendable {
+    private let hasher: Locked<DigestHasher>
+
+    init(_ algorithm: ChecksumAlgorithm) {
+        hasher = Locked(DigestHasher(algorithm))
+    }
+
+    func update(_ bytes: UnsafeRawBufferPointer) { hasher.withLock { $0.update(bytes) } }
+    func reset() { hasher.withLock { $0.reset() } }
+    func finalize() -> [UInt8] { hasher.withLock { $0.finalize() } }
+}
