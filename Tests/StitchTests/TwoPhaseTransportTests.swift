@@ -25,22 +25,23 @@ import Testing
     }
 
     /// What a test holds of one download: its head decision (fresh, or a resume check, which opens, reopens and
-    /// hashes files), or the read of a resumed body's overlap from the part file (a slow disk).
+    /// hashes files), the read of a resumed body's overlap from the part file (a slow disk), or the hashing of its
+    /// body (the running digest of a checksum, the pieces' checksums: a slow CPU).
     enum Held: String, CaseIterable, Sendable, CustomTestStringConvertible {
-        case decision, resumeDecision, overlapRead
+        case decision, resumeDecision, overlapRead, hashing
         var testDescription: String { rawValue }
     }
 
     /// One download's head decision, or the disk read its resumed body starts with, is held on the blocking pool;
     /// another download over the same libcurl transport (the one thread every transfer shares) runs to the end
-    /// meanwhile, and the held one then completes byte for byte. (The overlap was read on the transport's thread
-    /// before; the other download then waited.)
+    /// meanwhile, and the held one then completes byte for byte. (The overlap was read, and the body hashed, on
+    /// the transport's thread before; the other download then waited.)
     @Test(arguments: Held.allCases)
     func otherTransfersGoOnWhileADecisionIsHeld(held what: Held) async throws {
         let held = try Fixture()
         // Without a validator (no ETag) a resume asks again for the bytes before its point and compares them.
         let heldFile = ServedFile.random(size: 2 << 20, seed: 71, etag: what == .overlapRead ? nil : "\"held\"")
-        if what != .decision {
+        if what != .decision && what != .hashing {
             // A partial to resume, so the held decision is a resume check.
             held.serve(heldFile, faults: .onRequest(0, .dropAfter(700_000)))
             var once = DownloadOptions.testing
@@ -58,12 +59,19 @@ import Testing
         let gate = Gate()
         var options = DownloadOptions.testing
         options.connections = 1
-        if what == .overlapRead {
+        switch what {
+        case .overlapRead:
             options.overlapReadHook = { gate.pass() }
-        } else {
+        case .hashing:
+            options.hashHook = { gate.pass() }
+        case .decision, .resumeDecision:
             options.headDecisionHook = { gate.pass() }
         }
-        let heldTask = Task { try await held.download(held.request(), options: options) }
+        // A checksum to verify: the body is hashed as it comes (and each piece's checksum is taken).
+        let checksum =
+            what == .hashing
+            ? try ExpectedChecksum(algorithm: .sha256, digest: DigestHasher.digest(.sha256, of: heldFile.data)) : nil
+        let heldTask = Task { try await held.download(held.request(checksum: checksum), options: options) }
         #expect(await blocking { gate.waitUntilEntered(seconds: 120) }, "the held download never got a head")
 
         // Were the decision on the transport's thread, the other download could not move: a watchdog opens the
@@ -82,7 +90,8 @@ import Testing
         gate.open()
         let heldResult = try await heldTask.value
         try held.expectComplete(heldResult, heldFile.data)
-        if what != .decision { #expect(heldResult.resumedFrom > 0, "\(heldResult)") }
+        if what == .hashing { #expect(heldResult.checksum == checksum, "\(heldResult)") }
+        if what != .decision && what != .hashing { #expect(heldResult.resumedFrom > 0, "\(heldResult)") }
         if what == .overlapRead {
             // The resume asked again for bytes before its point (the overlap the held read compared).
             let resumed = try #require(held.server.requests.last?.header("Range"), "no range asked")

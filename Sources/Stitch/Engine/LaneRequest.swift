@@ -107,6 +107,9 @@ final class LaneRequest: Sendable {
             },
             decide: { [self] head throws(DownloadError) in try decide(head) })
         facts.withLock { $0.decisionError = error }
+        // Every byte of this body hashed before the request counts as ended: the next one may restart the digest,
+        // and the finish reads it.
+        await sink?.follower?.drained()
         return result
     }
 
@@ -192,6 +195,9 @@ final class LaneRequest: Sendable {
             pieces = hasher
         }
         let context = run.context
+        let follower = HashFollower(
+            store: store, from: max(start, verifyEnd), digest: files.runningDigest, pieces: pieces,
+            lost: { [files] in files.hashFromDisk() }, hook: context.options.hashHook)
         let probing = role == .whole && run.splits.isProbing
         let lanes = self.lanes
         let run = self.run
@@ -200,9 +206,9 @@ final class LaneRequest: Sendable {
         let sink = SegmentSink(
             store: store, slot: slot, bound: .fileLength(validators.totalLength), offset: start,
             verifyEnd: verifyEnd, rateLimiter: context.options.rateLimiter, clock: context.clock,
-            checkpointer: files.checkpointer, counters: run.reporter.counters, digest: files.runningDigest,
+            checkpointer: files.checkpointer, counters: run.reporter.counters, follower: follower,
             // The probe's sample only while the first response is probed.
-            pieces: pieces, shouldStop: shouldStop, afterWrite: afterWrite,
+            shouldStop: shouldStop, afterWrite: afterWrite,
             canRequestRest: validators.canResume, beforeOverlapRead: context.options.overlapReadHook)
         facts.withLock { $0.bodyEnd = validators.totalLength }
         run.reporter.announce(total: validators.totalLength)
@@ -227,7 +233,10 @@ final class LaneRequest: Sendable {
         return SegmentSink(
             store: store, slot: slot, bound: .segmentEnd(requestEnd: plan.rangeEnd ?? Int64.max), offset: start,
             rateLimiter: run.context.options.rateLimiter, clock: run.context.clock,
-            checkpointer: run.files.checkpointer, counters: run.reporter.counters, pieces: pieces,
+            checkpointer: run.files.checkpointer, counters: run.reporter.counters,
+            follower: HashFollower(
+                store: store, from: start, digest: nil, pieces: pieces, lost: {},
+                hook: run.context.options.hashHook),
             shouldStop: { lanes?.stopped.load(ordering: .relaxed) == true || replace.isSet },
             canRequestRest: validators.canResume)
     }

@@ -13,7 +13,7 @@ import StitchLocks
 ///
 /// Per chunk, on the transport's thread and nothing else: the stop checks, the shared rate limit, a comparison
 /// with the bytes on disk for the part of the body that re-fetches what was already there (a resume checked
-/// without a validator), a `pwrite` at the segment's offset, the running digests, one store into the live record,
+/// without a validator), a `pwrite` at the segment's offset, one store into the live record, a word to its ``HashFollower``,
 /// and counters. Everything that opens, syncs or hashes files happened before, in the engine's decision.
 ///
 /// Once the sink has said stop it takes nothing more of this response, whatever the transport does next: the
@@ -70,7 +70,8 @@ final class SegmentSink: BodySink, Sendable {
     private let clock: any DownloadClock
     private let checkpointer: Checkpointer?
     private let counters: TransferCounters
-    private let digest: RunningDigest?
+    /// Hashes what this sink writes, behind it, off the transport's thread (nil: nothing to hash).
+    let follower: HashFollower?
     /// Checked before each chunk: true stops the body (the transfer halted, the connection is being replaced).
     private let shouldStop: @Sendable () -> Bool
     /// Called after each write with the new offset: true stops the body (the first response's probe split the
@@ -87,7 +88,6 @@ final class SegmentSink: BodySink, Sendable {
     /// contended but by a reader of the outcome once the body is over).
     private struct Body {
         var offset: Int64
-        var pieces: PieceHasher?
         var failure: Failure?
         var reachedEnd = false
         var closed = false
@@ -102,7 +102,7 @@ final class SegmentSink: BodySink, Sendable {
     init(
         store: PartStore, slot: Int, bound: Bound, offset: Int64, verifyEnd: Int64 = 0,
         rateLimiter: RateLimiter?, clock: any DownloadClock, checkpointer: Checkpointer?, counters: TransferCounters,
-        digest: RunningDigest? = nil, pieces: PieceHasher?,
+        follower: HashFollower?,
         shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: (@Sendable (Int64) -> Bool)? = nil,
         canRequestRest: Bool = false, beforeOverlapRead: (@Sendable () -> Void)? = nil
     ) {
@@ -111,13 +111,13 @@ final class SegmentSink: BodySink, Sendable {
         self.slot = slot
         self.bound = bound
         published = Atomic(offset)
-        body = Locked(Body(offset: offset, pieces: pieces))
+        body = Locked(Body(offset: offset))
         self.verifyEnd = verifyEnd
         self.rateLimiter = rateLimiter
         self.clock = clock
         self.checkpointer = checkpointer
         self.counters = counters
-        self.digest = digest
+        self.follower = follower
         self.shouldStop = shouldStop
         self.afterWrite = afterWrite
         onDiskStart = offset
@@ -213,10 +213,9 @@ final class SegmentSink: BodySink, Sendable {
             body.failure = .write(error)
             return false
         }
-        digest?.update(chunk)
-        body.pieces?.consume(chunk, at: body.offset, store: store)
         body.offset += Int64(count)
         store.noteWritten(slot, body.offset)
+        follower?.wrote(upTo: body.offset)
         counters.wrote(count, checkpointer: checkpointer)
         if case .segmentEnd(let requestEnd) = bound, let end = segmentEnd, count < data.count || body.offset >= end {
             body.reachedEnd = true
