@@ -341,27 +341,29 @@ final class DownloadRun: Sendable {
     /// What an idle lane does once the state machine's work is performed.
     private enum Claim: Sendable { case fetch(Int), wait, done }
 
-    /// The next work for an idle lane, as the state machine says; a steal's split is made here, in the part
-    /// file's state, under the same lock (the store's split never waits for a sync: see ``PartStore``).
+    /// The next work for an idle lane, as the state machine says; a steal's split is made here. Claims are made one
+    /// at a time (``TransferLanes/claiming``), so no other lane's steal splits the file between the reading of its
+    /// segments and the split; the store's lock is never taken under the machine's, nor a connection cancelled.
     private func claim(_ lanes: TransferLanes) -> Claim {
         let store = lanes.store
-        let now = context.clock.uptime()
-        return withCore(lanes) { core in
-            // Read under the machine's lock, so that no other lane's steal splits the file between the reading
-            // and the decision (the store's lock is only ever taken briefly: never through a sync).
-            switch core.machine.laneIdle(segments: store.writtenSegments, running: core.running, now: now) {
+        return lanes.claiming.withLock { _ in
+            let segments = store.writtenSegments
+            let now = context.clock.uptime()
+            let work = withCore(lanes) { core in
+                core.machine.laneIdle(segments: segments, running: core.running, now: now)
+            }
+            switch work {
             case .fetch(let slot):
                 return .fetch(slot)
             case .steal(let victim, let at, let replaceVictim):
-                Trace.note(
-                    "\(context.request.url) steal from \(victim) at \(at) replace \(replaceVictim) speeds \(core.machine.laneSpeeds)"
-                )
+                Trace.note("\(context.request.url) steal from \(victim) at \(at) replace \(replaceVictim)")
                 guard let slot = store.split(victim, at: at) else { return .wait }
-                core.machine.stole(slot)
-                if replaceVictim {
-                    // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
-                    core.requests[victim]?.replaceNow()
+                let replaced = withCore(lanes) { core -> LaneRequest? in
+                    core.machine.stole(slot)
+                    return replaceVictim ? core.requests[victim] : nil
                 }
+                // Not counted against the monitor's cap: the end game replaces at most one connection per steal.
+                replaced?.replaceNow()
                 return .fetch(slot)
             case .wait:
                 return .wait
@@ -376,12 +378,13 @@ final class DownloadRun: Sendable {
     /// connection. Not under a rate limit, which makes connections slow on purpose. (The rules are the scheduler's.)
     private func monitor(_ lanes: TransferLanes, now: Double) {
         let segments = lanes.store.writtenSegments
-        withCore(lanes) { core in
-            for slot in core.machine.sample(segments: segments, running: core.running, now: now) {
+        let slow = withCore(lanes) { core in
+            core.machine.sample(segments: segments, running: core.running, now: now).compactMap { slot in
                 Trace.note("\(context.request.url) monitor replaces \(slot) speeds \(core.machine.laneSpeeds)")
-                core.requests[slot]?.replaceNow()
+                return core.requests[slot]
             }
         }
+        for request in slow { request.replaceNow() }
     }
 
     private func register(_ request: LaneRequest?, for slot: Int, _ lanes: TransferLanes) {

@@ -35,6 +35,9 @@ final class TransferLanes: Sendable {
     /// Wakes lanes that wait for work: on the monitor's beat, and at once when a lane lets go of a segment (the
     /// last one done, the waiting lanes end without waiting for a beat).
     let idle = Beat()
+    /// Held by an idle lane while it claims work (see ``DownloadRun``): one claim at a time, so a steal's split
+    /// never meets another's.
+    let claiming = Locked(())
     /// The validators the transfer has; on one connection a response may add to them.
     private let knownBox: Locked<Validators>
 
