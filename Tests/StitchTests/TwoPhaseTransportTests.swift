@@ -26,7 +26,7 @@ import Testing
 
     /// What a test holds of one download: its head decision (fresh, or a resume check, which opens, reopens and
     /// hashes files), the read of a resumed body's overlap from the part file (a slow disk), or the hashing of its
-    /// body (the running digest of a checksum, the pieces' checksums: a slow CPU).
+    /// body into the running digest of a checksum (a slow CPU).
     enum Held: String, CaseIterable, Sendable, CustomTestStringConvertible {
         case decision, resumeDecision, overlapRead, hashing
         var testDescription: String { rawValue }
@@ -67,7 +67,7 @@ import Testing
         case .decision, .resumeDecision:
             options.headDecisionHook = { gate.pass() }
         }
-        // A checksum to verify: the body is hashed as it comes (and each piece's checksum is taken).
+        // A checksum to verify: the body is hashed into its digest as it comes.
         let checksum =
             what == .hashing
             ? try ExpectedChecksum(algorithm: .sha256, digest: DigestHasher.digest(.sha256, of: heldFile.data)) : nil

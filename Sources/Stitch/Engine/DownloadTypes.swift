@@ -157,8 +157,8 @@ public struct DownloadOptions: Sendable {
     /// Tests only: called before a resumed body's overlap (the bytes asked for again before the resume point) is
     /// read from the part file to be compared, so a test can hold that read as a slow disk would.
     var overlapReadHook: (@Sendable () -> Void)?
-    /// Tests only: called before each chunk of written bytes is hashed (the running digest, the pieces' checksums),
-    /// so a test can hold the hashing and watch the transport go on.
+    /// Tests only: called before each chunk of written bytes is hashed into the running digest of a checksum, so a
+    /// test can hold the hashing and watch the transport go on.
     var hashHook: (@Sendable () -> Void)?
 
     /// The defaults.

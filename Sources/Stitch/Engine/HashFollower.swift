@@ -2,20 +2,20 @@ import Dispatch
 import Foundation
 import StitchLocks
 
-/// Hashes what one body's sink writes, behind it, on a queue of its own: the running digest of
-/// ``DownloadRequest/checksum`` and the CRC-32C of each piece (``PieceHasher``). The transport's thread, which every
-/// transfer shares, only writes and records how far; the bytes are read back from the part file (the page cache,
-/// as they were just written) in chunks of at most 1 MiB, so memory stays flat however far the hashing lags.
+/// Hashes what one body's sink writes into the running digest of ``DownloadRequest/checksum``, behind it, on a
+/// queue of its own: a digest (SHA-256, SHA-512, MD5) costs the CPU several times what receiving the bytes does, and
+/// the transport's thread is every transfer's. That thread only writes and records how far; the bytes are read back
+/// from the part file (the page cache, as they were just written) in chunks of at most 1 MiB, so memory stays flat
+/// however far the hashing lags. The request's end waits for it (``drained()``), so that the next request, a
+/// restart in place or the finish sees every byte of this body hashed.
 ///
-/// Nothing waits for it while the body flows: a checkpoint proves pieces whose checksum is not in yet by reading
-/// them itself (``Proofs``). The request's end waits for it (``drained()``), so that the next request, a restart
-/// or the finish sees every byte of this body hashed.
+/// The pieces' CRC-32C stay on the transport's thread (``SegmentSink``): in hardware they cost less than the read
+/// back would.
 final class HashFollower: Sendable {
     private struct State {
         /// The next byte to hash, and how far the sink has written.
         var hashed: Int64
         var written: Int64
-        var pieces: PieceHasher?
         /// A drain is queued or running.
         var draining = false
         /// A read back fell short: nothing more is hashed (a gap would make every later checksum wrong).
@@ -25,23 +25,23 @@ final class HashFollower: Sendable {
 
     private let state: Locked<State>
     private let store: PartStore
-    private let digest: RunningDigest?
+    private let digest: RunningDigest
     /// Called when a read back fell short (the file was cut under the run): the digest no longer covers the file.
     private let lost: @Sendable () -> Void
     private let hook: (@Sendable () -> Void)?
     private let queue = DispatchQueue(label: "stitch.hash")
 
-    /// Follows a body whose first written byte goes at `offset`. Nil when there is nothing to hash.
+    /// Follows a body whose first written byte goes at `offset`. Nil when there is no digest to keep.
     init?(
-        store: PartStore, from offset: Int64, digest: RunningDigest?, pieces: PieceHasher?,
-        lost: @escaping @Sendable () -> Void, hook: (@Sendable () -> Void)? = nil
+        store: PartStore, from offset: Int64, digest: RunningDigest?, lost: @escaping @Sendable () -> Void,
+        hook: (@Sendable () -> Void)? = nil
     ) {
-        guard digest != nil || pieces != nil else { return nil }
+        guard let digest else { return nil }
         self.store = store
         self.digest = digest
         self.lost = lost
         self.hook = hook
-        state = Locked(State(hashed: offset, written: offset, pieces: pieces))
+        state = Locked(State(hashed: offset, written: offset))
     }
 
     /// The sink wrote up to `offset` (on the transport's thread: one lock, and a queued drain when none is).
@@ -71,28 +71,20 @@ final class HashFollower: Sendable {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
         defer { buffer.deallocate() }
         while true {
-            let next = state.withLock { state -> (Int64, Int64, PieceHasher?)? in
+            let next = state.withLock { state -> (Int64, Int64)? in
                 guard state.hashed < state.written, !state.failed else {
                     state.draining = false
                     return nil
                 }
-                let pieces = state.pieces
-                state.pieces = nil  // held by this drain while it hashes
-                return (state.hashed, min(state.written, state.hashed + Int64(buffer.count)), pieces)
+                return (state.hashed, min(state.written, state.hashed + Int64(buffer.count)))
             }
-            guard let (from, to, held) = next else { break }
-            var pieces = held
+            guard let (from, to) = next else { break }
             hook?()
             let chunk = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<Int(to - from)])
             let read = store.read(into: chunk, at: from)
             if read == chunk.count {
-                let bytes = UnsafeRawBufferPointer(chunk)
-                digest?.update(bytes)
-                pieces?.consume(bytes, at: from, store: store)
-                state.withLock {
-                    $0.pieces = pieces
-                    $0.hashed = to
-                }
+                digest.update(UnsafeRawBufferPointer(chunk))
+                state.withLock { $0.hashed = to }
             } else {
                 state.withLock { $0.failed = true }
                 lost()

@@ -196,7 +196,7 @@ final class LaneRequest: Sendable {
         }
         let context = run.context
         let follower = HashFollower(
-            store: store, from: max(start, verifyEnd), digest: files.runningDigest, pieces: pieces,
+            store: store, from: max(start, verifyEnd), digest: files.runningDigest,
             lost: { [files] in files.hashFromDisk() }, hook: context.options.hashHook)
         let probing = role == .whole && run.splits.isProbing
         let lanes = self.lanes
@@ -206,7 +206,7 @@ final class LaneRequest: Sendable {
         let sink = SegmentSink(
             store: store, slot: slot, bound: .fileLength(validators.totalLength), offset: start,
             verifyEnd: verifyEnd, rateLimiter: context.options.rateLimiter, clock: context.clock,
-            checkpointer: files.checkpointer, counters: run.reporter.counters, follower: follower,
+            checkpointer: files.checkpointer, counters: run.reporter.counters, pieces: pieces, follower: follower,
             // The probe's sample only while the first response is probed.
             shouldStop: shouldStop, afterWrite: afterWrite,
             canRequestRest: validators.canResume, beforeOverlapRead: context.options.overlapReadHook)
@@ -233,10 +233,7 @@ final class LaneRequest: Sendable {
         return SegmentSink(
             store: store, slot: slot, bound: .segmentEnd(requestEnd: plan.rangeEnd ?? Int64.max), offset: start,
             rateLimiter: run.context.options.rateLimiter, clock: run.context.clock,
-            checkpointer: run.files.checkpointer, counters: run.reporter.counters,
-            follower: HashFollower(
-                store: store, from: start, digest: nil, pieces: pieces, lost: {},
-                hook: run.context.options.hashHook),
+            checkpointer: run.files.checkpointer, counters: run.reporter.counters, pieces: pieces, follower: nil,
             shouldStop: { lanes?.stopped.load(ordering: .relaxed) == true || replace.isSet },
             canRequestRest: validators.canResume)
     }

@@ -13,7 +13,8 @@ import StitchLocks
 ///
 /// Per chunk, on the transport's thread and nothing else: the stop checks, the shared rate limit, a comparison
 /// with the bytes on disk for the part of the body that re-fetches what was already there (a resume checked
-/// without a validator), a `pwrite` at the segment's offset, one store into the live record, a word to its ``HashFollower``,
+/// without a validator), a `pwrite` at the segment's offset, the pieces' CRC-32C, one store into the live record, a word to its
+/// ``HashFollower`` (which hashes the running digest elsewhere),
 /// and counters. Everything that opens, syncs or hashes files happened before, in the engine's decision.
 ///
 /// Once the sink has said stop it takes nothing more of this response, whatever the transport does next: the
@@ -88,6 +89,7 @@ final class SegmentSink: BodySink, Sendable {
     /// contended but by a reader of the outcome once the body is over).
     private struct Body {
         var offset: Int64
+        var pieces: PieceHasher?
         var failure: Failure?
         var reachedEnd = false
         var closed = false
@@ -102,7 +104,7 @@ final class SegmentSink: BodySink, Sendable {
     init(
         store: PartStore, slot: Int, bound: Bound, offset: Int64, verifyEnd: Int64 = 0,
         rateLimiter: RateLimiter?, clock: any DownloadClock, checkpointer: Checkpointer?, counters: TransferCounters,
-        follower: HashFollower?,
+        pieces: PieceHasher?, follower: HashFollower?,
         shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: (@Sendable (Int64) -> Bool)? = nil,
         canRequestRest: Bool = false, beforeOverlapRead: (@Sendable () -> Void)? = nil
     ) {
@@ -111,7 +113,7 @@ final class SegmentSink: BodySink, Sendable {
         self.slot = slot
         self.bound = bound
         published = Atomic(offset)
-        body = Locked(Body(offset: offset))
+        body = Locked(Body(offset: offset, pieces: pieces))
         self.verifyEnd = verifyEnd
         self.rateLimiter = rateLimiter
         self.clock = clock
@@ -213,6 +215,9 @@ final class SegmentSink: BodySink, Sendable {
             body.failure = .write(error)
             return false
         }
+        // The pieces' checksums here, from the bytes in hand: hardware CRC-32C costs less than the copy that would
+        // take them elsewhere (measured: a read back cost a 1 GiB download about a tenth of its time, bench/large.sh).
+        body.pieces?.consume(chunk, at: body.offset, store: store)
         body.offset += Int64(count)
         store.noteWritten(slot, body.offset)
         follower?.wrote(upTo: body.offset)
