@@ -81,17 +81,27 @@ let package = Package(
             dependencies: ["StitchTransport", "StitchLocks"],
             swiftSettings: swiftSettings
         ),
-        // The engine, storage and the manager; re-exports the transport protocol and the backends this build has.
+        // The engine, its storage, the manager and the background driver: the library without a backend. It runs
+        // over any `HTTPTransport` it is given and knows nothing of either backend (the package graph keeps it so).
         .target(
-            name: "Stitch",
+            name: "StitchCore",
             dependencies: [
-                "StitchTransport", "StitchURLSession", "StitchLocks",
-                .target(name: "StitchCurl", condition: .when(traits: ["Libcurl"])),
+                "StitchTransport", "StitchLocks",
                 // Apple platforms have CryptoKit and SQLite3 of their own (Support/DigestContext.swift and
                 // Storage/Catalog/Catalog.swift choose by `canImport`); not built on this project's machines.
                 .target(name: "CCrypto", condition: .when(platforms: [.linux])),
                 .target(name: "CSQLite", condition: .when(platforms: [.linux])),
                 "CStitchSystem", "CStitchCRC",
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The library users import: the core with the backends this build has, and the choice of one by default
+        // (`Downloader()`, `DownloadManager(directory:)`); re-exports the core, the transport protocol and the backends.
+        .target(
+            name: "Stitch",
+            dependencies: [
+                "StitchCore", "StitchTransport", "StitchURLSession",
+                .target(name: "StitchCurl", condition: .when(traits: ["Libcurl"])),
             ],
             swiftSettings: swiftSettings
         ),
@@ -149,15 +159,15 @@ let package = Package(
         .testTarget(
             name: "StitchTests",
             dependencies: [
-                "Stitch", "StitchTransport", "StitchURLSession", "StitchTestSupport", "StitchRPC", "StitchServer",
-                "StitchLocks",
+                "Stitch", "StitchCore", "StitchTransport", "StitchURLSession", "StitchTestSupport", "StitchRPC",
+                "StitchServer", "StitchLocks",
                 .target(name: "StitchCurl", condition: .when(traits: ["Libcurl"])),
             ],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "StitchCLITests",
-            dependencies: ["Stitch", "StitchTestSupport", "StitchCLI", "StitchRPC", "StitchLocks"],
+            dependencies: ["Stitch", "StitchCore", "StitchTestSupport", "StitchCLI", "StitchRPC", "StitchLocks"],
             swiftSettings: swiftSettings
         ),
     ],

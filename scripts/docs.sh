@@ -18,8 +18,8 @@ graphs=$out/symbol-graphs
 rm -rf "$graphs" "$out/Stitch.doccarchive"
 mkdir -p "$graphs"
 
-# The library is four modules — Stitch re-exports the transport protocol (StitchTransport) and the backends
-# (StitchURLSession, StitchCurl) — and its documentation is one: the symbol graph of Stitch with the re-exported
+# The library is five modules — Stitch re-exports the core (StitchCore: engine, storage, manager), the transport
+# protocol (StitchTransport) and the backends (StitchURLSession, StitchCurl) — and its documentation is one: the symbol graph of Stitch with the re-exported
 # modules' symbols in it. `swift package dump-symbol-graph` cannot ask for those, so the extractor runs here on the
 # built modules, with the C modules' maps (the system libraries' in Sources/, the C targets' generated in the build).
 swift build --target Stitch >/dev/null 2>&1 || swift build --target Stitch
@@ -32,7 +32,7 @@ done
 for include in Sources/C*/include; do
     if [ -d "$include" ]; then maps+=(-Xcc "-I$include"); fi
 done
-reexported=StitchTransport,StitchURLSession,StitchCurl
+reexported=StitchCore,StitchTransport,StitchURLSession,StitchCurl
 swift symbolgraph-extract -module-name Stitch -target "$triple" -I "$bin/Modules" "${maps[@]}" \
     -minimum-access-level public -skip-synthesized-members \
     -experimental-allowed-reexported-modules="$reexported" -output-dir "$graphs"

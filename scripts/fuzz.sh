@@ -43,9 +43,9 @@ mkdir -p "$bin"
 includes=()
 for module in CCurl CCrypto CSQLite CStitchSystem; do includes+=(-I "Sources/$module"); done
 includes+=(-Xcc -fmodule-map-file="$build/CStitchCRC.build/module.modulemap" -Xcc -I -Xcc Sources/CStitchCRC/include)
-# The library's Swift modules: the engine, the transport protocol and both backends (Stitch re-exports them), and
-# the lock module every one of them uses.
-modules=(Stitch StitchTransport StitchURLSession StitchCurl StitchRPC StitchLocks)
+# The library's Swift modules: the umbrella, the core (engine, storage, manager), the transport protocol and both
+# backends (Stitch re-exports them), and the lock module every one of them uses.
+modules=(Stitch StitchCore StitchTransport StitchURLSession StitchCurl StitchRPC StitchLocks)
 objects=("$build"/CStitchCRC.build/*.o)
 for module in "${modules[@]}"; do objects+=("$build/$module.build"/*.o); done
 pids=()

@@ -4,6 +4,7 @@
 // Input: the Content-Disposition value (first line) and a URL path (the rest).
 
 @testable import Stitch
+@testable import StitchCore
 
 /// What every name the engine may create must be: one safe path component.
 func checkSafeName(_ name: String, from source: String) {

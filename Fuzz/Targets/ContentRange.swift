@@ -4,6 +4,7 @@
 // Input: the header value (first line); the text after the first LF, if any, is used as a Content-Length.
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchTransport
 
 @_cdecl("LLVMFuzzerTestOneInput")

@@ -6,6 +6,7 @@
 // per LF, taken as a hostile server would send it (CR and other control characters kept).
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchTransport
 
 @_cdecl("LLVMFuzzerTestOneInput")

@@ -3,6 +3,7 @@
 // Input: the file's raw bytes.
 
 @testable import Stitch
+@testable import StitchCore
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzInputList(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {

@@ -5,6 +5,7 @@
 
 import Foundation
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchTransport
 
 #if canImport(Glibc)

@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// `stitch get URL -o FILE --adopt` against partials left by real `wget -c`, `curl -C -` and `aria2c` runs from the
 /// loopback nginx, each killed by SIGKILL once it had written a given number of bytes (docs/adopt.md): adopted and

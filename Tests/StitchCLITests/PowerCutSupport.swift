@@ -5,6 +5,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 // The power-cut rig: `stitch` runs on Tests/PowerLoss/plfs.c, a FUSE file system that keeps in memory both what the

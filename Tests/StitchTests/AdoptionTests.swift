@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// `--adopt`'s parts that need no server: aria2's control file read and refused, the segments a state gets for a
 /// partial, the samples compared, and the take-over's order on disk (docs/adopt.md). The end-to-end runs with

@@ -3,6 +3,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// `TransferProgress.fractionCompleted` at its edges, and `AggregateProgress`: what it counts from snapshots, and
 /// `DownloadManager.aggregateProgress()` over real downloads in every status (held by the server at known byte

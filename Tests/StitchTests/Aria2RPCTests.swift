@@ -3,6 +3,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchRPC
 
 /// The aria2 JSON-RPC layer without sockets: the bounded JSON reader and writer, the JSON-RPC 2.0 envelope, the

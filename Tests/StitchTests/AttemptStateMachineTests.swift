@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The decisions after each request, without sockets, files or clocks: `AttemptStateMachine` is fed reports of
 /// how requests ended and says what to do next.

@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchTransport
 @testable import StitchURLSession
 

@@ -1,6 +1,7 @@
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchTransport
 
 /// The background driver's pure decisions, as tables: labels, the verdict on a finished task, the ranges a file is cut

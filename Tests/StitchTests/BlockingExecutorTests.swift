@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// ``BlockingSerialExecutor``, and the download manager that runs on it: an actor whose jobs block on the disk (the
 /// catalog's synced commits) holds its own thread, never the cooperative pool that every other task needs; its jobs

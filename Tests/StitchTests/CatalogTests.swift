@@ -5,6 +5,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The manager's SQLite catalog: every field round trips, ordering, single-row changes, all-or-nothing batches,
 /// reopening, schema migration and refusal, and rebuilding after damage; plus `DownloadID`'s text forms.

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 @Suite struct ChecksumTests {
 

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// How many connections a download uses (``ConnectionPlan``): wanted, granted once, and whether a resumed partial
 /// is worth splitting.

@@ -6,6 +6,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchCurl
 @testable import StitchTransport
 import StitchLocks

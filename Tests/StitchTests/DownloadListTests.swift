@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// `DownloadList`, the `@Observable` list of a manager's downloads: `withObservationTracking` sees a change when a

@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// The download manager end to end: the status table and the API that applies it, queueing under the concurrency
@@ -73,7 +74,7 @@ import StitchLocks
     /// The markdown table in the doc comment of `DownloadStatus.after(_:)`: status name → cells ("–" as nil).
     static func tableInDocComment() throws -> [String: [String?]] {
         let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent().appendingPathComponent("Sources/Stitch/Manager/ManagerTypes.swift").path
+            .deletingLastPathComponent().appendingPathComponent("Sources/StitchCore/Manager/ManagerTypes.swift").path
         let text = String(decoding: try readFile(source), as: UTF8.self)
         var rows: [String: [String?]] = [:]
         var header: [String] = []

@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// `DownloadManager.observe(_:isolation:progress:completion:)`: the closures run on the actor the caller chose (its

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The download's state machine (``DownloadStateMachine``) without sockets, files or a clock: its executors'
 /// reports go in, actions come out. The rules of the developers' guide that decide what happens to bytes are

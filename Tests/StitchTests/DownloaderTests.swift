@@ -5,6 +5,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// End-to-end tests of the engine: `Downloader` over the real libcurl transport against the fault-injecting

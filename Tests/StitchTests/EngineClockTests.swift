@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The shared clock of progress ticks and timed checkpoints (``EngineClock``), and the checkpointer's stop that
 /// needs no other thread when no checkpoint runs.

@@ -5,6 +5,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// A caller's `onEvent` runs on its download's own event queue: one blocked there holds up no other download (the
 /// probe's notice used to be delivered on the transport's one thread, which every transfer shares).

@@ -1,6 +1,7 @@
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 @Suite struct FileNamingTests {
 

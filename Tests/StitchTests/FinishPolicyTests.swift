@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// What the end of a download decides (``FinishPolicy``): a file is renamed into place only when its length, its
 /// bytes and its checksum are right; otherwise what becomes of the part file, and what the user is told.

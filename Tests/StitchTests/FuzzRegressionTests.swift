@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// Inputs the libFuzzer targets in Fuzz/ found crashing (see Fuzz/README.md), kept so they stay fixed.
 @Suite struct FuzzRegressionTests {

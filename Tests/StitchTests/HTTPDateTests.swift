@@ -1,6 +1,7 @@
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchTransport
 
 @Suite struct HTTPDateTests {

@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// Hostile and broken servers: responses written byte for byte (``Fault/raw(_:then:)``) with oversized, duplicate,
 /// contradictory, non-UTF-8 or overflowing headers, bodies longer or shorter than announced, encoded bodies, hostile

@@ -2,6 +2,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 @Suite struct InputListTests {
 

@@ -1,6 +1,7 @@
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The lanes' scheduling rules (``LaneScheduler``), without sockets, files or a clock: which segment an idle lane
 /// takes, where the end game cuts a running segment, which slow connections are replaced.

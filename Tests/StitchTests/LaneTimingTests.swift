@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The executor's timing on a clock the test moves (``ManualClock``) and an in-memory server whose bodies come at
 /// scripted rates of that clock (``ScriptedTransport``): what the lanes decide depends on virtual time only, not on

@@ -2,13 +2,15 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// Rules about where things live in the library's sources, checked on the sources themselves.
 @Suite struct LayeringTests {
     static let sourcesRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent("Sources")
-    /// The targets of the library product: the engine, the transport protocol and the two backends.
-    static let libraryTargets = ["Stitch", "StitchTransport", "StitchURLSession", "StitchCurl"]
+    /// The targets of the library product: the umbrella, the core (engine, storage, manager), the transport protocol
+    /// and the two backends.
+    static let libraryTargets = ["Stitch", "StitchCore", "StitchTransport", "StitchURLSession", "StitchCurl"]
 
     /// Every Swift file of these targets, with its path relative to Sources (`Stitch/Engine/Attempt.swift`) and its
     /// lines. Symbolic links are skipped (there are none; a shared source belongs in a target of its own).
@@ -101,7 +103,7 @@ import Testing
         let foundation = ["FileManager", "FileHandle"]
         var found: [String] = []
         var scanned = 0
-        for (path, lines) in try Self.sources() where !path.hasPrefix("Stitch/Storage/") {
+        for (path, lines) in try Self.sources() where !path.hasPrefix("StitchCore/Storage/") {
             scanned += 1
             for (number, line) in lines.enumerated() {
                 let code = line.trimmingCharacters(in: .whitespaces)
@@ -127,13 +129,14 @@ import Testing
     /// backend's types and module) outside the URLSession backend, except in the list of backends a build has
     /// (`Transport/TransportBackend.swift`, where the `Libcurl` trait picks the default) and the re-exports
     /// (`Transport/Exports.swift`). So a backend fits without touching the engine, and a build without libcurl
-    /// leaves nothing behind. The package graph does not enforce this: `Stitch` re-exports both backends, so every
-    /// file of it sees their API without an import; only this scan keeps the engine to the protocol.
+    /// leaves nothing behind. The package graph keeps the core (`StitchCore`) from importing a backend (it does not
+    /// depend on one: ``theCoreDependsOnNoBackend()``); this scan also catches Foundation's URLSession, which
+    /// needs no import of ours.
     @Test func backendsStayInTheirTargets() throws {
         let exempt = ["Stitch/Transport/TransportBackend.swift", "Stitch/Transport/Exports.swift"]
         var found: [String] = []
         var scanned = 0
-        for (path, lines) in try Self.sources(of: ["Stitch", "StitchTransport", "StitchURLSession"])
+        for (path, lines) in try Self.sources(of: ["Stitch", "StitchCore", "StitchTransport", "StitchURLSession"])
         where !exempt.contains(path) {
             scanned += 1
             for (number, line) in lines.enumerated() where Self.namesABackend(line, in: path) {
@@ -161,6 +164,31 @@ import Testing
         #expect(!Self.namesABackend("// the URLSession backend's windows", in: "Stitch/Engine/X.swift"))
         #expect(!Self.namesABackend("public func handleEvents(forBackgroundURLSession id: String) {", in: "Stitch/X.swift"))
         #expect(!Self.namesABackend(#"note("left by wget -c or curl -C -")"#, in: "Stitch/Engine/X.swift"))
+    }
+
+    /// The core (engine, storage, manager) depends on the transport protocol and on no backend: in Package.swift its
+    /// target lists neither `StitchCurl` nor `StitchURLSession`, so none of its files can import one. The umbrella
+    /// `Stitch` brings them and picks the default.
+    @Test func theCoreDependsOnNoBackend() throws {
+        let manifest = try String(
+            contentsOf: Self.sourcesRoot.deletingLastPathComponent().appendingPathComponent("Package.swift"),
+            encoding: .utf8)
+        func dependencies(of target: String) throws -> Substring {
+            let start = try #require(
+                manifest.range(of: #"name:\s*"\#(target)",\s*dependencies:"#, options: .regularExpression),
+                "no target \(target)")
+            let rest = manifest[start.upperBound...]
+            let end = rest.range(of: "swiftSettings:")?.lowerBound ?? rest.endIndex
+            return rest[..<end]
+        }
+        let core = try dependencies(of: "StitchCore")
+        #expect(core.contains("\"StitchTransport\""), "\(core)")
+        for backend in ["StitchCurl", "StitchURLSession", "\"Stitch\""] {
+            #expect(!core.contains(backend), "StitchCore depends on \(backend): \(core)")
+        }
+        // The check sees a dependency where there is one.
+        let umbrella = try dependencies(of: "Stitch")
+        #expect(umbrella.contains("StitchURLSession") && umbrella.contains("\"StitchCore\""), "\(umbrella)")
     }
 
     /// Whether a line of code (not a comment; string literals may name the curl tool to the user, as `--adopt`'s

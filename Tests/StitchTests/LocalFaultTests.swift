@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// Local faults: a full disk, a read-only folder, files changed under a running download, damaged state files and

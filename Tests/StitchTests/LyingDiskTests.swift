@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// Issue 30, items 3 and 4: a disk that acknowledges a sync but drops the data costs a refetch, never a wrong file
 /// (every durable byte is proven by a checksum after a reboot, state format 3); a state file written by the format 2

@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// The manager killed with SIGKILL at seeded random moments — each when the server has sent a chosen number of

@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// What a daemon needs of the manager (issue 11): settings that change while downloads run, aria2's queue

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// What the start of a download decides about an earlier run's files (``OpenPolicy``): the state to go by, and
 /// whether a partial is resumed, deleted or refused — with the partial kept whenever the download is refused.

@@ -6,6 +6,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// Crash-consistency of the storage layer: the state file's atomic replacement, the live record, and how much of
 /// a part file `PartStore.reopen` trusts after a process crash (same boot) or a reboot (other boot).

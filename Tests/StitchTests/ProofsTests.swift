@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// State format 3's proofs (``Proofs``): every durable byte lies in a recorded piece or in exactly one proof, each

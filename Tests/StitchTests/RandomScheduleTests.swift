@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// The whole engine over a scripted in-memory transport, on seeded random schedules: chunk sizes, temporary

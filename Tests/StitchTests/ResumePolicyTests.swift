@@ -2,6 +2,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchTransport
 
 /// Table-driven tests of the pure resume rules (DEVELOPERS.md rule 3): request planning, response-head verdicts,

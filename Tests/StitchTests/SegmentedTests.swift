@@ -4,6 +4,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 import StitchLocks
 
 /// Segmented downloads: several connections, each asking for one segment with `Range: bytes=a-b` and `If-Range`,

@@ -1,6 +1,7 @@
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The speed people see (``SpeedMeter``): bytes over a window of seconds, whatever the bursts.
 @Suite struct SpeedMeterTests {

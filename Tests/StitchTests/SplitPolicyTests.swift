@@ -1,6 +1,7 @@
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The download-level decisions about connections (``SplitPolicy``), without a server: whether the first response
 /// allows a split (and what the user is told when not), what the probe concludes, where a split's boundaries fall.

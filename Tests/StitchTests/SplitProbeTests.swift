@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The probe of a first response and the re-probe of one kept on one connection (``SplitProbe``), sample by
 /// sample, with the time passed in: when each look happens, what it concludes, what it asks and when it stops.

@@ -5,6 +5,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// `Downloader.stream` and `--adopt`'s samples retry through the download's own rules (``AttemptStateMachine``):
 /// `Retry-After`, backoff with jitter, a retry budget that progress renews; a stream still never restarts once

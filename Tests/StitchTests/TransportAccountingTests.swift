@@ -5,6 +5,7 @@ import Foundation
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchCurl
 @testable import StitchTransport
 

@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The two-phase transport: a response head goes to the engine, which decides (and does any disk work) off the
 /// transport's thread while the body waits; every other transfer keeps moving meanwhile.

@@ -3,6 +3,7 @@ import StitchTestSupport
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 
 /// The `Foundation.URL` forms of the API that takes URL strings: each does what its `String` form does with the
 /// URL's `absoluteString`, and refuses what is not http or https the same way (the same error).

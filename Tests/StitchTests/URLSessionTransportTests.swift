@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 
 @testable import Stitch
+@testable import StitchCore
 @testable import StitchTransport
 @testable import StitchURLSession
 import StitchLocks

@@ -60,3 +60,54 @@ public enum TransportBackend: String, Sendable, Hashable, CaseIterable, CustomSt
         URLSessionDownloadTasks(identifier: identifier, events: events)
     }
 }
+
+extension Downloader {
+    /// A downloader over the shared transport of ``TransportBackend/default`` (see
+    /// ``Downloader/init(transport:clock:)`` for another).
+    /// - Parameter clock: waits between retries; inject a fake in tests.
+    public init(clock: any DownloadClock = SystemClock()) {
+        self.init(transport: TransportBackend.defaultTransport, clock: clock)
+    }
+}
+
+extension DownloadManager {
+    /// Opens the manager kept in `directory` over the shared transport of ``TransportBackend/default`` (see
+    /// ``DownloadManager/init(directory:configuration:transport:clock:)``).
+    /// - Parameters:
+    ///   - directory: where the manager keeps its catalog (created if missing).
+    ///   - configuration: the download folder, caps and defaults; nil downloads into `directory` with the defaults.
+    ///   - clock: time for retries and stall checks; the system's by default.
+    /// - Throws: ``DownloadManagerError`` when the catalog cannot be opened or created.
+    public init(directory: String, configuration: Configuration? = nil, clock: any DownloadClock = SystemClock()) throws {
+        try self.init(
+            directory: directory, configuration: configuration, transport: TransportBackend.defaultTransport,
+            clock: clock)
+    }
+
+    /// A manager whose list lives in memory only, over the shared transport of ``TransportBackend/default`` (see
+    /// ``DownloadManager/init(configuration:transport:clock:)``).
+    /// - Parameters:
+    ///   - configuration: the download folder, caps and defaults.
+    ///   - clock: time for retries and stall checks; the system's by default.
+    /// - Throws: ``DownloadManagerError`` when SQLite cannot make the in-memory catalog.
+    public init(configuration: Configuration, clock: any DownloadClock = SystemClock()) throws {
+        try self.init(configuration: configuration, transport: TransportBackend.defaultTransport, clock: clock)
+    }
+}
+
+extension BackgroundDownloads {
+    /// Opens the driver of the session `identifier` over the platform's download tasks
+    /// (``TransportBackend/downloadTaskSession(identifier:events:)``).
+    /// - Parameters:
+    ///   - identifier: The session's identifier (on Apple platforms, the background session's).
+    ///   - stateDirectory: Where the list of downloads and the files of finished tasks are kept.
+    ///   - configuration: How downloads are cut into tasks.
+    /// - Throws: ``DownloadError`` if the directory cannot be made or read, or a download's record there is damaged.
+    public convenience init(
+        identifier: String, stateDirectory: String, configuration: Configuration = Configuration()
+    ) throws {
+        try self.init(
+            identifier: identifier, stateDirectory: stateDirectory, configuration: configuration,
+            makeSession: { TransportBackend.downloadTaskSession(identifier: identifier, events: $0) })
+    }
+}

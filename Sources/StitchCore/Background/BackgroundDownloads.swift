@@ -120,16 +120,15 @@ public final class BackgroundDownloads: Sendable {
     ///     extension).
     ///   - stateDirectory: Where the list of downloads and the files of finished tasks are kept.
     ///   - configuration: How downloads are cut into tasks.
-    ///   - makeSession: Makes the session given where its events go; by default the platform's download tasks
-    ///     (``TransportBackend/downloadTaskSession(identifier:events:)``).
+    ///   - makeSession: Makes the session given where its events go (`import Stitch` adds an initializer without
+    ///     it: the platform's download tasks).
     /// - Throws: ``DownloadError`` if the directory cannot be made or read, or a download's record there is damaged.
     public init(
         identifier: String, stateDirectory: String, configuration: Configuration = Configuration(),
-        makeSession: (@Sendable (any DownloadTaskEvents) -> any DownloadTaskSession)? = nil
+        makeSession: @escaping @Sendable (any DownloadTaskEvents) -> any DownloadTaskSession
     ) throws {
         self.identifier = identifier
-        let make = makeSession ?? { TransportBackend.downloadTaskSession(identifier: identifier, events: $0) }
-        driver = try BackgroundDriver(directory: stateDirectory, configuration: configuration, makeSession: make)
+        driver = try BackgroundDriver(directory: stateDirectory, configuration: configuration, makeSession: makeSession)
     }
 
     /// The downloads' events, for as long as the driver lives. One reader; events are buffered until read.

@@ -12,9 +12,10 @@ public struct Downloader: Sendable {
     let clock: any DownloadClock
 
     /// - Parameters:
-    ///   - transport: moves the bytes; by default the shared transport of ``TransportBackend/default``.
+    ///   - transport: moves the bytes (`Downloader()`, from `import Stitch`, takes the shared transport of the
+    ///     build's default backend).
     ///   - clock: waits between retries; inject a fake in tests.
-    public init(transport: any HTTPTransport = TransportBackend.defaultTransport, clock: any DownloadClock = SystemClock()) {
+    public init(transport: any HTTPTransport, clock: any DownloadClock = SystemClock()) {
         self.transport = transport
         self.clock = clock
     }

@@ -200,11 +200,12 @@ public actor DownloadManager {
     /// - Parameters:
     ///   - directory: where the manager keeps its catalog (created if missing).
     ///   - configuration: the download folder, caps and defaults; nil downloads into `directory` with the defaults.
-    ///   - transport: moves the bytes; by default the shared transport of ``TransportBackend/default``.
+    ///   - transport: moves the bytes (`import Stitch` adds an initializer without it: the shared transport of the
+    ///     build's default backend).
     ///   - clock: time for retries and stall checks; the system's by default (tests inject their own).
     /// - Throws: ``DownloadManagerError`` when the catalog cannot be opened or created.
     public init(
-        directory: String, configuration: Configuration? = nil, transport: any HTTPTransport = TransportBackend.defaultTransport,
+        directory: String, configuration: Configuration? = nil, transport: any HTTPTransport,
         clock: any DownloadClock = SystemClock()
     ) throws {
         let configuration = configuration ?? Configuration(downloadDirectory: directory)
@@ -222,10 +223,13 @@ public actor DownloadManager {
     /// files, and a manager opened later knows none of them. Each download still keeps its partial data and
     /// state file beside its destination, so adding the same URL to the same place later resumes it (what the
     /// command line's list of URLs does).
+    /// - Parameters:
+    ///   - configuration: the download folder, caps and defaults.
+    ///   - transport: moves the bytes (`import Stitch` adds an initializer without it).
+    ///   - clock: time for retries and stall checks.
     /// - Throws: ``DownloadManagerError`` when SQLite cannot make the in-memory catalog.
     public init(
-        configuration: Configuration, transport: any HTTPTransport = TransportBackend.defaultTransport,
-        clock: any DownloadClock = SystemClock()
+        configuration: Configuration, transport: any HTTPTransport, clock: any DownloadClock = SystemClock()
     ) throws {
         try? FileOperations.createDirectory(configuration.downloadDirectory)
         let catalog: Catalog
