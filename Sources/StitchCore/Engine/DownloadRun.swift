@@ -21,14 +21,15 @@ import StitchLocks
 ///
 /// Threads: the engine's task runs ``run()`` and the lanes; head decisions run on the decision pool, bodies on the
 /// transport's thread (the sink: a `pwrite`, counters, and the probe's sample), disk work on the blocking pool.
-/// Every field is a constant; what changes is behind the locks of the types it holds, none taken under another.
+/// Every field is a constant; what changes is behind the locks of the types it holds.
 final class DownloadRun: Sendable {
     let context: RunContext
     let reporter: RunReporter
     let files: RunFiles
     let splits: SplitControl
     /// The download's state machine, with its lanes' requests beside it: the one lock this run's executor (its
-    /// task, the lanes, the decisions and the monitor) takes to ask it. No other lock is taken under it.
+    /// task, the lanes, the decisions and the monitor) takes to ask it. Under it no store's lock is taken, no
+    /// connection cancelled and no caller's code run: the facts it needs are read before.
     let core: Locked<EngineCore>
 
     init(
@@ -171,7 +172,13 @@ final class DownloadRun: Sendable {
             run: self, role: .whole, slot: 0, plan: RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil),
             known: files.known, url: url, lanes: nil)
         let result = await request.perform()
-        if let error = request.decisionError { throw error }
+        // A response that ended complete is taken even if the run is being cancelled at that moment.
+        var cancelled = false
+        if case .failure(let error) = result, error.isCancelled || Task.isCancelled { cancelled = true }
+        if let error = request.decisionError {
+            // The files could not be prepared: that is the run's end, unless it is being interrupted anyway.
+            throw cancelled ? files.interrupted() : error
+        }
         let ending = request.ending
         if case .complete(let done)? = ending { return .complete(done) }
         let store = files.store
@@ -179,9 +186,6 @@ final class DownloadRun: Sendable {
         let report = AttemptReport(
             verdict: request.verdict, result: result, sink: request.sinkOutcome(result).0, written: written,
             end: request.bodyEnd, saved: max(0, written - before), durable: store?.durable.load(ordering: .acquiring) ?? 0)
-        // A response that ended complete is taken even if the run is being cancelled at that moment.
-        var cancelled = false
-        if case .failure(let error) = result, error.isCancelled || Task.isCancelled { cancelled = true }
         var splitNow = splits.takeSplitNow()
         var resumeSaved = false
         switch ending {
@@ -387,20 +391,23 @@ final class DownloadRun: Sendable {
         for request in slow { request.replaceNow() }
     }
 
+    /// Registers the request running on lane `slot` (nil: its request ended). Only this lane registers its slot.
     private func register(_ request: LaneRequest?, for slot: Int, _ lanes: TransferLanes) {
+        guard request == nil else {
+            withCore(lanes) { $0.requests[slot] = request }
+            return
+        }
+        // What a new request may expect: this one's speed over its last window, or (too short a request for a
+        // window) over its whole life; read before the machine's lock is taken (the request's offset is its sink's).
         let now = context.clock.uptime()
+        let whole = withCore(lanes) { $0.requests[slot] }.flatMap { request -> Double? in
+            let elapsed = now - request.startedAt
+            let bytes = request.offset - request.plan.resumeOffset
+            return elapsed > 0.01 && bytes >= LaneTiming.stealGranule ? Double(bytes) / elapsed : nil
+        }
         withCore(lanes) { core in
-            if request == nil {
-                // What a new request may expect: this one's speed over its last window, or (too short a request
-                // for a window) over its whole life.
-                let whole = core.requests[slot].flatMap { request -> Double? in
-                    let elapsed = now - request.startedAt
-                    let bytes = request.offset - request.plan.resumeOffset
-                    return elapsed > 0.01 && bytes >= LaneTiming.stealGranule ? Double(bytes) / elapsed : nil
-                }
-                core.machine.requestEnded(slot, wholeSpeed: whole)
-            }
-            core.requests[slot] = request
+            core.machine.requestEnded(slot, wholeSpeed: whole)
+            core.requests[slot] = nil
         }
     }
 

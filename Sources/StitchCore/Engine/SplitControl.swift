@@ -5,7 +5,8 @@ import StitchLocks
 /// (``ConnectionPlan``, granted once per run), whether the first response may be split (``SplitPolicy``), the
 /// first response's probe (``SplitProbe``) and whether it split the file. The rules are in those pure types; this
 /// keeps their state for the run, behind a lock taken only to read or set it (never while a store's lock is
-/// asked for, never with the state machine's lock held).
+/// asked for, never with the state machine's lock held); the caller's connection grant is asked under a lock of
+/// its own.
 final class SplitControl: Sendable {
     private struct State {
         var connections: ConnectionPlan
@@ -25,10 +26,19 @@ final class SplitControl: Sendable {
     }
 
     /// How many connections this download should use, given what the server said (the grant is asked once).
+    /// The grant is the caller's code: it runs under ``granting`` only (one ask at a time), never the state's lock.
     func lanes(for validators: Validators) -> Int {
         let grant = options.connectionGrant
-        return state.withLock { $0.connections.lanes(for: validators, grant: grant) }
+        return granting.withLock { _ in
+            var plan = state.withLock { $0.connections }
+            let lanes = plan.lanes(for: validators, grant: grant)
+            state.withLock { $0.connections = plan }
+            return lanes
+        }
     }
+
+    /// Held while the connections are granted (see ``lanes(for:)``).
+    private let granting = Locked(())
 
     /// Whether to split the first response: more than one connection wanted and the server gave what ranges need
     /// (``SplitPolicy/canSplit(_:wanted:asked:minimumSplitSize:failure:)``); the notice says why not when that is
@@ -110,8 +120,13 @@ final class SplitControl: Sendable {
         guard store.snapshot.segments.count == 1, let total = known?.totalLength else { return false }
         let written = store.written(0)
         let grant = options.connectionGrant
-        guard let lanes = state.withLock({ $0.connections.resplit(known: known, written: written, grant: grant) })
-        else { return false }
+        let lanes = granting.withLock { _ in
+            var plan = state.withLock { $0.connections }
+            let lanes = plan.resplit(known: known, written: written, grant: grant)
+            state.withLock { $0.connections = plan }
+            return lanes
+        }
+        guard let lanes else { return false }
         return split(store, total: total, lanes: lanes)
     }
 }
