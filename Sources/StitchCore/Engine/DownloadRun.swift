@@ -52,20 +52,13 @@ final class DownloadRun: Sendable {
     // MARK: The download's steps
 
     func run() async throws -> DownloadResult {
-        let result: DownloadResult
-        do {
-            result = try await runSteps()
-        } catch {
-            await files.endRun()
-            reporter.close()
-            await reporter.drained()
-            throw error
-        }
+        let outcome: Result<DownloadResult, any Error>
+        do { outcome = .success(try await runSteps()) } catch { outcome = .failure(error) }
         await files.endRun()
-        // Every event the run sent has reached the caller before the result does, and none comes after.
+        // Every event the run sent has reached the caller before the result (or error) does, and none comes after.
         reporter.close()
         await reporter.drained()
-        return result
+        return try outcome.get()
     }
 
     private func runSteps() async throws -> DownloadResult {
@@ -213,33 +206,12 @@ final class DownloadRun: Sendable {
         return true
     }
 
-    /// Samples the first response's probe once it has reached `offset` (``SplitProbe``). Returns true when the
-    /// download splits now (the response stops; the lanes continue from its offset), false to go on with this
-    /// connection. On the transport's thread, from the sink: what it emits goes through the event queue.
+    /// The first response's probe at `offset` (``SplitControl/sampled(at:store:known:now:reporter:allowed:)``): true
+    /// when the download splits now. On the transport's thread, from the sink.
     func probeSampled(at offset: Int64) -> Bool {
         guard let store = files.store, let known = files.known else { return false }
-        let (verdict, total) = splits.sampleProbe(
-            offset: offset, now: context.clock.uptime(),
-            splittable: { [self] total in
-                known.totalLength == total && known.acceptRanges && known.ifRange != nil
-                    && machine({ $0.splittingFailed }) == nil
-            },
-            lanes: { [splits] in splits.lanes(for: known) })
-        switch verdict {
-        case .none:
-            return false
-        case .keepOne(let notice):
-            reporter.emit(.notice(notice), fromTransport: true)
-            return false
-        case .split(let slowdown):
-            guard splits.split(store, total: total, lanes: splits.lanes(for: known)) else { return false }
-            if let slowdown {
-                reporter.emit(
-                    .notice(slowdown.notice(connections: store.snapshot.segments.count)), fromTransport: true)
-            }
-            reporter.announce(total: total)
-            splits.markSplitNow()
-            return true
+        return splits.sampled(at: offset, store: store, known: known, now: context.clock.uptime(), reporter: reporter) {
+            [self] in machine { $0.splittingFailed } == nil
         }
     }
 

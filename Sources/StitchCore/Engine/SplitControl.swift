@@ -72,20 +72,39 @@ final class SplitControl: Sendable {
         }
     }
 
-    /// The probe's sample of the first response at `offset` (see ``SplitProbe/sample(offset:now:splittable:limitingRate:lanes:)``);
-    /// none once it is done. On the transport's thread: the probe is taken out of the lock to be sampled.
-    /// `splittable` is given the probed file's length. Returns the verdict with that length.
-    func sampleProbe(
-        offset: Int64, now: Double, splittable: (Int64) -> Bool, lanes: () -> Int
-    ) -> (SplitProbe.Verdict, total: Int64) {
-        guard var probe = state.withLock({ $0.probe }), !probe.isDone else { return (.none, 0) }
+    /// Samples the first response's probe once it has reached `offset` at `now` (``SplitProbe``), and acts on the
+    /// verdict: says why one connection is kept, or splits the rest of `store` from `offset` (the file the probe
+    /// measured, `known` still describing it; `allowed`: splitting not given up for this run). Returns true when the
+    /// download splits now (the response stops; the lanes continue from its offset). On the transport's thread,
+    /// from the sink: the probe is taken out of the lock to be sampled, and events go through the event queue.
+    func sampled(
+        at offset: Int64, store: PartStore, known: Validators, now: Double, reporter: RunReporter,
+        allowed: () -> Bool
+    ) -> Bool {
+        guard var probe = state.withLock({ $0.probe }), !probe.isDone else { return false }
         let limiter = options.rateLimiter
         let total = probe.total
         let verdict = probe.sample(
-            offset: offset, now: now, splittable: { splittable(total) }, limitingRate: { limiter?.limitingRate },
-            lanes: lanes)
+            offset: offset, now: now,
+            splittable: { known.totalLength == total && known.acceptRanges && known.ifRange != nil && allowed() },
+            limitingRate: { limiter?.limitingRate }, lanes: { lanes(for: known) })
         state.withLock { $0.probe = probe }
-        return (verdict, total)
+        switch verdict {
+        case .none:
+            return false
+        case .keepOne(let notice):
+            reporter.emit(.notice(notice), fromTransport: true)
+            return false
+        case .split(let slowdown):
+            guard split(store, total: total, lanes: lanes(for: known)) else { return false }
+            if let slowdown {
+                reporter.emit(
+                    .notice(slowdown.notice(connections: store.snapshot.segments.count)), fromTransport: true)
+            }
+            reporter.announce(total: total)
+            markSplitNow()
+            return true
+        }
     }
 
     /// Records that the first response was split; read once by ``takeSplitNow()``.
