@@ -53,9 +53,11 @@ let package = Package(
         ),
         .systemLibrary(name: "CStitchSystem"),
         .target(name: "CStitchCRC"),
-        // The one lock every target uses: a value behind a pthread mutex, which ThreadSanitizer sees (Locked.swift).
+        // The one lock every target uses: a value behind a pthread mutex, which ThreadSanitizer sees (Locked.swift);
+        // and the shared words read and written without one (AtomicWords.swift).
         .target(
             name: "StitchLocks",
+            dependencies: ["CStitchSystem"],
             swiftSettings: swiftSettings
         ),
         // What the engine asks of a transport (the two-phase HTTPTransport protocol, its requests, responses and

@@ -10,7 +10,7 @@ import StitchLocks
 
 /// Writes a body to a descriptor in order, on the transport's thread, never blocking it: a pipe without room
 /// pauses the transfer (the same bytes are offered again, and what was written of them is skipped).
-final class DescriptorSink: BodySink, @unchecked Sendable {
+final class DescriptorSink: BodySink, Sendable {
     let fd: Int32
     let rateLimiter: RateLimiter?
     /// Read for the rate limit.
@@ -18,10 +18,14 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
     /// Bytes written to the descriptor; read after the transfer has ended.
     var written: Int64 { total.load(ordering: .acquiring) }
     private let total = Atomic<Int64>(0)
-    /// What of the chunk being offered was written before a pause.
-    private var partial = 0
-    /// The rate limiter was charged for the chunk being offered (a pause for the pipe must not charge it again).
-    private var charged = false
+    /// The chunk being offered: what of it was written before a pause, and whether the rate limiter was charged
+    /// for it (a pause for the pipe must not charge it again). On the transport's thread; under a lock so that the
+    /// type is checked `Sendable` (never contended).
+    private struct Offer {
+        var partial = 0
+        var charged = false
+    }
+    private let offer = Locked(Offer())
     /// A pipe or socket, whose reader can be slow: written only as far as it has room. A file or a terminal is
     /// written in one go.
     private let pipeLike: Bool
@@ -40,18 +44,21 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
     /// Before each request: a chunk left half-written by a transfer that then ended is not offered again (the
     /// next request starts after what was written).
     func startRequest() {
-        partial = 0
-        charged = false
+        offer.withLock { $0 = Offer() }
     }
 
     func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        if !charged, let limiter = rateLimiter {
+        offer.withLock { receive(bytes, &$0) }
+    }
+
+    private func receive(_ bytes: UnsafeRawBufferPointer, _ offer: inout Offer) -> ReceiveDecision {
+        if !offer.charged, let limiter = rateLimiter {
             if let wait = limiter.take(bytes.count, now: clock.uptime()) { return .wait(.seconds(wait)) }
-            charged = true
+            offer.charged = true
         }
-        while partial < bytes.count {
+        while offer.partial < bytes.count {
             if !pipeLike {
-                guard write(bytes, count: bytes.count - partial) else { return .abort }
+                guard write(bytes, count: bytes.count - offer.partial, &offer) else { return .abort }
                 continue
             }
             var ready = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
@@ -65,23 +72,22 @@ final class DescriptorSink: BodySink, @unchecked Sendable {
                 return .abort
             }
             // At most what a pipe with room (POLLOUT: at least PIPE_BUF free) takes without blocking.
-            guard write(bytes, count: min(bytes.count - partial, Int(PIPE_BUF))) else { return .abort }
+            guard write(bytes, count: min(bytes.count - offer.partial, Int(PIPE_BUF)), &offer) else { return .abort }
         }
-        partial = 0
-        charged = false
+        offer = Offer()
         return .accepted
     }
 
     /// One `write` of up to `count` bytes of `bytes` after what was written of them; false on an error (recorded).
-    private func write(_ bytes: UnsafeRawBufferPointer, count: Int) -> Bool {
-        let n = Glibc.write(fd, bytes.baseAddress! + partial, count)
+    private func write(_ bytes: UnsafeRawBufferPointer, count: Int, _ offer: inout Offer) -> Bool {
+        let n = Glibc.write(fd, bytes.baseAddress! + offer.partial, count)
         if n < 0 {
             if errno == EINTR || errno == EAGAIN { return true }
             let error = Errno.current
             failureBox.withLock { $0 = DownloadError(.io, "cannot write the output: \(error)", cause: error) }
             return false
         }
-        partial += n
+        offer.partial += n
         total.add(Int64(n), ordering: .releasing)
         return true
     }

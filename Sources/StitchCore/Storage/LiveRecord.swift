@@ -1,4 +1,5 @@
 import CStitchSystem
+import StitchLocks
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -17,7 +18,7 @@ import Darwin
 /// why readers trust it only when the state file's boot id is the current one, and only when its nonce matches
 /// the state file's (a restart from zero draws a new nonce, so a record from before the restart is never
 /// believed). Segments are only ever appended to the state's list, so slot numbers are stable.
-final class LiveRecord: @unchecked Sendable {
+final class LiveRecord: Sendable {
     static let magic: UInt64 = 0x5654_4c48_4354_4954
     static let version: UInt64 = 2
     static let headerWords = 4
@@ -26,10 +27,8 @@ final class LiveRecord: @unchecked Sendable {
     static var size: Int { (headerWords + slotCount) * 8 }
 
     private let fd: Int32
-    private let base: UnsafeMutableRawPointer
-    private var slots: UnsafeMutablePointer<Int64> {
-        (base + Self.headerWords * 8).assumingMemoryBound(to: Int64.self)
-    }
+    /// The header's words, then the slots': the file's layout, shared by every thread with atomic loads and stores.
+    private let words: AtomicWords
 
     /// Creates (or replaces) the record at `path` for `nonce` with the given written offsets.
     init(creatingAt path: String, nonce: UInt64, written: [Int64]) throws(DownloadError) {
@@ -59,7 +58,7 @@ final class LiveRecord: @unchecked Sendable {
             throw .io("cannot map", path: path, error)
         }
         self.fd = fd
-        self.base = mapped
+        words = AtomicWords(adopting: mapped, count: Self.headerWords + Self.slotCount) { munmap($0, Self.size) }
         reset(nonce: nonce, written: written)
     }
 
@@ -70,7 +69,7 @@ final class LiveRecord: @unchecked Sendable {
     /// every other CPU to flush its TLB, a measurable part of fetching thousands of small files.
     init(anonymousWithNonce nonce: UInt64, written: [Int64]) throws(DownloadError) {
         self.fd = -1
-        self.base = UnsafeMutableRawPointer.allocate(byteCount: Self.size, alignment: 64)
+        words = AtomicWords(count: Self.headerWords + Self.slotCount, repeating: 0)
         reset(nonce: nonce, written: written)
     }
 
@@ -78,40 +77,41 @@ final class LiveRecord: @unchecked Sendable {
     var isFileBacked: Bool { fd >= 0 }
 
     deinit {
-        if fd >= 0 {
-            munmap(base, Self.size)
-            close(fd)
-        } else {
-            base.deallocate()
-        }
+        // The mapping goes with `words` (after this); the file may close first: a mapping outlives its descriptor.
+        if fd >= 0 { close(fd) }
     }
 
     /// Rewrites the record for a new generation of the download (new nonce, new segment list).
     func reset(nonce: UInt64, written: [Int64]) {
-        base.storeBytes(of: 0, toByteOffset: 16, as: UInt64.self)  // invalid while half-written
+        setHeader(2, 0)  // invalid while half-written
         for slot in 0..<Self.slotCount {
-            stitch_store_release_i64(slots + slot, slot < written.count ? written[slot].littleEndian : 0)
+            words.store(Self.headerWords + slot, slot < written.count ? written[slot].littleEndian : 0)
         }
-        base.storeBytes(of: Self.magic.littleEndian, toByteOffset: 0, as: UInt64.self)
-        base.storeBytes(of: Self.version.littleEndian, toByteOffset: 8, as: UInt64.self)
-        base.storeBytes(of: UInt64(Self.slotCount).littleEndian, toByteOffset: 24, as: UInt64.self)
-        base.storeBytes(of: nonce.littleEndian, toByteOffset: 16, as: UInt64.self)
+        setHeader(0, Self.magic)
+        setHeader(1, Self.version)
+        setHeader(3, UInt64(Self.slotCount))
+        setHeader(2, nonce)
+    }
+
+    /// Header word `index` (0 magic, 1 version, 2 nonce, 3 slot count), little-endian.
+    private func setHeader(_ index: Int, _ value: UInt64) {
+        words.store(index, Int64(bitPattern: value.littleEndian))
     }
 
     /// Voids the record (nonce 0 matches no state): after a failed sync nothing written may be trusted.
     func invalidate() {
-        base.storeBytes(of: 0, toByteOffset: 16, as: UInt64.self)
+        setHeader(2, 0)
     }
 
     /// Records that segment `slot` is written up to `offset`. One aligned 8-byte store.
     @inline(__always)
     func store(slot: Int, written offset: Int64) {
-        stitch_store_release_i64(slots + slot, offset.littleEndian)
+        words.store(Self.headerWords + slot, offset.littleEndian)
     }
 
     @inline(__always)
     func load(slot: Int) -> Int64 {
-        Int64(littleEndian: stitch_load_acquire_i64(slots + slot))
+        Int64(littleEndian: words.load(Self.headerWords + slot))
     }
 
     /// Reads the written offsets at `path` if its header is intact and carries `nonce`.

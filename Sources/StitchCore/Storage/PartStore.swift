@@ -133,7 +133,7 @@ struct ResumePoint: Sendable {
 /// which a checkpoint holds only to read it and to take in what it wrote, never through a sync, so a split (taken
 /// under the engine's lanes' lock) never waits for the disk. How far each segment is written lives in the live
 /// record's slots (atomic loads and stores), so progress can be read from anywhere and the hot path takes no lock.
-final class PartStore: @unchecked Sendable {
+final class PartStore: Sendable {
     let paths: DownloadPaths
     let fd: Int32
     private let live: LiveRecord
@@ -155,13 +155,12 @@ final class PartStore: @unchecked Sendable {
 
     /// Each segment's end (`Int64.max` while open), by slot: read lock-free by the writers on every chunk, so no
     /// step that holds a lock through its syncs stalls a transfer. Written under the state lock.
-    private let ends = UnsafeMutablePointer<Int64>.allocate(capacity: LiveRecord.slotCount)
+    private let ends = AtomicWords(count: LiveRecord.slotCount, repeating: Int64.max)
     /// Where each segment's writer may be writing to (by slot; never below its written offset). A writer claims its
     /// next chunk, up to the segment's end, before it writes it (``claim(_:upTo:)``); a split never cuts a claimed
     /// chunk (``split(_:at:)``). So no byte is written by two connections (fetched, and counted, twice). Guarded by
-    /// `claimLock`, which is held for a few loads and stores only (never over I/O, never by a checkpoint).
-    private let claims = UnsafeMutablePointer<Int64>.allocate(capacity: LiveRecord.slotCount)
-    private let claimLock = Locked(())
+    /// their own lock, which is held for a few loads and stores only (never over I/O, never by a checkpoint).
+    private let claims = Locked([Int64](repeating: 0, count: LiveRecord.slotCount))
 
     private init(paths: DownloadPaths, fd: Int32, live: LiveRecord, state: DownloadState) {
         self.paths = paths
@@ -169,11 +168,11 @@ final class PartStore: @unchecked Sendable {
         self.live = live
         self.state = Locked(state)
         self.durable = Atomic(state.durableBytes)
-        ends.initialize(repeating: Int64.max, count: LiveRecord.slotCount)
-        claims.initialize(repeating: 0, count: LiveRecord.slotCount)
         publishEnds(state.segments)
-        for (slot, segment) in state.segments.enumerated() {
-            claims[slot] = Self.written(segment, live.load(slot: slot))
+        claims.withLock { claims in
+            for (slot, segment) in state.segments.enumerated() {
+                claims[slot] = Self.written(segment, live.load(slot: slot))
+            }
         }
     }
 
@@ -183,21 +182,19 @@ final class PartStore: @unchecked Sendable {
         // a reopen in that window found the download "being downloaded by another stitch run".
         _ = flock(fd, LOCK_UN)
         close(fd)
-        ends.deallocate()
-        claims.deallocate()
     }
 
     /// Mirrors the segments' ends for the lock-free readers (call with the state lock held, or before sharing).
     private func publishEnds(_ segments: [Segment]) {
         for (slot, segment) in segments.enumerated() {
-            stitch_store_release_i64(ends + slot, segment.end ?? Int64.max)
+            ends.store(slot, segment.end ?? Int64.max)
         }
     }
 
     /// Starts the live record anew (a new layout or a new nonce) and each writer's claim where its slot now is.
     private func resetLive(nonce: UInt64, written: [Int64]) {
         live.reset(nonce: nonce, written: written)
-        claimLock.withLock { _ in
+        claims.withLock { claims in
             for (slot, offset) in written.enumerated() { claims[slot] = offset }
         }
     }
@@ -377,7 +374,7 @@ final class PartStore: @unchecked Sendable {
         let store = PartStore(paths: paths, fd: fd, live: live, state: state)
         // Pieces are checked before the first state write: a state with this boot's id is never checked again.
         // After a fallback, the first state written (the checked one) replaces the damaged file.
-        if fromPrevious { store.replacesDamagedState = true }
+        if fromPrevious { store.replacesDamagedState.store(true, ordering: .relaxed) }
         if let check { try store.invalidate(pieces: check.cut) }
         try store.checkpoint(force: true)
         let checked = store.snapshot
@@ -550,8 +547,8 @@ final class PartStore: @unchecked Sendable {
     /// the segment's end (nil while it is open): the write stops there. On the transport's thread, by the segment's
     /// one writer; until its next claim no split cuts the claimed bytes.
     func claim(_ slot: Int, upTo: Int64) -> Int64? {
-        claimLock.withLock { _ in
-            let end = stitch_load_acquire_i64(ends + slot)
+        claims.withLock { claims in
+            let end = ends.load(slot)
             claims[slot] = min(upTo, end)
             return end == Int64.max ? nil : end
         }
@@ -590,11 +587,11 @@ final class PartStore: @unchecked Sendable {
                 offset > max(state.segments[slot].start, live.load(slot: slot)), offset < end
             else { return nil }
             let newSlot = state.segments.count
-            let cut = claimLock.withLock { _ in
+            let cut = claims.withLock { claims in
                 guard claims[slot] <= offset else { return false }
                 claims[newSlot] = offset
-                stitch_store_release_i64(ends + newSlot, end)
-                stitch_store_release_i64(ends + slot, offset)
+                ends.store(newSlot, end)
+                ends.store(slot, offset)
                 return true
             }
             guard cut else { return nil }
@@ -618,7 +615,7 @@ final class PartStore: @unchecked Sendable {
 
     /// The current end of segment `slot` (it shrinks when another connection takes part of it).
     func end(_ slot: Int) -> Int64? {
-        let end = stitch_load_acquire_i64(ends + slot)
+        let end = ends.load(slot)
         return end == Int64.max ? nil : end
     }
 
@@ -884,15 +881,15 @@ final class PartStore: @unchecked Sendable {
     /// store was rebuilt from the previous generation and has not written yet (`.leave`: the file on disk is the
     /// damaged one).
     private func writeState(_ next: DownloadState, generation: StateFile.PreviousGeneration = .keep) throws(DownloadError) {
-        let generation = replacesDamagedState ? .leave : generation
+        let generation = replacesDamagedState.load(ordering: .relaxed) ? .leave : generation
         try StateFile.write(next, to: paths.state, previous: paths.previousState, generation: generation)
-        replacesDamagedState = false
+        replacesDamagedState.store(false, ordering: .relaxed)
         stateOnDisk.store(true, ordering: .relaxed)
     }
 
     /// Set by a fallback `reopen` until the first state write replaces the damaged file. Only read and written under
-    /// `durableSteps` (or before the store is shared).
-    private var replacesDamagedState = false
+    /// `durableSteps` (or before the store is shared): an atomic only so that the class is checked `Sendable`.
+    private let replacesDamagedState = Atomic<Bool>(false)
 
     /// Whether this store has a state file on disk (a small download has none until its first checkpoint).
     private let stateOnDisk = Atomic<Bool>(true)
