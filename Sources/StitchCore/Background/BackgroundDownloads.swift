@@ -212,7 +212,7 @@ public final class BackgroundDownloads: Sendable {
 
 /// The driver's state and work, all on one serial queue (`queue`): the session's events, the public calls, and
 /// the disk work they need, in order. Only ``BackgroundDownloads`` and tests use it.
-final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
+final class BackgroundDriver: DownloadTaskEvents, Sendable {
     /// The steps of handling a finished range, at which a test can stop the driver as a crash would.
     enum Step: Sendable, Hashable {
         case accepted, copied, checkpointed
@@ -233,7 +233,7 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
     /// the part files are closed).
     let stopAt = Locked<(@Sendable (Step) -> Bool)?>(nil)
 
-    // On `queue` only:
+    // On `queue` only (``confined``):
     private struct Entry {
         var record: BackgroundRecord
         var store: PartStore?
@@ -242,13 +242,33 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         /// Failures in a row, by range start.
         var failures: [Int64: Int] = [:]
     }
-    private var entries: [DownloadID: Entry] = [:]
-    private var closed = false
-    /// Tasks this driver cancelled: their completions are not failures.
-    private var cancelled: Set<Int> = []
-    /// Tasks whose end (a file judged, or a failure) this launch has handled: a listing of the session's tasks taken
-    /// before that is out of date for them.
-    private var ended: Set<Int> = []
+    private struct Confined {
+        var entries: [DownloadID: Entry] = [:]
+        var closed = false
+        /// Tasks this driver cancelled: their completions are not failures.
+        var cancelled: Set<Int> = []
+        /// Tasks whose end (a file judged, or a failure) this launch has handled: a listing of the session's tasks
+        /// taken before that is out of date for them.
+        var ended: Set<Int> = []
+    }
+    /// The driver's state, reached on `queue` only (checked at each access).
+    private let confined: QueueConfined<Confined>
+    private var entries: [DownloadID: Entry] {
+        get { confined.value.entries }
+        _modify { yield &confined.value.entries }
+    }
+    private var closed: Bool {
+        get { confined.value.closed }
+        _modify { yield &confined.value.closed }
+    }
+    private var cancelled: Set<Int> {
+        get { confined.value.cancelled }
+        _modify { yield &confined.value.cancelled }
+    }
+    private var ended: Set<Int> {
+        get { confined.value.ended }
+        _modify { yield &confined.value.ended }
+    }
 
     var session: any DownloadTaskSession { sessionBox.withLock { $0! } }
 
@@ -261,7 +281,9 @@ final class BackgroundDriver: DownloadTaskEvents, @unchecked Sendable {
         self.staging = BackgroundStaging(directory: directory + "/staged")
         (events, continuation) = AsyncStream.makeStream()
         try BackgroundRecords.createDirectory(staging.directory)
-        for record in try BackgroundRecords.load(from: directory) { entries[record.id] = Entry(record: record) }
+        var initial = Confined()
+        for record in try BackgroundRecords.load(from: directory) { initial.entries[record.id] = Entry(record: record) }
+        confined = QueueConfined(initial, on: queue)
         let session = makeSession(self)
         sessionBox.withLock { $0 = session }
         queue.activate()

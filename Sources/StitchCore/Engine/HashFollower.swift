@@ -44,11 +44,14 @@ final class HashFollower: Sendable {
         state = Locked(State(hashed: offset, written: offset))
     }
 
-    /// The sink wrote up to `offset` (on the transport's thread: one lock, and a queued drain when none is).
+    /// Bytes behind the writer before a drain starts: the queue wakes once a MiB, not once a chunk.
+    static let batch: Int64 = 1 << 20
+
+    /// The sink wrote up to `offset` (on the transport's thread: one lock, and a queued drain once a batch waits).
     func wrote(upTo offset: Int64) {
         let start = state.withLock { state -> Bool in
             state.written = offset
-            guard !state.draining else { return false }
+            guard !state.draining, !state.failed, state.written - state.hashed >= Self.batch else { return false }
             state.draining = true
             return true
         }
@@ -58,12 +61,19 @@ final class HashFollower: Sendable {
     /// Returns once every byte written so far is hashed (at once when nothing is left).
     func drained() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let idle = state.withLock { state -> Bool in
-                guard state.draining else { return true }
+            enum Next { case done, wait, drain }
+            let next = state.withLock { state -> Next in
+                if !state.draining, state.hashed >= state.written || state.failed { return .done }
                 state.waiters.append(continuation)
-                return false
+                guard !state.draining else { return .wait }
+                state.draining = true
+                return .drain
             }
-            if idle { continuation.resume() }
+            switch next {
+            case .done: continuation.resume()
+            case .wait: break
+            case .drain: queue.async { [self] in drain() }
+            }
         }
     }
 
