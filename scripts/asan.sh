@@ -23,11 +23,6 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}:log_path=$logs/report"
 run() { swift test --skip-build --sanitize=address --scratch-path .build-asan "$@"; }
-# Left to the normal run, as in tsan.sh: these bound what a server pushes past a steal point by the kernel's socket
-# buffers on a normally fast client; the sanitizer's slowdown lets more pile up (buffering, not memory safety);
-# and two count the ranges asked on resume, which the end game's steals of a slowed client add to.
-# URLSessionTransportTests needs the server to outrun a rate-limited sink, which a loaded, instrumented run may not.
-timing='splitsIntoSegmentsAndIsByteExact|idleLanesTakeOverAStalledSegment|cancelledBeforeAnyLaneByteStartsAfreshQuietly|resumeWithADifferentNumberOfConnections|URLSessionTransportTests'
 # At most 12 tests of a process at once, as in test.sh: started all together on the two-thread pool, each test's
 # time bounds would count every other test's work (issue 30's note). A caller can set another width.
 export SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH="${SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH:-12}"
@@ -35,8 +30,8 @@ status=0
 if [[ ${1:-} == --filter ]]; then
     run --filter "$2" || status=$?
 else
-    run --filter "$library" --skip "$timing" || status=$?
-    run --skip "$library|$timing|MatrixTests|DaemonTests|PowerCut|PowerLossFS" || status=$?  # the matrix and the power cuts run once, in test.sh
+    run --filter "$library" || status=$?
+    run --skip "$library|MatrixTests|DaemonTests|PowerCut|PowerLossFS" || status=$?  # the matrix and the power cuts run once, in test.sh
     # The daemon's suite on its own: its instrumented `stitch serve` processes and their downloads would load the
     # machine under the crash tests' timing.
     run --filter DaemonTests || status=$?

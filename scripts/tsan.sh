@@ -20,11 +20,6 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 cd "$(dirname "$0")/.."
 command -v swift >/dev/null || export PATH="$PATH:/opt/swift/usr/bin"
 library='SegmentedTests|DownloaderTests|DownloadManagerTests|PartStoreTests|RateLimiterTests|CatalogTests|HostileServerTests'
-# Left to the normal run: these bound the bytes a server pushed past a steal point by the kernel's socket buffers
-# on a normally fast client; ThreadSanitizer's slowdown lets more pile up (they are about buffering, not threads).
-# Two more count the ranges asked on resume, which the end game's steals of a slowed client add to.
-# URLSessionTransportTests needs the server to outrun a rate-limited sink, which a loaded, instrumented run may not.
-timing='splitsIntoSegmentsAndIsByteExact|idleLanesTakeOverAStalledSegment|cancelledBeforeAnyLaneByteStartsAfreshQuietly|resumeWithADifferentNumberOfConnections|URLSessionTransportTests'
 swift build --build-tests --sanitize=thread --scratch-path .build-tsan
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -38,8 +33,8 @@ status=0
 if [[ ${1:-} == --filter ]]; then
     run --no-parallel --filter "$2" || status=$?
 else
-    run --no-parallel --filter "$library" --skip "$timing" || status=$?
-    run --skip "$library|$timing|MatrixTests|DaemonTests|PowerCut|PowerLossFS" || status=$?  # the matrix and the power cuts run once, in test.sh
+    run --no-parallel --filter "$library" || status=$?
+    run --skip "$library|MatrixTests|DaemonTests|PowerCut|PowerLossFS" || status=$?  # the matrix and the power cuts run once, in test.sh
     # The daemon's suite on its own: its instrumented `stitch serve` processes and their downloads would load the
     # machine under the crash tests' timing.
     run --filter DaemonTests || status=$?

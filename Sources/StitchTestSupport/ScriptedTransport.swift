@@ -25,8 +25,10 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
         /// Serve it, then hold the body after `bytes` bytes until the download is cancelled (`onHold` is called
         /// once the bytes are delivered: the test interrupts the download there).
         case hold(after: Int)
-        /// Serve `after` bytes (at `rate` bytes a second of the request's clock, if given), then send nothing more
-        /// until the response is cancelled: a stalled connection.
+        /// Serve `after` bytes (at `rate` bytes a second of the request's clock, if given), then send nothing more: a
+        /// stalled connection. It ends as a real transport's does, with ``TransportError/stalled(_:)`` once the
+        /// request's ``TransportOptions/stallTimeout`` has passed on its clock (a ``ManualClock``: only as the test
+        /// moves it), unless it is cancelled before.
         case stall(after: Int, rate: Double? = nil)
         /// Answer with this status and an empty body.
         case status(Int, retryAfter: String? = nil)
@@ -87,8 +89,13 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
 
     public func start(_ request: TransportRequest) async -> Result<any TransportResponse, TransportError> {
         if Task.isCancelled { return .failure(.cancelled) }
+        let range = request.headers["Range"]
+        let ifRange = request.headers["If-Range"]
+        // The request's place is taken here, under the same lock that reads it: requests made at once each get
+        // their own index (the one their bytes are counted under), in the order they came.
         let (index, file) = state.withLock { state -> (Int, ServedFile) in
-            (state.requests.count, state.file)
+            state.requests.append(Seen(range: range, ifRange: ifRange, status: 0, delivered: 0))
+            return (state.requests.count - 1, state.file)
         }
         var answer = script(request, index)
         var served = file
@@ -97,8 +104,6 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
             served = next
             answer = .serve()
         }
-        let range = request.headers["Range"]
-        let ifRange = request.headers["If-Range"]
         let head: ResponseHead
         var body: Range<Int> = 0..<0
         switch answer {
@@ -140,13 +145,14 @@ public final class ScriptedTransport: HTTPTransport, Sendable {
             chunkSizes = 16_384...65_536
         }
         let seed = state.withLock { state -> UInt64 in
-            state.requests.append(Seen(range: range, ifRange: ifRange, status: head.status, delivered: 0))
+            state.requests[index].status = head.status
             return state.random.next()
         }
         return .success(
             ScriptedResponse(
                 head: head, data: served.data, body: body, chunkSizes: chunkSizes, cutAfter: cutAfter,
-                holdAfter: holdAfter, stallAfter: stallAfter, rate: rate, clock: request.clock, seed: seed,
+                holdAfter: holdAfter, stallAfter: stallAfter, stallTimeout: request.options.stallTimeout, rate: rate,
+                clock: request.clock, seed: seed,
                 transport: self, index: index))
     }
 
@@ -214,6 +220,7 @@ final class ScriptedResponse: TransportResponse, Sendable {
     private let cutAfter: Int?
     private let holdAfter: Int?
     private let stallAfter: Int?
+    private let stallTimeout: Double
     private let rate: Double?
     private let clock: any DownloadClock
     private let seed: UInt64
@@ -224,7 +231,7 @@ final class ScriptedResponse: TransportResponse, Sendable {
 
     init(
         head: ResponseHead, data: [UInt8], body: Range<Int>, chunkSizes: ClosedRange<Int>, cutAfter: Int?,
-        holdAfter: Int?, stallAfter: Int?, rate: Double?, clock: any DownloadClock, seed: UInt64,
+        holdAfter: Int?, stallAfter: Int?, stallTimeout: Double, rate: Double?, clock: any DownloadClock, seed: UInt64,
         transport: ScriptedTransport, index: Int
     ) {
         self.head = head
@@ -234,6 +241,7 @@ final class ScriptedResponse: TransportResponse, Sendable {
         self.cutAfter = cutAfter
         self.holdAfter = holdAfter
         self.stallAfter = stallAfter
+        self.stallTimeout = stallTimeout
         self.rate = rate
         self.clock = clock
         self.seed = seed
@@ -266,9 +274,14 @@ final class ScriptedResponse: TransportResponse, Sendable {
                 return .failure(.cancelled)
             }
             if let stallAfter, sent >= stallAfter {
-                // Stalled: nothing more until cancelled (looking again every 50 ms of the clock).
+                // Stalled: nothing more until cancelled, or until the stall timeout has passed on the clock (looking
+                // again every 50 ms of it).
+                let since = clock.uptime()
                 while !cancelled.load(ordering: .acquiring) {
-                    guard await pause(seconds: 0.05) else { break }
+                    if clock.uptime() - since >= stallTimeout {
+                        return .failure(.stalled("no byte in \(stallTimeout) s (scripted)"))
+                    }
+                    guard await pause(seconds: min(0.05, stallTimeout)) else { break }
                 }
                 return .failure(.cancelled)
             }

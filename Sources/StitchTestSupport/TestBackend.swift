@@ -72,6 +72,22 @@ extension RecordedRequest {
 }
 
 extension TransportBackend {
+    /// The most body bytes the backend's shared transport reads from a connection before its sink has them: libcurl's
+    /// receive buffer, or what ``URLSessionTransport`` holds for a sink that cannot ask for its rest.
+    public var transportBufferLimit: Int64 {
+        switch self {
+        case .libcurl:
+            #if Libcurl
+            return Int64(CurlTransport.defaultReceiveBufferSize)
+            #else
+            fatalError("this build has no libcurl transport")
+            #endif
+        case .urlSession: return Int64(URLSessionTransport.shared.holdLimit)
+        }
+    }
+}
+
+extension TransportBackend {
     /// Whether the backend keeps a connection for the next request of a download (libcurl's keep-alive). Over
     /// URLSession every request the engine makes gets a session, and so a connection, of its own.
     public var keepsConnections: Bool { self == .libcurl }

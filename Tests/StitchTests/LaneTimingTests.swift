@@ -63,7 +63,8 @@ import Testing
     }
 
     /// Downloads the transport's file on a fresh ``ManualClock``, stepping it by 10 ms (``drive``).
-    static func run(_ transport: ScriptedTransport, options: DownloadOptions) async throws -> Run {
+    /// No virtual time passes before `startAfter` requests are made (by default the whole file's and each lane's).
+    static func run(_ transport: ScriptedTransport, options: DownloadOptions, startAfter: Int? = nil) async throws -> Run {
         let clock = ManualClock()
         let events = Locked<[(time: Double, event: DownloadEvent)]>([])
         let directory = try TemporaryDirectory()
@@ -85,7 +86,7 @@ import Testing
             result.withLock { $0 = outcome }
         }
         // The request for the whole file, then one per lane.
-        await drive(clock, transport, step: 0.01, limit: 300, startAfter: 1 + (options.connections ?? 1)) {
+        await drive(clock, transport, step: 0.01, limit: 300, startAfter: startAfter ?? 1 + (options.connections ?? 1)) {
             result.withLock { $0 != nil }
         }
         _ = await task.result
@@ -160,5 +161,96 @@ import Testing
         #expect(transport.bytesDelivered == size, "\(transport.bytesDelivered) bytes delivered for \(size)")
         #expect(done.bytesTransferred == Int64(size))
         print("LaneTimingTests.stall: ended at \(run.ended) virtual s, \(requests.count) requests")
+    }
+
+    /// The end game on a slower, still moving connection: lane 3 brings 3 MiB/s while the other three bring their
+    /// 4 MiB at 8 MiB/s, not slow enough next to them to be replaced. Once they are done (half a virtual second), it
+    /// has more than half a second left, so idle lanes take over the end of its segment and the download ends well
+    /// before the 1.33 s that lane alone would need. Each byte is written once; the cut request dropped at most the
+    /// one chunk that crossed its new end.
+    @Test func idleLanesTakeOverTheEndOfASlowerSegment() async throws {
+        let size = 16 << 20
+        let file = ServedFile.random(size: size, seed: 33, etag: "\"steal\"")
+        let transport = ScriptedTransport(
+            file: file, script: Self.firstOfLane(3, .serve(chunks: 65_536...65_536, rate: 3 * 1024 * 1024)))
+        var options = DownloadOptions()
+        options.connections = 4
+        let run = try await Self.run(transport, options: options)
+
+        let done = try run.result.get()
+        let same = run.bytes == file.data
+        #expect(same)
+        #expect(!run.notices.contains { $0.text.contains("replacing a slow connection") }, "\(run.notices)")
+        let quarter = size / 4
+        let ranges = transport.requests.compactMap(\.range)
+        let slow = try #require(transport.requests.first { $0.range?.hasPrefix("bytes=\(3 * quarter)-") == true })
+        #expect(slow.delivered < quarter, "the slow request was not cut: \(slow.delivered) bytes")
+        // Later requests inside the slow segment, from past where its bytes had got to.
+        let steals = ranges.filter { range in
+            guard let start = Int(range.dropFirst(6).prefix { $0 != "-" }) else { return false }
+            return start > 3 * quarter + slow.delivered / 2 && start < size
+        }
+        #expect(!steals.isEmpty, "no steal: \(ranges)")
+        #expect(run.ended < 1.2, "the download took \(run.ended) virtual seconds")
+        #expect(done.bytesTransferred == Int64(size))
+        #expect(done.bytesDiscarded <= 65_536 * Int64(steals.count), "\(done.bytesDiscarded) dropped")
+        print("LaneTimingTests.steal: \(ranges), ended at \(run.ended) virtual s, \(done.bytesDiscarded) dropped")
+    }
+
+    /// A rate limit shared by four lanes: 16 MiB at 4 MiB/s takes four virtual seconds (less the limiter's burst),
+    /// however fast each connection could go, and no connection is judged slow or replaced for it.
+    @Test func aRateLimitHoldsEveryLaneToItsShare() async throws {
+        let size = 16 << 20
+        let rate: Int64 = 4 << 20
+        let burst: Int64 = 256 << 10
+        let file = ServedFile.random(size: size, seed: 34, etag: "\"rate\"")
+        let transport = ScriptedTransport(file: file) { _, _ in .serve(chunks: 65_536...65_536, rate: Self.fast) }
+        var options = DownloadOptions()
+        options.connections = 4
+        options.rateLimiter = RateLimiter(bytesPerSecond: rate, burst: burst)
+        let run = try await Self.run(transport, options: options)
+
+        let done = try run.result.get()
+        let same = run.bytes == file.data
+        #expect(same)
+        let least = Double(Int64(size) - burst) / Double(rate)
+        #expect(run.ended >= least - 0.05 && run.ended <= Double(size) / Double(rate) + 0.5,
+            "16 MiB at 4 MiB/s took \(run.ended) virtual seconds")
+        #expect(!run.notices.contains { $0.text.contains("replacing") }, "\(run.notices)")
+        #expect(done.bytesTransferred == Int64(size))
+        print("LaneTimingTests.rate: ended at \(run.ended) virtual s, \(transport.requests.count) requests")
+    }
+
+    /// One connection that stalls after 100,000 bytes: nothing else can take its bytes over, so the stall timeout
+    /// (30 s of the clock) ends it, the engine says it retries and waits its backoff on the same clock, and the
+    /// next request asks for the rest from exactly where the bytes stop. Byte-exact, in about 30 virtual seconds.
+    @Test func aLoneStalledConnectionTimesOutAndResumes() async throws {
+        let size = 2 << 20
+        let file = ServedFile.random(size: size, seed: 35, etag: "\"lone\"")
+        let transport = ScriptedTransport(file: file) { _, index in
+            index == 0 ? .stall(after: 100_000, rate: Self.fast) : .serve(rate: Self.fast)
+        }
+        var options = DownloadOptions()
+        options.connections = 1
+        options.transport.stallTimeout = 30
+        let run = try await Self.run(transport, options: options, startAfter: 1)
+
+        let done = try run.result.get()
+        let same = run.bytes == file.data
+        #expect(same)
+        let retries = run.events.compactMap { entry -> (Double, String)? in
+            if case .retrying(_, _, _, let reason) = entry.event { return (entry.time, reason) }
+            return nil
+        }
+        #expect(retries.count == 1, "\(retries)")
+        if let (time, reason) = retries.first {
+            #expect(time >= 30 && time < 30.5, "the stall was given up at \(time) virtual s")
+            #expect(reason.contains("no byte in 30"), "\(reason)")
+        }
+        #expect(transport.requests.map(\.range) == [nil, "bytes=100000-"])
+        #expect(transport.requests.first?.delivered == 100_000)
+        #expect(run.ended >= 30 && run.ended < 40, "ended at \(run.ended) virtual s")
+        #expect(done.bytesTransferred == Int64(size) && done.resumedFrom == 0)
+        print("LaneTimingTests.lone stall: \(retries), ended at \(run.ended) virtual s")
     }
 }

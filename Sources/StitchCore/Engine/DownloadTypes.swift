@@ -203,8 +203,11 @@ public struct DownloadResult: Sendable, Hashable {
     public var destination: String
     /// The file's length in bytes.
     public var bytes: Int64
-    /// Bytes fetched over the network in this run.
+    /// Body bytes this run fetched and kept: written to the file, or compared with bytes already on it.
     public var bytesTransferred: Int64
+    /// Body bytes this run fetched and dropped: those a connection received past the point where its range had been
+    /// split off to another connection (fetched twice: the price of steals and of replaced connections).
+    public var bytesDiscarded: Int64 = 0
     /// The offset this run resumed from (0 for a fresh start).
     public var resumedFrom: Int64
     /// True when nothing was fetched because the file was already complete.

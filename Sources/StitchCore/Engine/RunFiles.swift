@@ -247,7 +247,8 @@ final class RunFiles: Sendable {
         }
         return DownloadResult(
             destination: store.paths.destination, bytes: bytes,
-            bytesTransferred: reporter.counters.received.load(ordering: .relaxed), resumedFrom: resumedFrom,
+            bytesTransferred: reporter.counters.received.load(ordering: .relaxed),
+            bytesDiscarded: reporter.counters.discarded.load(ordering: .relaxed), resumedFrom: resumedFrom,
             alreadyComplete: false, checksum: verified)
     }
 
