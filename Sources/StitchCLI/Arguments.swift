@@ -1,3 +1,4 @@
+import Foundation
 import Stitch
 
 /// A usage error: one line, exit status 64.
@@ -119,8 +120,10 @@ struct GetOptions {
                     index += 1
                     continue
                 }
-                guard let n = Int(text), (1...16).contains(n) else {
-                    throw UsageError("--connections takes a whole number from 1 to 16, not '\(text)'")
+                let range = DownloadOptions.connectionRange
+                guard let n = Int(text), range.contains(n) else {
+                    throw UsageError(
+                        "--connections takes a whole number from \(range.lowerBound) to \(range.upperBound), not '\(text)'")
                 }
                 options.connections = n
             case "--limit-rate":
@@ -286,4 +289,16 @@ enum CommandLineURL {
         let endsInAName = name.split(separator: ".").last?.first?.isLetter ?? false
         return (name == "localhost" || dotted) && (hasPath || endsInAName || name == "localhost")
     }
+}
+
+/// The daemon's secret from a file, as `stitch serve` and the client commands both read it (so they agree on
+/// it): `~` expanded, spaces and line ends around it dropped (a file written by `echo`, or by an editor that
+/// adds a newline, holds the same secret as one without); an empty or unreadable file is a usage error.
+func readSecretFile(_ path: String) throws -> String {
+    let expanded = (path as NSString).expandingTildeInPath
+    guard let data = FileManager.default.contents(atPath: expanded), let text = String(data: data, encoding: .utf8)
+    else { throw UsageError("cannot read the secret file \(path)") }
+    let secret = text.trimmingCharacters(in: .whitespacesAndNewlines)
+    guard !secret.isEmpty else { throw UsageError("the secret file \(path) is empty") }
+    return secret
 }

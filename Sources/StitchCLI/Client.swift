@@ -2,6 +2,7 @@ import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+import Stitch
 import StitchRPC
 
 /// `stitch add | ls | pause | resume | rm | stats | watch`: a client of a running `stitch serve`, over the aria2
@@ -134,11 +135,11 @@ enum Client {
         }
         // Flag, environment, config file: the file's secret (from its own file or inline) comes last.
         if let secretFile {
-            options.secret = try readSecret(secretFile)
+            options.secret = try readSecretFile(secretFile)
         } else if let secret = environment["STITCH_RPC_SECRET"], !secret.isEmpty {
             options.secret = secret
         } else if let file = config.secretFile {
-            options.secret = try readSecret(file)
+            options.secret = try readSecretFile(file)
         } else {
             options.secret = config.secret
         }
@@ -151,8 +152,10 @@ enum Client {
         case "-d", "--dir": options.append(("dir", .string(text)))
         case "-o", "--output": options.append(("out", .string(text)))
         case "-c", "--connections":
-            guard let count = Int(text), (1...16).contains(count) else {
-                throw UsageError("\(flag) takes a number of connections from 1 to 16, not '\(text)'")
+            let range = DownloadOptions.connectionRange
+            guard let count = Int(text), range.contains(count) else {
+                throw UsageError(
+                    "\(flag) takes a number of connections from \(range.lowerBound) to \(range.upperBound), not '\(text)'")
             }
             options.append(("split", .string("\(count)")))
             options.append(("max-connection-per-server", .string("\(count)")))
@@ -165,15 +168,6 @@ enum Client {
                 options.append(("header", .array([.string(text)])))
             }
         }
-    }
-
-    static func readSecret(_ path: String) throws -> String {
-        let expanded = (path as NSString).expandingTildeInPath
-        guard let data = FileManager.default.contents(atPath: expanded), let text = String(data: data, encoding: .utf8)
-        else { throw UsageError("cannot read the secret file \(path)") }
-        let secret = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !secret.isEmpty else { throw UsageError("the secret file \(path) is empty") }
-        return secret
     }
 
     // MARK: - Commands

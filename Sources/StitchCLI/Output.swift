@@ -20,6 +20,8 @@ final class Output: Sendable {
 
     struct State {
         var meter = SpeedMeter()
+        /// The meter has its first sample, from the first response's start (``bodyBegins(at:)``).
+        var meterStarted = false
         var lastTime: Double = 0
         var speed: Double = 0
         var lastPlainLine: Double = 0
@@ -155,10 +157,12 @@ final class Output: Sendable {
         max(1, (size?.columns ?? 100) - 1)
     }
 
-    /// Moves to the start of a live area of `rows` rows whose last row holds the cursor, and erases to the end of
-    /// the screen.
+    /// Erases a live area of `rows` rows whose last row holds the cursor, row by row from the last up (EL 2, then
+    /// up one), and leaves the cursor at the start of its first row. Lines, not the screen: erasing to the end of
+    /// the screen (ED) from a screen's first row clears the whole screen, which tmux (scroll-on-clear) and some
+    /// terminals keep in their history — a copy of every frame.
     private static func erasure(_ rows: Int) -> String {
-        "\r" + (rows > 1 ? "\u{1B}[\(rows - 1)A" : "") + "\u{1B}[J"
+        "\r\u{1B}[2K" + String(repeating: "\u{1B}[1A\u{1B}[2K", count: max(0, rows - 1))
     }
 
     /// Whether a live area is on the screen, for an exit that cannot wait for its owner (a second Ctrl-C): it
@@ -214,6 +218,17 @@ final class Output: Sendable {
         object["event"] = event
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
         Self.stdout(String(decoding: data, as: UTF8.self) + "\n")
+    }
+
+    /// A response's body starts at `offset`: the speed is measured from here, so the first progress line already
+    /// has one (a meter with one sample has none, and the line would say "0 B/s, ETA --:--" while bytes arrive).
+    func bodyBegins(at offset: Int64) {
+        let now = monotonicSeconds()
+        state.withLock { state in
+            guard state.lastTime == 0, !state.meterStarted else { return }
+            state.meterStarted = true
+            state.meter.add(bytes: offset, at: now)
+        }
     }
 
     func progress(_ progress: DownloadProgress) {

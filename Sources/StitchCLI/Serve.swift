@@ -75,7 +75,7 @@ enum Serve {
             case "--rpc-private-key": privateKey = try value()
             case "--rpc-max-request-size":
                 let text = try value()
-                guard let size = RateLimiter.parse(text), size >= 1_024, size <= 1 << 30 else {
+                guard let size = ByteSize.parse(text), size >= 1_024, size <= 1 << 30 else {
                     throw UsageError("--rpc-max-request-size takes a size from 1K to 1G (16M, 512K), not '\(text)'")
                 }
                 maxRequestSize = Int(size)
@@ -90,7 +90,7 @@ enum Serve {
                     rate = parsed
                 }
             case "--max-connections-per-host": perHost = try count(1...4_096)
-            case "-c", "--split", "--connections": connections = try count(1...16)
+            case "-c", "--split", "--connections": connections = try count(DownloadOptions.connectionRange)
             case "--log": logFile = try value()
             case "-v", "--verbose": verbose = true
             default:
@@ -107,12 +107,7 @@ enum Serve {
             }
         }
         if let secretFile {
-            guard let data = FileManager.default.contents(atPath: secretFile),
-                let text = String(data: data, encoding: .utf8)
-            else { throw UsageError("cannot read the secret file \(secretFile)") }
-            let secret = text.trimmingCharacters(in: .newlines)
-            guard !secret.isEmpty else { throw UsageError("the secret file \(secretFile) is empty") }
-            options.secret = secret
+            options.secret = try readSecretFile(secretFile)
         } else if let secret = environment["STITCH_RPC_SECRET"], !secret.isEmpty {
             options.secret = secret
         }

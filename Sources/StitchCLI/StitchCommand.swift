@@ -299,6 +299,7 @@ struct StitchCommand {
             if let note { fields["note"] = note }
             output.json("resume", fields)
         case .receiving(let status, let offset, let total):
+            output.bodyBegins(at: offset)
             var fields: [String: Any] = ["status": status, "offset": offset]
             if let total { fields["total"] = total }
             output.json("response", fields)
@@ -471,6 +472,7 @@ extension DownloadError.Remedy {
         switch self {
         case .overwrite(let purpose): return "pass --overwrite \(purpose)"
         case .rerun(let purpose): return "rerun \(purpose)"
+        case .saveToFile: return "use -o FILE to download it resumably"
         }
     }
 }

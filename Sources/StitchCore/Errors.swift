@@ -106,6 +106,9 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
         case overwrite(Purpose)
         /// Run the same download again: it resumes from what was saved.
         case rerun(Purpose)
+        /// Download to a file instead of streaming it (`stitch get -o FILE`): a file can be resumed, a stream
+        /// whose bytes have gone to the reader cannot.
+        case saveToFile
 
         /// What taking the remedy achieves.
         public enum Purpose: Sendable, Hashable, CustomStringConvertible {
@@ -129,6 +132,7 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
             switch self {
             case .overwrite(let purpose): return "allow overwriting \(purpose)"
             case .rerun(let purpose): return "run it again \(purpose)"
+            case .saveToFile: return "download it to a file, which can be resumed"
             }
         }
     }

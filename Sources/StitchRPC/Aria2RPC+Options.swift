@@ -49,11 +49,9 @@ extension Aria2RPC {
         }
         // Several URIs are mirrors of one file, as in aria2: kept with the download and tried in turn.
         if urls.count > 1 { options.mirrors = urls }
+        // Read before the add: a bad position adds nothing. The add and the move are one step of the manager.
+        if params.count > 2 { options.position = .fromStart(try Self.int(params, 2, "position")) }
         let id = try await manager.add(urls[0], options: options)
-        if params.count > 2 {
-            let position = try Self.int(params, 2, "position")
-            if await manager.waitingQueue().contains(id) { try await manager.move(id, to: .fromStart(position)) }
-        }
         return .string("\(id)")
     }
 
@@ -86,8 +84,9 @@ extension Aria2RPC {
             options.out = text
         case "split", "max-connection-per-server":
             // aria2 opens min(split, max-connection-per-server) connections to one server.
-            guard let count = Int(text), (1...16).contains(count) else {
-                throw Failure.aria2("option \(name): \(text) is not 1…16")
+            let range = DownloadOptions.connectionRange
+            guard let count = Int(text), range.contains(count) else {
+                throw Failure.aria2("option \(name): \(text) is not \(range.lowerBound)…\(range.upperBound)")
             }
             options.connections = min(count, options.connections ?? count)
         case "max-tries":
@@ -104,7 +103,7 @@ extension Aria2RPC {
             }
             if name == "timeout" { options.tuning.stallTimeout = seconds } else { options.tuning.connectTimeout = seconds }
         case "min-split-size":
-            guard let size = RateLimiter.parse(text), size >= 1 << 20, size <= 1 << 30 else {
+            guard let size = ByteSize.parse(text), size >= 1 << 20, size <= 1 << 30 else {
                 throw Failure.aria2("option min-split-size: \(text) is not 1M…1024M")
             }
             options.tuning.minimumSplitSize = size
@@ -322,14 +321,15 @@ extension Aria2RPC {
                 changes.append { try await $0.setRateLimit(rate) }
             case "max-connection-per-server":
                 // aria2's is each download's default; Stitch caps a download at 16 and chooses below that itself.
-                guard let count = Int(text), (1...16).contains(count) else {
-                    throw Failure.aria2("option \(name): \(text) is not 1…16")
+                let range = DownloadOptions.connectionRange
+                guard let count = Int(text), range.contains(count) else {
+                    throw Failure.aria2("option \(name): \(text) is not \(range.lowerBound)…\(range.upperBound)")
                 }
-                guard count == 16 else {
+                guard count == range.upperBound else {
                     throw Failure.aria2(
                         "option max-connection-per-server is set per download in Stitch (split or "
                             + "max-connection-per-server in addUri); the daemon's cap over all downloads of a host is "
-                            + "--max-connections-per-host")
+                            + "set when it starts")
                 }
             default:
                 throw Failure.aria2("option \(name) cannot be changed while the server runs")

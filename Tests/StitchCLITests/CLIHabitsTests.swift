@@ -198,6 +198,8 @@ struct CLIHabitsTests {
         #expect(errorLines(result).count == (withValidator ? 2 : 1), "\(result.stderr)")
         let last = errorLines(result).last ?? ""
         #expect(last.contains(withValidator ? "cannot restart from zero" : "cannot be resumed"), "\(result.stderr)")
+        // The library says what to do in no interface's words (Remedy.saveToFile); the command line names its flag.
+        #expect(last.contains("use -o FILE to download it resumably"), "\(result.stderr)")
         #expect(result.stdoutBytes.count <= 1 << 20 && result.stdoutBytes.count > 0)
         #expect(result.stdoutBytes == Array(file.data.prefix(result.stdoutBytes.count)), "a prefix of the file, never spliced")
         #expect(server.requests(for: "/f.bin").count == (withValidator ? 2 : 1))

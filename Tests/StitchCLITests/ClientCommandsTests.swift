@@ -87,6 +87,23 @@ struct ClientCommandsTests {
         _ = await daemon.stop()
     }
 
+    /// One secret file read the same way by the daemon and the client: spaces and line ends around the secret are
+    /// dropped by both (the daemon kept a trailing space the client dropped, so the two never agreed).
+    @Test func oneSecretFileServesBothEnds() async throws {
+        let sandbox = try Sandbox("client")
+        defer { sandbox.cleanup() }
+        try Data("s3cret-token \t\r\n".utf8).write(to: URL(fileURLWithPath: sandbox.path("secret")))
+        let daemon = try await ServedDaemon(
+            directory: sandbox.path("dl"), ["--rpc-secret-file", sandbox.path("secret")],
+            environment: ["STITCH_TEST_WRONG_SECRET_DELAY": "0.01"], sandbox: sandbox)
+        let stats = try await Self.client(["stats", "--rpc-secret-file", sandbox.path("secret")], daemon, in: sandbox)
+        #expect(stats.status == 0, "\(stats)")
+        let bare = try await Self.client(
+            ["stats"], daemon, in: sandbox, environment: ["STITCH_RPC_SECRET": "s3cret-token"])
+        #expect(bare.status == 0, "the secret without the spaces: \(bare)")
+        _ = await daemon.stop()
+    }
+
     /// What goes wrong is said in one line with its exit status: an unknown GID (1), no daemon there (75), a
     /// secret on the command line (64), a daemon with a secret asked without it (1) — and with it from the
     /// config file the client names (0).

@@ -102,6 +102,10 @@ struct ProgressViewTests {
         var final: [String]
         var phases: [Phase]
         var seen: [String: Bool]
+        /// The first progress rows seen, in order (up to five).
+        var firstProgress: [String]
+        /// Erases of a whole screen with something on it (what tmux's scroll-on-clear keeps in its history).
+        var clears: Int
         var raw: String
 
         var progressRows: [String] { final.filter { $0.range(of: #"\d+%"#, options: .regularExpression) != nil } }
@@ -128,7 +132,8 @@ struct ProgressViewTests {
         }
         return Screen(
             status: object["status"] as? Int ?? -1, final: object["final"] as? [String] ?? [], phases: phases,
-            seen: object["seen"] as? [String: Bool] ?? [:], raw: result.stdout)
+            seen: object["seen"] as? [String: Bool] ?? [:], firstProgress: object["first_progress"] as? [String] ?? [],
+            clears: object["clears"] as? Int ?? -1, raw: result.stdout)
     }
 
     /// One download on terminals of 40, 60 and 120 columns, to a file with a Chinese name: one progress line,
@@ -157,6 +162,15 @@ struct ProgressViewTests {
         if columns >= 120 { #expect(last.hasPrefix(Self.chineseName), "\(last)") }
         // The path stdout printed starts a row (nothing glued to the progress line before it).
         #expect(screen.final.contains { $0.hasPrefix(sandbox.directory) }, "\(screen.final)")
+        // The line starts on the screen's first row: each frame erases it as a line, never the screen (which tmux
+        // would keep in its history, one copy per frame).
+        #expect(screen.clears == 0, "the screen was erased \(screen.clears) times: \(screen.raw)")
+        if columns >= 120 {
+            // The first line with bytes has a speed and an ETA already (measured from the body's start).
+            let first = try #require(screen.firstProgress.first { !$0.contains(" 0%") }, "\(screen.firstProgress)")
+            #expect(!first.contains(" 0 B/s") && first.contains("/s"), "\(screen.firstProgress)")
+            #expect(!first.contains("--:--"), "\(screen.firstProgress)")
+        }
     }
 
     /// Resized from 120 to 40 columns mid-download (SIGWINCH), the view re-measures: later frames fit 40 columns,

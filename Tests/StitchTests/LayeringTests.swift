@@ -29,25 +29,91 @@ import Testing
         }
     }
 
-    /// No command-line flag in a library message: errors carry a typed remedy (`DownloadError.Remedy`) that the CLI
-    /// renders as a flag and a daemon in its own words.
+    /// No command-line flag in a library message, long (`--overwrite`) or short (`-o FILE`): errors carry a typed
+    /// remedy (`DownloadError.Remedy`) that the CLI renders as a flag and a daemon in its own words. The daemon's
+    /// RPC (StitchRPC) answers clients that never see the command line, so it is held to the same rule.
     @Test func noCommandLineFlagsInLibraryStrings() throws {
-        let sources = try Self.sources()
+        let sources = try Self.sources(of: Self.libraryTargets + ["StitchRPC"])
         #expect(sources.count > 20, "found \(sources.count) sources under \(Self.sourcesRoot.path)")
         var found: [String] = []
         for (path, lines) in sources {
             for (number, line) in lines.enumerated() {
                 let code = line.trimmingCharacters(in: .whitespaces)
                 if code.hasPrefix("//") { continue }  // comments may name flags
-                // A string literal holding `--word`.
-                guard let quote = code.firstIndex(of: "\""), code[quote...].contains("--") else { continue }
-                let literal = code[quote...]
-                if literal.range(of: #"--[a-z]"#, options: .regularExpression) != nil {
-                    found.append("\(path):\(number + 1): \(code)")
-                }
+                guard let quote = code.firstIndex(of: "\"") else { continue }
+                if Self.namesAFlag(code[quote...]) { found.append("\(path):\(number + 1): \(code)") }
             }
         }
         #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
+    }
+
+    /// Whether `text` (from a string literal's opening quote on) holds `--word`, or a lone `-x` standing as a word:
+    /// after a space, a quote or a bracket and before one (so `Content-Length`, `bytes=0-99` and `-1` do not count).
+    static func namesAFlag(_ text: Substring) -> Bool {
+        text.range(of: #"--[a-z]"#, options: .regularExpression) != nil
+            || text.range(of: #"(^|[\s"'(\[`])-[A-Za-z]($|[\s"'),.;:\]`])"#, options: .regularExpression) != nil
+    }
+
+    /// The flag finder on lines that name flags and on lines that only look alike.
+    @Test(arguments: [
+        (#""use -o FILE""#, true), (#""pass --overwrite to""#, true), (#""(-c 4)""#, true), (#""`-x`""#, true),
+        (#""Content-Length: 5""#, false), (#""bytes=0-99""#, false), (#""-1 is the end""#, false),
+        (#""a - b""#, false), (#""x-request-id""#, false), (#""re-run it""#, false),
+    ])
+    func theFlagFinderTellsFlagsApart(_ line: String, _ flag: Bool) {
+        #expect(Self.namesAFlag(Substring(line)) == flag, "\(line)")
+    }
+
+    /// The library builds for Apple platforms in principle: no call or import of a platform's C module (`Glibc.`,
+    /// `Musl.`, `Darwin.`) outside a branch whose condition names that module (`#if canImport(Glibc)`). The targets
+    /// an app links on Darwin: the umbrella, the core, the transport protocol, URLSession's backend, the locks.
+    @Test func platformModulesOnlyInTheirOwnBranches() throws {
+        let sources = try Self.sources(of: ["Stitch", "StitchCore", "StitchTransport", "StitchURLSession", "StitchLocks"])
+        #expect(sources.count > 20)
+        let found = sources.flatMap { Self.platformCallsOutsideTheirBranch(path: $0.path, lines: $0.lines) }
+        #expect(found.isEmpty, "\(found.joined(separator: "\n"))")
+    }
+
+    /// The scanner finds a qualified call outside its branch, and none inside one (nested and `#elseif` included).
+    @Test func thePlatformScannerSeesBranches() {
+        let source: [Substring] = [
+            "#if canImport(Glibc)", "import Glibc", "let a = Glibc.write(1, p, 2)", "#elseif canImport(Darwin)",
+            "let b = Darwin.write(1, p, 2)", "let c = Glibc.read(1, p, 2)", "#else", "let d = Musl.read(1, p, 2)",
+            "#endif", "#if os(Linux)", "#if canImport(Musl)", "let e = Musl.link(a, b)", "#endif", "#endif",
+            "let f = Glibc.link(a, b)  // outside every branch", "// Glibc.write in a comment",
+        ]
+        #expect(
+            Self.platformCallsOutsideTheirBranch(path: "X.swift", lines: source)
+                == ["X.swift:6: let c = Glibc.read(1, p, 2)", "X.swift:8: let d = Musl.read(1, p, 2)",
+                    "X.swift:15: let f = Glibc.link(a, b)  // outside every branch"])
+    }
+
+    /// Lines of `lines` that name `Glibc.`, `Musl.` or `Darwin.` (in code, not in a `//` comment) without a
+    /// condition in force that names `canImport` of that module.
+    static func platformCallsOutsideTheirBranch(path: String, lines: [Substring]) -> [String] {
+        let modules = ["Glibc", "Musl", "Darwin"]
+        var conditions: [String] = []  // the condition of each open #if's branch now in force ("" after #else)
+        var found: [String] = []
+        for (number, line) in lines.enumerated() {
+            let code = line.trimmingCharacters(in: .whitespaces)
+            if code.hasPrefix("#if ") {
+                conditions.append(String(code.dropFirst(4)))
+            } else if code.hasPrefix("#elseif "), !conditions.isEmpty {
+                conditions[conditions.count - 1] = String(code.dropFirst(8))
+            } else if code.hasPrefix("#else"), !conditions.isEmpty {
+                conditions[conditions.count - 1] = ""
+            } else if code.hasPrefix("#endif"), !conditions.isEmpty {
+                conditions.removeLast()
+            } else if !code.hasPrefix("//") {
+                let beforeComment = code.range(of: "//").map { code[..<$0.lowerBound] } ?? code[...]
+                for module in modules where beforeComment.contains("\(module).") || beforeComment.hasPrefix("import \(module)") {
+                    if !conditions.contains(where: { $0.contains("canImport(\(module))") }) {
+                        found.append("\(path):\(number + 1): \(code)")
+                    }
+                }
+            }
+        }
+        return found
     }
 
     /// One lock for every target: StitchLocks' `Locked` (a pthread mutex ThreadSanitizer sees), never

@@ -59,6 +59,52 @@ import StitchLocks
         await reopened.close()
     }
 
+    /// An add at a place (aria2's `addUri` position) is one step: the new download is in the waiting queue where
+    /// asked, never first at the end, in a batch too; the places are kept by one catalog transaction, so a new
+    /// manager on the same catalog sees the same order. A download returned by `reuseExisting` keeps its place.
+    @Test func anAddAtAPlaceIsOneStep() async throws {
+        let f = try ManagerFixture()
+        let manager = try f.open()
+        func paused(_ name: String, _ position: DownloadManager.QueuePosition? = nil) -> DownloadManager.AddOptions {
+            var options = DownloadManager.AddOptions(out: "\(name).bin")
+            options.paused = true
+            options.position = position
+            return options
+        }
+        var ids: [DownloadID] = []
+        for name in ["a", "b", "c"] { ids.append(try await manager.add(f.server.url("/\(name).bin"), options: paused(name))) }
+        let (a, b, c) = (ids[0], ids[1], ids[2])
+        // The manager's events: the new download's first event is its add, at its place already.
+        let events = await manager.events()
+        let d = try await manager.add(f.server.url("/d.bin"), options: paused("d", .fromStart(1)))
+        #expect(await manager.waitingQueue() == [a, d, b, c])
+        var iterator = events.makeAsyncIterator()
+        if case .added(let snapshot)? = await iterator.next() {
+            #expect(snapshot.id == d)
+            #expect(snapshot.position > (await manager.download(a)?.position ?? .max), "added at its place")
+            #expect(snapshot.position < (await manager.download(b)?.position ?? .min), "added at its place")
+        } else {
+            Issue.record("the add was not the first event")
+        }
+        let batch = try await manager.add([
+            (f.server.url("/e.bin"), paused("e", .fromStart(0))), (f.server.url("/g.bin"), paused("g")),
+            (f.server.url("/h.bin"), paused("h", .fromEnd(-1))),
+        ])
+        let (e, g, h) = (batch[0], batch[1], batch[2])
+        #expect(await manager.waitingQueue() == [e, a, d, b, c, h, g])
+        var again = paused("b", .fromStart(0))
+        again.reuseExisting = true
+        #expect(try await manager.add(f.server.url("/b.bin"), options: again) == b)
+        #expect(await manager.waitingQueue() == [e, a, d, b, c, h, g], "a held download keeps its place")
+        let positions = await manager.downloads().map(\.position)
+        #expect(Set(positions).count == positions.count, "no two at one position: \(positions)")
+        await manager.close()
+
+        let reopened = try f.open()
+        #expect(await reopened.waitingQueue() == [e, a, d, b, c, h, g])
+        await reopened.close()
+    }
+
     /// A move renumbers only the waiting downloads, with the positions they had: one that is not waiting (a
     /// cancelled one) keeps its position, no two downloads share one, and the order of everything is determined.
     @Test func moveLeavesOthersInPlace() async throws {

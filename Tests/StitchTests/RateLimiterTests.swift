@@ -220,4 +220,15 @@ import Testing
     func rejects(text: String) {
         #expect(RateLimiter.parse(text) == nil, "\(text.debugDescription)")
     }
+
+    /// Sizes are read as rates are, without the rate's `/s`: a size written as a rate is refused.
+    @Test func sizesAreRatesWithoutPerSecond() {
+        for (text, bytes) in [("16M", Int64(16 << 20)), ("512K", 512 << 10), ("1.5MiB", 3 << 19), ("800b", 800), ("1G", 1 << 30)] {
+            #expect(ByteSize.parse(text) == bytes, "\(text)")
+            #expect(RateLimiter.parse(text) == bytes, "\(text)")
+            #expect(RateLimiter.parse(text + "/s") == bytes, "\(text)/s")
+            #expect(ByteSize.parse(text + "/s") == nil, "\(text)/s is a rate, not a size")
+        }
+        #expect(ByteSize.parse("0") == nil && ByteSize.parse("") == nil && ByteSize.parse("1X") == nil)
+    }
 }

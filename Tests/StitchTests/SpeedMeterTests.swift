@@ -7,7 +7,7 @@ import Testing
 @Suite struct SpeedMeterTests {
     static let mib = Double(1 << 20)
 
-    /// A steady 5 MiB/s sampled every quarter second reads 5 MiB/s once a fifth of a second has passed.
+    /// A steady 5 MiB/s sampled every quarter second reads 5 MiB/s once a tenth of a second has passed.
     @Test func steadyRateIsExact() {
         var meter = SpeedMeter()
         #expect(meter.bytesPerSecond == 0)
@@ -34,6 +34,17 @@ import Testing
         #expect(seen.allSatisfy { $0 > 2 * Self.mib * 2 / 3 && $0 < 2 * Self.mib * 4 / 3 }, "\(seen.map { $0 / Self.mib })")
         let sorted = seen.sorted()
         #expect(abs(sorted[sorted.count / 2] - 2 * Self.mib) < 0.1 * 2 * Self.mib)
+    }
+
+    /// Samples spanning under a tenth of a second give no figure yet (too short to mean anything); from a tenth on
+    /// they do, so the first progress line after a body began (the CLI's sample at its start) has a speed.
+    @Test func aTenthOfASecondIsEnough() {
+        var meter = SpeedMeter()
+        meter.add(bytes: 0, at: 50)
+        meter.add(bytes: 1 << 20, at: 50.06)
+        #expect(meter.bytesPerSecond == 0)
+        meter.add(bytes: 2 << 20, at: 50.125)
+        #expect(abs(meter.bytesPerSecond - 16 * Self.mib) < 1)
     }
 
     /// Fewer bytes than before (a restart from zero) start afresh: the figure comes from the new bytes only.

@@ -10,7 +10,9 @@ terminal is resized (SIGWINCH) once the first progress row has been seen.
 
 Prints one JSON object: the exit status, the final screen's rows (right-stripped), and per phase (before and after
 the resize) the number of frames with progress, the most progress rows seen at once, and the progress rows that
-reached the last column; with --look-for TEXT, whether any frame showed TEXT.
+reached the last column; the first progress rows seen (up to five, in order); how many times the program erased a
+screen with something on it from its top (what tmux, with scroll-on-clear, moves into its history: a copy of the
+screen each time); with --look-for TEXT, whether any frame showed TEXT.
 """
 import argparse
 import fcntl
@@ -27,6 +29,21 @@ import termios
 import pyte
 
 PROGRESS = re.compile(r"\d+%")
+
+
+class ClearingScreen(pyte.Screen):
+    """A screen that counts erases of the whole screen (ED from the top-left, or ED 2/3) while it shows something:
+    tmux's scroll-on-clear keeps each of them in its history."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.clears = 0
+
+    def erase_in_display(self, how=0, *args, **kwargs):
+        whole = how in (2, 3) or (how == 0 and self.cursor.x == 0 and self.cursor.y == 0)
+        if whole and any(row.strip() for row in self.display):
+            self.clears += 1
+        super().erase_in_display(how, *args, **kwargs)
 
 
 def set_size(fd, rows, cols):
@@ -55,7 +72,8 @@ def main():
         preexec_fn=controlling_terminal, close_fds=True)
     os.close(slave)
 
-    screen = pyte.Screen(args.cols, args.rows)
+    screen = ClearingScreen(args.cols, args.rows)
+    first_progress = []
     stream = pyte.ByteStream(screen)
     phases = [{"frames": 0, "max_progress_rows": 0, "full_rows": []}, {"frames": 0, "max_progress_rows": 0, "full_rows": []}]
     phase = 0
@@ -69,6 +87,10 @@ def main():
         rows = [y for y, row in enumerate(screen.display) if PROGRESS.search(row)]
         if not rows:
             return
+        for y in rows:
+            text = screen.display[y].rstrip()
+            if len(first_progress) < 5 and text not in first_progress:
+                first_progress.append(text)
         record = phases[phase]
         if os.environ.get("SCREEN_DEBUG"):
             print(f"frame phase {phase}:", [screen.display[y].rstrip() for y in rows], file=sys.stderr)
@@ -116,7 +138,7 @@ def main():
     json.dump({
         "status": status, "timed_out": timed_out,
         "final": [row.rstrip() for row in screen.display],
-        "phases": phases, "seen": seen,
+        "phases": phases, "seen": seen, "first_progress": first_progress, "clears": screen.clears,
     }, sys.stdout, ensure_ascii=False)
 
 

@@ -168,7 +168,8 @@ struct ForeignAdoption {
             try await offloaded { () throws(DownloadError) in try ForeignPartial.takeOver(paths, state: state) }
             let source: String
             switch foreign.origin {
-            case .prefix: source = "wget -c or curl -C -"
+            // A prefix of the file, as wget's and curl's resumable downloads leave it.
+            case .prefix: source = "wget or curl"
             case .aria2: source = "aria2"
             }
             let samples = Adoption.samples(of: foreign.claimed)

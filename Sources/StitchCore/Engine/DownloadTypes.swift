@@ -128,6 +128,9 @@ public struct DownloadOptions: Sendable {
     public var progressInterval: Double = 0.25
     /// TCP connections for one download; nil chooses by size (see ``Connections/automatic(forLength:step:)``).
     public var connections: Int?
+    /// The connections one download may be asked to use: 1 to 16. Every interface (the manager, the command line,
+    /// the daemon's RPC, input lists) checks a number it is given against this range.
+    public static let connectionRange: ClosedRange<Int> = 1...16
     /// An upper bound on ``connections`` and on the automatic choice.
     public var maximumConnections: Int?
     /// Asked once, when the download is about to use `wanted` (> 1) connections: how many it may use (the first

@@ -112,7 +112,7 @@ extension Downloader {
         DownloadError(
             .network,
             "the connection dropped after \(written) bytes went to the output, and the server gave no validator to "
-                + "continue from there with; the stream cannot be resumed (use -o FILE)")
+                + "continue from there with; the stream cannot be resumed", remedy: .saveToFile)
     }
 
     private func cannotRestart(_ reason: RestartReason, written: Int64) -> DownloadError {
@@ -120,7 +120,7 @@ extension Downloader {
             ? DownloadError(.protocolViolation, "the server's answer cannot be streamed: \(reason)")
             : DownloadError(
                 .unstableSource,
-                "\(reason); \(written) bytes already went to the output, so the stream cannot restart from zero "
-                    + "(use -o FILE to download it resumably)")
+                "\(reason); \(written) bytes already went to the output, so the stream cannot restart from zero",
+                remedy: .saveToFile)
     }
 }

@@ -74,6 +74,11 @@ public actor DownloadManager {
         public var adopt = false
         /// Higher starts first; equal priorities start in queue order (the order added, unless moved).
         public var priority = 0
+        /// Where in the waiting queue the download goes, counted as ``DownloadManager/move(_:to:)-(_,QueuePosition)``
+        /// counts (aria2's `addUri` position: `.fromStart(n)`); nil puts it at the end. The add and the move are one
+        /// step: no other call sees the download at the end first, and one catalog transaction keeps both. Not
+        /// applied to a download ``reuseExisting`` returns (it keeps its place).
+        public var position: QueuePosition?
         /// Add without starting (status ``DownloadStatus/paused``).
         public var paused = false
         /// When the manager already holds a download of this URL going to the same place — the same file for an
@@ -152,9 +157,8 @@ public actor DownloadManager {
     private let hosts: HostSlots
     private let claims = PathClaims()
     private var table: [DownloadID: Managed] = [:]
-    /// Downloads in start order, rebuilt lazily after additions and moves.
-    private var orderCache: [DownloadID]?
-    private var liveRuns = 0
+    /// The order, the places and the slots: which download starts next (a pure state machine the actor drives).
+    private var queue = DownloadQueue()
     private var nextRunToken = 0
     private var subscribers: [Int: Subscriber] = [:]
     private var nextSubscriber = 0
@@ -265,7 +269,7 @@ public actor DownloadManager {
             throw DownloadManagerError(.catalog(error.description))
         }
         var restored: [DownloadID: Managed] = [:]
-        var active = 0
+        var queue = DownloadQueue()
         for entry in entries {
             var entry = entry
             var status = Self.status(of: entry)
@@ -276,11 +280,11 @@ public actor DownloadManager {
             }
             let progress = Self.restoredProgress(entry, status: status)
             restored[entry.id] = Managed(entry: entry, status: status, progress: progress)
-            if Self.isActive(status) { active += 1 }
+            queue.insert(entry.id, at: .init(priority: entry.priority, position: entry.position), status: status)
             if let path = Self.claimedPath(entry) { claims.claim(path, for: entry.id) }
         }
         self.table = restored
-        self.activeCount = active
+        self.queue = queue
         self.restoreReport = RestoreReport(
             restored: entries.count, migratedFrom: catalog.openReport.migratedFrom,
             rebuiltBecause: catalog.openReport.rebuiltBecause, recoveredFromStateFiles: recovered)
@@ -348,9 +352,9 @@ public actor DownloadManager {
                     throw DownloadManagerError(.invalidRequest("mirror: \(error.message)"))
                 }
             }
-            if let connections = options.connections, !(1...16).contains(connections) {
+            if let connections = options.connections, !DownloadOptions.connectionRange.contains(connections) {
                 rollBack()
-                throw DownloadManagerError(.invalidRequest("connections must be 1…16, not \(connections)"))
+                throw DownloadManagerError(.invalidRequest(Self.connectionsRefusal(connections)))
             }
             if let rate = options.rateLimit, rate <= 0 {
                 rollBack()
@@ -396,19 +400,65 @@ public actor DownloadManager {
                     priority: options.priority, position: position, createdAt: now, updatedAt: now))
             ids.append(id)
         }
-        do { try catalog.insert(entries) } catch {
+        // Adds at a place: planned on a copy of the queue with the new downloads at the end, before anything is
+        // written; the new downloads' places go in with them, the others' moves in the same transaction.
+        let placed = zip(items.lazy.map(\.options.position), ids).compactMap { position, id in
+            batchIDs.contains(id) ? position.map { (id, $0) } : nil
+        }
+        var planned: DownloadQueue?
+        var moved: [DownloadQueue.Change] = []
+        if !placed.isEmpty {
+            var plan = queue
+            for entry in entries {
+                plan.insert(entry.id, at: .init(priority: entry.priority, position: entry.position), status: Self.status(ofNew: entry))
+            }
+            var changed: [DownloadID: DownloadQueue.Place] = [:]
+            for (id, position) in placed {
+                guard case .success(let move) = plan.planMove(id, to: position) else { continue }  // new: always waiting
+                plan.apply(move.changes)
+                for change in move.changes { changed[change.id] = change.place }
+            }
+            for index in entries.indices {
+                if let place = changed.removeValue(forKey: entries[index].id) {
+                    entries[index].priority = place.priority
+                    entries[index].position = place.position
+                }
+            }
+            moved = changed.map { DownloadQueue.Change(id: $0.key, place: $0.value) }
+            planned = plan
+        }
+        do { try catalog.insert(entries, moving: moved.map { ($0.id, $0.place.priority, $0.place.position) }) } catch {
             rollBack()
             throw DownloadManagerError(.catalog(error.description))
         }
+        if let planned {
+            queue = planned
+            for change in moved {
+                table[change.id]?.entry.priority = change.place.priority
+                table[change.id]?.entry.position = change.place.position
+            }
+        }
         for entry in entries {
-            let status: DownloadStatus = entry.status == CatalogEntry.Status.paused ? .paused : .queued
-            if status == .queued { activeCount += 1 }
+            let status = Self.status(ofNew: entry)
+            if planned == nil {
+                queue.insert(entry.id, at: .init(priority: entry.priority, position: entry.position), status: status)
+            }
             table[entry.id] = Managed(entry: entry, status: status, progress: TransferProgress())
             publish(.added(snapshot(of: entry.id)!))
         }
-        invalidateOrder()
         schedule()
         return ids
+    }
+
+    /// Why `count` connections are refused: "connections must be 1…16, not 20".
+    private static func connectionsRefusal(_ count: Int) -> String {
+        let range = DownloadOptions.connectionRange
+        return "connections must be \(range.lowerBound)…\(range.upperBound), not \(count)"
+    }
+
+    /// The status of a download just added: paused if added so, else queued.
+    private static func status(ofNew entry: CatalogEntry) -> DownloadStatus {
+        entry.status == CatalogEntry.Status.paused ? .paused : .queued
     }
 
     /// A download this manager holds (or this batch adds) for `url` going where `options` say, for
@@ -421,7 +471,7 @@ public actor DownloadManager {
         let folder = Self.comparable(absolutePath(options.directory ?? configuration.downloadDirectory))
         let kind: CatalogEntry.DestinationKind = options.out == nil ? .directory : .file
         let path = options.out.map { withoutDotComponents($0.hasPrefix("/") ? $0 : folder + "/" + $0) } ?? folder
-        let candidates = batch + order.compactMap { id in table[id].flatMap { $0.status == .removed ? nil : $0.entry } }
+        let candidates = batch + queue.order().compactMap { id in table[id].flatMap { $0.status == .removed ? nil : $0.entry } }
         let here = candidates.filter {
             $0.destinationKind == kind && Self.comparable($0.destinationPath) == Self.comparable(path)
         }
@@ -487,14 +537,14 @@ public actor DownloadManager {
         // the download back.
         do { try catalog.delete(id) } catch { throw DownloadManagerError(.catalog(error.description)) }
         let wasCompleted = managed.status == .completed
-        if Self.isActive(managed.status) { activeCount -= 1 }
+        queue.setStatus(id, next)
         managed.status = next
         table[id] = managed
         let task = managed.run?.task.withLock { $0 }
         stopRun(id)
         await task?.value
         guard let managed = table.removeValue(forKey: id) else { return }
-        invalidateOrder()
+        queue.remove(id)
         if let path = Self.claimedPath(managed.entry) {
             claims.release(path, for: id)
             if deletingFiles {
@@ -513,7 +563,7 @@ public actor DownloadManager {
     public func pauseAll() throws {
         try checkOpen()
         var first: (any Error)?
-        for id in order where table[id]?.status == .queued || table[id]?.status == .running {
+        for id in queue.order() where table[id]?.status == .queued || table[id]?.status == .running {
             do { try pause(id) } catch { first = first ?? error }
         }
         if let first { throw first }
@@ -524,7 +574,7 @@ public actor DownloadManager {
     public func resumeAll() throws {
         try checkOpen()
         var first: (any Error)?
-        for id in order where table[id]?.status == .paused {
+        for id in queue.order() where table[id]?.status == .paused {
             do {
                 if let notKept = try transition(id, .resume) { first = first ?? notKept }
             } catch {
@@ -545,13 +595,8 @@ public actor DownloadManager {
     /// Moves a download to the front or back of those with its priority.
     public func move(_ id: DownloadID, to place: QueuePlace) throws {
         try checkOpen()
-        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
-        do {
-            managed.entry.position = try place == .front ? catalog.minPosition() - 1 : catalog.maxPosition() + 1
-            try catalog.setPosition(id, priority: managed.entry.priority, position: managed.entry.position)
-        } catch { throw DownloadManagerError(.catalog(error.description)) }
-        table[id] = managed
-        invalidateOrder()
+        guard let moved = queue.place(for: id, at: place) else { throw DownloadManagerError(.unknownDownload(id)) }
+        try keep([DownloadQueue.Change(id: id, place: moved)])
         schedule()
     }
 
@@ -569,7 +614,7 @@ public actor DownloadManager {
 
     /// The downloads waiting to start (queued or paused), in the order they would start.
     public func waitingQueue() -> [DownloadID] {
-        order.filter { table[$0].map { Self.isWaiting($0.status) } ?? false }
+        queue.waiting()
     }
 
     /// Moves a waiting download within the waiting queue and returns its new place there (0 is the front). It
@@ -580,50 +625,28 @@ public actor DownloadManager {
     @discardableResult
     public func move(_ id: DownloadID, to place: QueuePosition) throws -> Int {
         try checkOpen()
-        guard let managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
-        var waiting = waitingQueue()
-        guard let current = waiting.firstIndex(of: id) else {
-            throw DownloadManagerError(.invalidRequest("download \(id) is \(managed.status.name), not waiting in the queue"))
+        switch queue.planMove(id, to: place) {
+        case .failure(.unknown):
+            throw DownloadManagerError(.unknownDownload(id))
+        case .failure(.notWaiting(let status)):
+            throw DownloadManagerError(.invalidRequest("download \(id) is \(status.name), not waiting in the queue"))
+        case .success(let move):
+            try keep(move.changes)
+            schedule()
+            return move.index
         }
-        let last = waiting.count - 1
-        let (base, offset) =
-            switch place {
-            case .fromStart(let n): (0, n)
-            case .fromCurrent(let n): (current, n)
-            case .fromEnd(let n): (last, n)
-            }
-        let (sum, overflow) = base.addingReportingOverflow(offset)
-        let destination = overflow ? (offset < 0 ? 0 : last) : min(max(sum, 0), last)
-        guard destination != current else { return current }
-        waiting.remove(at: current)
-        waiting.insert(id, at: destination)
-        let neighbour = destination + 1 < waiting.count ? waiting[destination + 1] : waiting[destination - 1]
-        var priorities = Dictionary(uniqueKeysWithValues: waiting.map { ($0, table[$0]!.entry.priority) })
-        priorities[id] = table[neighbour]!.entry.priority
-        // The waiting downloads' own positions, sorted, handed out again in the new order: priorities never rise
-        // along the queue, so that is the order asked for, and no download that is not waiting changes its place
-        // among them (a paused or failed one resumed later goes back where it was). Only changes are written.
-        var positions = waiting.map { table[$0]!.entry.position }.sorted()
-        for index in positions.indices.dropFirst() where positions[index] <= positions[index - 1] {
-            positions[index] = positions[index - 1] + 1  // never two at one position
-        }
-        var changes: [(id: DownloadID, priority: Int, position: Int64)] = []
-        for (index, waitingID) in waiting.enumerated() {
-            let entry = table[waitingID]!.entry
-            let position = positions[index]
-            let priority = priorities[waitingID]!
-            if entry.position != position || entry.priority != priority {
-                changes.append((waitingID, priority, position))
-            }
-        }
-        do { try catalog.setPositions(changes) } catch { throw DownloadManagerError(.catalog(error.description)) }
+    }
+
+    /// Writes new places to the catalog (one transaction) and, once kept, to the queue and the table.
+    private func keep(_ changes: [DownloadQueue.Change]) throws {
+        do {
+            try catalog.setPositions(changes.map { ($0.id, $0.place.priority, $0.place.position) })
+        } catch { throw DownloadManagerError(.catalog(error.description)) }
+        queue.apply(changes)
         for change in changes {
-            table[change.id]?.entry.priority = change.priority
-            table[change.id]?.entry.position = change.position
+            table[change.id]?.entry.priority = change.place.priority
+            table[change.id]?.entry.position = change.place.position
         }
-        invalidateOrder()
-        schedule()
-        return destination
     }
 
     // MARK: Settings that change while downloads run
@@ -689,8 +712,8 @@ public actor DownloadManager {
         guard managed.status != .completed, managed.status != .removed else {
             throw DownloadManagerError(.invalidRequest("download \(id) is \(managed.status.name); its options are final"))
         }
-        if case .some(.some(let count)) = connections, !(1...16).contains(count) {
-            throw DownloadManagerError(.invalidRequest("connections must be 1…16, not \(count)"))
+        if case .some(.some(let count)) = connections, !DownloadOptions.connectionRange.contains(count) {
+            throw DownloadManagerError(.invalidRequest(Self.connectionsRefusal(count)))
         }
         let before = managed.entry
         if let connections { managed.entry.options.connections = connections }
@@ -734,13 +757,8 @@ public actor DownloadManager {
     /// Changes a download's priority: higher priorities start first (running downloads are not stopped).
     public func setPriority(_ id: DownloadID, _ priority: Int) throws {
         try checkOpen()
-        guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
-        managed.entry.priority = priority
-        do {
-            try catalog.setPosition(id, priority: priority, position: managed.entry.position)
-        } catch { throw DownloadManagerError(.catalog(error.description)) }
-        table[id] = managed
-        invalidateOrder()
+        guard let managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
+        try keep([DownloadQueue.Change(id: id, place: .init(priority: priority, position: managed.entry.position))])
         schedule()
     }
 
@@ -776,7 +794,7 @@ public actor DownloadManager {
 
     /// Every download with this URL (current or former), in queue order.
     public func downloads(url: String) -> [DownloadSnapshot] {
-        order.compactMap { id in
+        queue.order().compactMap { id in
             guard let entry = table[id]?.entry, entry.url == url || entry.options.formerURLs.contains(url)
             else { return nil }
             return snapshot(of: id)
@@ -787,7 +805,7 @@ public actor DownloadManager {
     public func downloads(url: URL) -> [DownloadSnapshot] { downloads(url: url.absoluteString) }
 
     /// Every download, in queue order (priority, then position).
-    public func downloads() -> [DownloadSnapshot] { order.compactMap { snapshot(of: $0) } }
+    public func downloads() -> [DownloadSnapshot] { queue.order().compactMap { snapshot(of: $0) } }
 
     /// The progress of every download together: bytes and lengths, the share done, the summed speed and the
     /// downloads by status, counted as ``AggregateProgress`` says (failed downloads are counted but leave the bytes
@@ -921,39 +939,13 @@ public actor DownloadManager {
 
     // MARK: Internals
 
-    private var isIdle: Bool { liveRuns == 0 && activeCount == 0 }
-
-    /// Downloads queued or running (kept as a count: checking the table at every status change made a long list
-    /// quadratic).
-    private var activeCount = 0
-    /// Queued downloads in start order, from `queueHead` on; entries that have since left `queued` are skipped.
-    private var queueCache: [DownloadID]?
-    private var queueHead = 0
-
-    private static func isActive(_ status: DownloadStatus) -> Bool { status == .queued || status == .running }
-
-    /// Waiting to start: queued, or paused (aria2's waiting list holds both).
-    private static func isWaiting(_ status: DownloadStatus) -> Bool { status == .queued || status == .paused }
+    private var isIdle: Bool { queue.isIdle }
 
     /// A rate for the limiter while it is switched off (it is never consulted then).
     private static let unlimitedRate: Int64 = 1 << 40
 
-    private func invalidateOrder() {
-        orderCache = nil
-        queueCache = nil
-    }
-
     private func checkOpen() throws {
         if isClosed { throw DownloadManagerError(.closed) }
-    }
-
-    private var order: [DownloadID] {
-        if let orderCache { return orderCache }
-        let sorted = table.values.sorted {
-            ($0.entry.priority, -$0.entry.position, $1.entry.id) > ($1.entry.priority, -$1.entry.position, $0.entry.id)
-        }.map(\.entry.id)
-        orderCache = sorted
-        return sorted
     }
 
     /// Applies `action` to download `id`; throws if it cannot be applied. Returns the catalog's error when the
@@ -988,8 +980,7 @@ public actor DownloadManager {
     @discardableResult
     private func setStatus(_ id: DownloadID, _ status: DownloadStatus) -> CatalogError? {
         guard var managed = table[id], managed.status != status else { return nil }
-        activeCount += (Self.isActive(status) ? 1 : 0) - (Self.isActive(managed.status) ? 1 : 0)
-        if status == .queued { queueCache = nil }
+        queue.setStatus(id, status)
         managed.status = status
         // The catalog never says running (restoring treats queued the same), so neither does the entry.
         managed.entry.status = status == .removed || status == .running ? managed.entry.status : status.name
@@ -1025,40 +1016,20 @@ public actor DownloadManager {
         return failure
     }
 
-    /// Starts queued downloads while slots are free, in queue order, skipping those whose host is at its cap.
+    /// Starts queued downloads while slots are free, in queue order, skipping those whose host is at its cap (the
+    /// queue's rules: ``DownloadQueue/toStart(free:acquireHost:)``).
     private func schedule() {
         guard !isClosed else { return }
-        var free = max(1, configuration.maxConcurrentDownloads) - liveRuns
-        if free > 0 {
-            let queue: [DownloadID]
-            if let queueCache {
-                queue = queueCache
-            } else {
-                queue = order.filter { table[$0]?.status == .queued }
-                queueCache = queue
-                queueHead = 0
-            }
-            // Entries before the first one still waiting (for its host) are done with: the head moves past them.
-            var index = queueHead
-            var waiting = false
-            while index < queue.count && free > 0 {
-                let id = queue[index]
-                index += 1
-                guard let managed = table[id], managed.status == .queued else {
-                    if !waiting { queueHead = index }
-                    continue
-                }
-                // Queued again while its last run is still ending (paused and resumed at once): it starts when
-                // that run ends, so it keeps its place.
-                let host = Self.hostKey(managed.entry.url)
-                guard managed.run == nil, hosts.acquire(host, upTo: 1) == 1 else {
-                    waiting = true
-                    continue
-                }
-                start(id, host: host)
-                free -= 1
-                if !waiting { queueHead = index }
-            }
+        let free = max(1, configuration.maxConcurrentDownloads) - queue.liveRuns
+        let hosts = self.hosts
+        let table = self.table
+        let starting = queue.toStart(free: free) { id in
+            guard let url = table[id]?.entry.url else { return false }
+            return hosts.acquire(Self.hostKey(url), upTo: 1) == 1
+        }
+        for id in starting {
+            guard let url = table[id]?.entry.url else { continue }
+            start(id, host: Self.hostKey(url))
         }
         if isIdle { resumeIdleWaiters() }
     }
@@ -1072,7 +1043,7 @@ public actor DownloadManager {
         managed.run = run
         managed.restartAfterRun = false
         table[id] = managed
-        liveRuns += 1
+        queue.runStarted(id)
         setStatus(id, .running)
 
         let (request, options) = makeRequest(managed.entry, run: run)
@@ -1186,7 +1157,7 @@ public actor DownloadManager {
 
     private func runEnded(_ id: DownloadID, run: Run, _ outcome: Result<DownloadResult, DownloadError>) {
         hosts.release(run.host, 1 + run.extra.load(ordering: .relaxed))
-        liveRuns -= 1
+        queue.runEnded(id, current: table[id]?.run === run)
         defer { schedule() }
         guard var managed = table[id], managed.run === run else { return }
         managed.run = nil

@@ -110,7 +110,7 @@ public struct InputList: Sendable, Hashable {
     ]
 
     /// The allowed values of `split` and `max-connection-per-server`.
-    public static let connectionRange: ClosedRange<Int> = 1...16
+    public static let connectionRange: ClosedRange<Int> = DownloadOptions.connectionRange
 
     /// Headers Stitch sets itself (as `stitch get -H` refuses them), compared in lowercase.
     static let reservedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]

@@ -282,7 +282,7 @@ public enum DownloadManagerEvent: Sendable, Hashable {
 public struct SpeedMeter: Sendable {
     /// How far back the speed looks, in seconds.
     public var window: Double
-    /// Bytes per second over the window; 0 until samples span a fifth of a second.
+    /// Bytes per second over the window; 0 until samples span a tenth of a second.
     public private(set) var bytesPerSecond: Double = 0
     /// (bytes, monotonic seconds), oldest first; the oldest is at or just beyond the window's start.
     private var samples: [(bytes: Int64, time: Double)] = []
@@ -303,7 +303,7 @@ public struct SpeedMeter: Sendable {
         }
         // Keep one sample at or beyond the window's start, so the span always covers the window once it can.
         while samples.count > 2, time - samples[1].time >= window { samples.removeFirst() }
-        guard let first = samples.first, time - first.time >= 0.2 else { return }
+        guard let first = samples.first, time - first.time >= 0.1 else { return }
         bytesPerSecond = Double(bytes - first.bytes) / (time - first.time)
     }
 

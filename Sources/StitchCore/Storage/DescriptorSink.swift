@@ -80,7 +80,7 @@ final class DescriptorSink: BodySink, Sendable {
 
     /// One `write` of up to `count` bytes of `bytes` after what was written of them; false on an error (recorded).
     private func write(_ bytes: UnsafeRawBufferPointer, count: Int, _ offer: inout Offer) -> Bool {
-        let n = Glibc.write(fd, bytes.baseAddress! + offer.partial, count)
+        let n = systemWrite(fd, bytes.baseAddress! + offer.partial, count)
         if n < 0 {
             if errno == EINTR || errno == EAGAIN { return true }
             let error = Errno.current

@@ -276,10 +276,10 @@ enum StateFile {
             switch generation {
             case .keep:
                 let link = path + ".lnk"
-                var linked = Glibc.link(path, link) == 0
+                var linked = systemLink(path, link) == 0
                 if !linked && errno == EEXIST {  // left by a crash here
                     unlink(link)
-                    linked = Glibc.link(path, link) == 0
+                    linked = systemLink(path, link) == 0
                 }
                 // Not linked (no state yet, or no hard links here): `previous` stays as it was. Renaming a name
                 // over another name of the same file (a crash between the two renames) does nothing: unlink it.
@@ -322,7 +322,7 @@ func readSmallFile(
     var chunk = [UInt8](repeating: 0, count: 64 * 1024)
     while true {
         let n = chunk.withUnsafeMutableBytes { buffer in
-            retryingOnInterrupt { Glibc.read(fd, buffer.baseAddress, buffer.count) }
+            retryingOnInterrupt { systemRead(fd, buffer.baseAddress, buffer.count) }
         }
         if n < 0 { throw .io("cannot read \(what)", path: path, .current) }
         if n == 0 { return bytes }
@@ -340,7 +340,7 @@ func writeSynced(_ data: Data, to path: String, what: String) throws(DownloadErr
     data.withUnsafeBytes { buffer in
         var done = 0
         while done < buffer.count {
-            let n = retryingOnInterrupt { Glibc.write(fd, buffer.baseAddress! + done, buffer.count - done) }
+            let n = retryingOnInterrupt { systemWrite(fd, buffer.baseAddress! + done, buffer.count - done) }
             if n <= 0 {
                 failure = n < 0 ? .current : .noSpace
                 return

@@ -129,7 +129,7 @@ enum FileOperations {
         var left = length ?? Int64.max
         while left > 0 {
             let want = Int(min(Int64(chunk.count), left))
-            let n = retryingOnInterrupt { Glibc.read(fd, chunk.baseAddress, want) }
+            let n = retryingOnInterrupt { systemRead(fd, chunk.baseAddress, want) }
             if n < 0 { throw DownloadError.io("cannot read", path: path, .current) }
             if n == 0 { break }
             hasher.update(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))

@@ -185,22 +185,29 @@ final class Catalog {
 
     // MARK: Writing
 
-    /// Adds downloads in one transaction: all of them, or none if any fails.
+    /// Adds downloads, and sets the priority and position of others (an add at a place in the queue), in one
+    /// transaction: all of it, or none if any part fails.
     ///
     /// - Throws: `.duplicateID` if an ID is already in the catalog or appears twice in `entries`; `.invalidValue`
-    ///   for a status that is not one of ``CatalogEntry/Status``.
-    func insert(_ entries: [CatalogEntry]) throws(CatalogError) {
-        guard !entries.isEmpty else { return }
+    ///   for a status that is not one of ``CatalogEntry/Status``; `.notFound` if a download to move is not there.
+    func insert(
+        _ entries: [CatalogEntry], moving changes: [(id: DownloadID, priority: Int, position: Int64)] = []
+    ) throws(CatalogError) {
+        guard !entries.isEmpty || !changes.isEmpty else { return }
         for entry in entries {
             try Self.validate(entry.status, id: entry.id)
         }
         var encoded = FieldEncoder(encoder: encoder)
+        let now = Date().timeIntervalSince1970
         try transaction("cannot insert downloads") { () throws(CatalogError) in
             for entry in entries {
                 try withStatement(Self.insertSQL) { statement throws(CatalogError) in
                     try bind(entry, to: statement, encoder: &encoded)
                     _ = try statement.step(or: "cannot insert download \(entry.id)")
                 }
+            }
+            for change in changes {
+                try setPosition(change.id, priority: change.priority, position: change.position, updatedAt: now)
             }
         }
     }
