@@ -17,127 +17,6 @@ import StitchLocks
 /// Per-byte progress lives in each download's own state file beside its destination; the catalog never claims
 /// more than those prove.
 public actor DownloadManager {
-    /// How a manager runs its downloads. The concurrency, the rate limit and the per-host cap can change while
-    /// downloads run (``setMaxConcurrentDownloads(_:)``, ``setRateLimit(_:)``, ``setMaxConnectionsPerHost(_:)``);
-    /// ``configuration`` says what is in force.
-    public struct Configuration: Sendable {
-        /// Where downloads go unless added with another folder or path. Created if missing.
-        public var downloadDirectory: String
-        /// Downloads transferring at once (aria2's `-j`; its default is 5 too).
-        public var maxConcurrentDownloads = 5
-        /// TCP connections to one host (host and port) over all running downloads.
-        public var maxConnectionsPerHost = 16
-        /// Bytes per second over all downloads; nil for no limit.
-        public var rateLimit: Int64?
-        /// How failed attempts are retried; a download's ``Tuning`` may change some of it.
-        public var retry = RetryPolicy()
-        /// Whether downloads restored from the catalog start by themselves. Off: those that were running or
-        /// queued come back paused.
-        public var autoResume = true
-        /// Connections per download unless added with a number; nil chooses by size.
-        public var connections: Int?
-        /// Connection settings for every request: timeouts, TLS, user agent, credentials.
-        public var transport = TransportOptions()
-        /// When downloads split (``DownloadOptions/minimumSplitSize``, ``DownloadOptions/singleConnectionRate``,
-        /// ``DownloadOptions/automaticConnectionStep``): the engine's defaults; tests make them small.
-        public var minimumSplitSize = DownloadOptions().minimumSplitSize
-        /// ``DownloadOptions/singleConnectionRate`` for every download (bytes per second).
-        public var singleConnectionRate = DownloadOptions().singleConnectionRate
-        /// ``DownloadOptions/automaticConnectionStep`` for every download (bytes).
-        public var automaticConnectionStep = DownloadOptions().automaticConnectionStep
-
-        /// The defaults, with downloads going to `downloadDirectory`.
-        public init(downloadDirectory: String) {
-            self.downloadDirectory = downloadDirectory
-        }
-    }
-
-    /// What to add besides the URL.
-    public struct AddOptions: Sendable {
-        /// The file's path: relative to ``directory`` (or the manager's download folder), or absolute. Without
-        /// it the file is named from `Content-Disposition` or the URL, made unique among the manager's downloads.
-        public var out: String?
-        /// The folder for this download instead of ``Configuration/downloadDirectory``.
-        public var directory: String?
-        /// Extra request headers, sent on every request.
-        public var headers = HTTPHeaders()
-        /// Verify the finished file against this digest.
-        public var checksum: ExpectedChecksum?
-        /// TCP connections for this download, 1 to 16; nil takes ``Configuration/connections``.
-        public var connections: Int?
-        /// This download's own limit in bytes per second, within the manager's (``Configuration/rateLimit``);
-        /// nil for none. Changeable later with ``DownloadManager/setRateLimit(_:_:)``.
-        public var rateLimit: Int64?
-        /// Replace an existing file that Stitch did not leave.
-        public var overwrite = false
-        /// With ``out``: take over a partial download another program left there (``DownloadRequest/adopt``).
-        public var adopt = false
-        /// Higher starts first; equal priorities start in queue order (the order added, unless moved).
-        public var priority = 0
-        /// Where in the waiting queue the download goes, counted as ``DownloadManager/move(_:to:)-(_,QueuePosition)``
-        /// counts (aria2's `addUri` position: `.fromStart(n)`); nil puts it at the end. The add and the move are one
-        /// step: no other call sees the download at the end first, and one catalog transaction keeps both. Not
-        /// applied to a download ``reuseExisting`` returns (it keeps its place).
-        public var position: QueuePosition?
-        /// Add without starting (status ``DownloadStatus/paused``).
-        public var paused = false
-        /// When the manager already holds a download of this URL going to the same place — the same file for an
-        /// `out`, else the same folder — return that one instead of adding another, so an app or a client that
-        /// adds its downloads again after a relaunch does not get `NAME.1.EXT`. One whose current URL it is comes
-        /// first, then one that had it before. Whatever its status; a removed download is gone and does not
-        /// count. The held download keeps its own options (the others given here are not applied), except that
-        /// a checksum other than its own is refused (`.invalidRequest`) rather than left unchecked.
-        public var reuseExisting = false
-        /// Other URLs of the same file (aria2's several URIs in one `addUri`): when the download fails from one,
-        /// it goes on from the next, each tried once in turn, its partial data kept only where the new server
-        /// proves the file is the same (as ``DownloadManager/updateSource(_:url:headers:)-(_,String,_)``).
-        public var mirrors: [String] = []
-        /// Engine settings for this download instead of the manager's.
-        public var tuning = Tuning()
-
-        /// ``mirrors`` as `URL`s: set, each is kept by its `absoluteString` (checked by
-        /// ``DownloadManager/add(_:options:)-(String,_)`` as the strings are); read, the mirrors that parse as a
-        /// `URL`.
-        public var mirrorURLs: [URL] {
-            get { mirrors.compactMap { URL(string: $0) } }
-            set { mirrors = newValue.map(\.absoluteString) }
-        }
-
-        /// Options with this path and folder; the others are the defaults.
-        public init(out: String? = nil, directory: String? = nil) {
-            self.out = out
-            self.directory = directory
-        }
-    }
-
-    /// A download's own engine settings; each nil takes the manager's ``Configuration``.
-    public struct Tuning: Sendable, Hashable, Codable {
-        /// Failed attempts in a row before the download fails (``RetryPolicy/maxRetries``).
-        public var maxRetries: Int?
-        /// Seconds before the first retry (``RetryPolicy/baseDelay``).
-        public var retryDelay: Double?
-        /// Seconds a transfer may bring almost nothing before it is retried (``TransportOptions/stallTimeout``).
-        public var stallTimeout: Double?
-        /// Seconds allowed to connect (``TransportOptions/connectTimeout``).
-        public var connectTimeout: Double?
-        /// The smallest piece a split makes (``DownloadOptions/minimumSplitSize``).
-        public var minimumSplitSize: Int64?
-        /// No settings of its own: every one is the manager's.
-        public init() {}
-    }
-
-    /// What opening the catalog found.
-    public struct RestoreReport: Sendable, Hashable {
-        /// Downloads restored from the catalog (or, after a rebuild, from state files).
-        public var restored: Int
-        /// The schema version an older catalog was migrated from.
-        public var migratedFrom: Int?
-        /// Why the catalog was unreadable and rebuilt (and where the old one was moved), if it was.
-        public var rebuiltBecause: String?
-        /// Partial downloads found by their state files while rebuilding.
-        public var recoveredFromStateFiles: Int
-    }
-
     /// What is in force now: the configuration the manager was opened with, and the changes made since.
     public private(set) var configuration: Configuration
     /// What opening the catalog found: downloads restored, a migration, a rebuild.
@@ -160,8 +39,8 @@ public actor DownloadManager {
     /// The order, the places and the slots: which download starts next (a pure state machine the actor drives).
     private var queue = DownloadQueue()
     private var nextRunToken = 0
-    private var subscribers: [Int: Subscriber] = [:]
-    private var nextSubscriber = 0
+    /// Who listens to the event streams.
+    private var subscribers = Subscribers()
     private var idleWaiters: [CheckedContinuation<Void, Never>] = []
     private var isClosed = false
     /// Downloads whose last status change the catalog did not take (``transition(_:_:)``).
@@ -172,33 +51,13 @@ public actor DownloadManager {
         var status: DownloadStatus
         var progress: TransferProgress
         var meter = SpeedMeter()
-        var run: Run?
+        var run: ManagerRun?
         /// Set by ``updateSource``: when the current run ends, start again with the new source.
         var restartAfterRun = false
         /// The last problem the download met, in plain words (a retry's reason, a restart's, a failure).
         var lastProblem: String?
     }
 
-    private final class Run: Sendable {
-        let token: Int
-        let host: String
-        let task: Locked<Task<Void, Never>?> = Locked(nil)
-        /// Connections this run holds on its host beyond the first.
-        let extra = Atomic<Int>(0)
-        /// The download's own limit, within the manager's (switched off without one, so that one set while the
-        /// run goes applies at once).
-        let limiter: RateLimiter
-        init(token: Int, host: String, limiter: RateLimiter) {
-            self.token = token
-            self.host = host
-            self.limiter = limiter
-        }
-    }
-
-    private struct Subscriber {
-        var id: DownloadID?
-        var continuation: AsyncStream<DownloadManagerEvent>.Continuation
-    }
 
     /// Opens the manager kept in `directory` (its catalog), creating it if needed, and restores its downloads.
     /// - Parameters:
@@ -260,7 +119,7 @@ public actor DownloadManager {
         do {
             entries = try catalog.all()
             if catalog.openReport.rebuiltBecause != nil {
-                let found = Self.entriesFromStateFiles(in: configuration.downloadDirectory)
+                let found = CatalogRestore.entriesFromStateFiles(in: configuration.downloadDirectory)
                 try catalog.insert(found)
                 recovered = found.count
                 entries = try catalog.all()
@@ -272,16 +131,16 @@ public actor DownloadManager {
         var queue = DownloadQueue()
         for entry in entries {
             var entry = entry
-            var status = Self.status(of: entry)
+            var status = CatalogRestore.status(of: entry)
             if status == .running || status == .queued {
                 // A download that was running when the process died continues, or waits for the user.
                 status = configuration.autoResume ? .queued : .paused
                 entry.status = status.name
             }
-            let progress = Self.restoredProgress(entry, status: status)
+            let progress = CatalogRestore.restoredProgress(entry, status: status)
             restored[entry.id] = Managed(entry: entry, status: status, progress: progress)
             queue.insert(entry.id, at: .init(priority: entry.priority, position: entry.position), status: status)
-            if let path = Self.claimedPath(entry) { claims.claim(path, for: entry.id) }
+            if let path = CatalogRestore.claimedPath(entry) { claims.claim(path, for: entry.id) }
         }
         self.table = restored
         self.queue = queue
@@ -545,7 +404,7 @@ public actor DownloadManager {
         await task?.value
         guard let managed = table.removeValue(forKey: id) else { return }
         queue.remove(id)
-        if let path = Self.claimedPath(managed.entry) {
+        if let path = CatalogRestore.claimedPath(managed.entry) {
             claims.release(path, for: id)
             if deletingFiles {
                 try? PartStore.removeLeftovers(at: DownloadPaths(destination: path))
@@ -586,30 +445,12 @@ public actor DownloadManager {
         if let first { throw first }
     }
 
-    /// Where in the queue to put a download.
-    public enum QueuePlace: Sendable {
-        /// `front`: before the others of its priority; `back`: after them.
-        case front, back
-    }
-
     /// Moves a download to the front or back of those with its priority.
     public func move(_ id: DownloadID, to place: QueuePlace) throws {
         try checkOpen()
         guard let moved = queue.place(for: id, at: place) else { throw DownloadManagerError(.unknownDownload(id)) }
         try keep([DownloadQueue.Change(id: id, place: moved)])
         schedule()
-    }
-
-    /// Where to move a waiting download, counted as aria2's `changePosition` counts (`POS_SET`, `POS_CUR`,
-    /// `POS_END`) over the waiting queue (``waitingQueue()``). A place before the front or past the end is the
-    /// front or the end.
-    public enum QueuePosition: Sendable, Hashable {
-        /// `n` places from the front (0 is the front).
-        case fromStart(Int)
-        /// `n` places from where it is now (negative: towards the front).
-        case fromCurrent(Int)
-        /// `n` places from the end (0 is the end, -1 the place before it).
-        case fromEnd(Int)
     }
 
     /// The downloads waiting to start (queued or paused), in the order they would start.
@@ -923,8 +764,7 @@ public actor DownloadManager {
         // What running downloads learnt (their file's path, its length) is saved for the next manager.
         for (_, managed) in table where managed.status == .running { try? catalog.update(managed.entry) }
         saveUnsaved()
-        for (_, subscriber) in subscribers { subscriber.continuation.finish() }
-        subscribers.removeAll()
+        subscribers.finishAll()
         catalog.close()
         resumeIdleWaiters()
     }
@@ -1039,14 +879,14 @@ public actor DownloadManager {
         nextRunToken += 1
         let limiter = RateLimiter(bytesPerSecond: managed.entry.options.rateLimit ?? Self.unlimitedRate, within: rateLimiter)
         limiter.isEnabled = managed.entry.options.rateLimit != nil
-        let run = Run(token: nextRunToken, host: host, limiter: limiter)
+        let run = ManagerRun(token: nextRunToken, host: host, limiter: limiter)
         managed.run = run
         managed.restartAfterRun = false
         table[id] = managed
         queue.runStarted(id)
         setStatus(id, .running)
 
-        let (request, options) = makeRequest(managed.entry, run: run)
+        let (request, options) = run.request(for: managed.entry, configuration: configuration, claims: claims, hosts: hosts)
         let (events, sink) = AsyncStream.makeStream(of: DownloadEvent.self, bufferingPolicy: .unbounded)
         let downloader = self.downloader
         let task = Task { [weak self] in
@@ -1066,49 +906,6 @@ public actor DownloadManager {
             await self?.runEnded(id, run: run, outcome)
         }
         run.task.withLock { $0 = task }
-    }
-
-    private func makeRequest(_ entry: CatalogEntry, run: Run) -> (DownloadRequest, DownloadOptions) {
-        let path = entry.resolvedPath ?? entry.destinationPath
-        let destination: Destination =
-            entry.resolvedPath != nil || entry.destinationKind == .file ? .file(path) : .directory(path)
-        var headers = HTTPHeaders()
-        for line in entry.headers {
-            if let (name, value) = Downloader.parseHeaderLine(line) { headers.add(name: name, value: value) }
-        }
-        var request = DownloadRequest(
-            url: entry.url, destination: destination, headers: headers,
-            checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) },
-            overwrite: entry.options.overwrite)
-        request.formerURLs = entry.options.formerURLs
-        request.adopt = entry.options.adopt
-        let claims = self.claims
-        let id = entry.id
-        let urls = Set([entry.url] + entry.options.formerURLs)
-        request.choosePath = { proposed in claims.choose(proposed, for: id, urls: urls) }
-
-        var options = DownloadOptions()
-        options.retry = configuration.retry
-        options.transport = configuration.transport
-        let tuning = entry.options.tuning
-        if let value = tuning.maxRetries { options.retry.maxRetries = value }
-        if let value = tuning.retryDelay { options.retry.baseDelay = value }
-        if let value = tuning.stallTimeout { options.transport.stallTimeout = value }
-        if let value = tuning.connectTimeout { options.transport.connectTimeout = value }
-        options.rateLimiter = run.limiter
-        options.connections = entry.options.connections ?? configuration.connections
-        options.http2Streams = entry.options.http2Streams
-        options.minimumSplitSize = tuning.minimumSplitSize ?? configuration.minimumSplitSize
-        options.singleConnectionRate = configuration.singleConnectionRate
-        options.automaticConnectionStep = configuration.automaticConnectionStep
-        options.progressInterval = 0.1
-        let hosts = self.hosts
-        options.connectionGrant = { wanted in
-            let extra = hosts.acquire(run.host, upTo: wanted - 1)
-            run.extra.add(extra, ordering: .relaxed)
-            return 1 + extra
-        }
-        return (request, options)
     }
 
     private func engineEvent(_ id: DownloadID, token: Int, _ event: DownloadEvent) {
@@ -1155,7 +952,7 @@ public actor DownloadManager {
         }
     }
 
-    private func runEnded(_ id: DownloadID, run: Run, _ outcome: Result<DownloadResult, DownloadError>) {
+    private func runEnded(_ id: DownloadID, run: ManagerRun, _ outcome: Result<DownloadResult, DownloadError>) {
         hosts.release(run.host, 1 + run.extra.load(ordering: .relaxed))
         queue.runEnded(id, current: table[id]?.run === run)
         defer { schedule() }
@@ -1307,9 +1104,7 @@ public actor DownloadManager {
             continuation.finish()
             return stream
         }
-        let key = nextSubscriber
-        nextSubscriber += 1
-        subscribers[key] = Subscriber(id: id, continuation: continuation)
+        let key = subscribers.add(id, continuation)
         continuation.onTermination = { [weak self] _ in
             Task { await self?.unsubscribe(key) }
         }
@@ -1317,22 +1112,15 @@ public actor DownloadManager {
     }
 
     private func unsubscribe(_ key: Int) {
-        subscribers[key] = nil
+        subscribers.remove(key)
     }
 
     private func publish(_ event: DownloadManagerEvent) {
-        guard !subscribers.isEmpty else { return }
-        let id = event.id
-        for (_, subscriber) in subscribers where subscriber.id == nil || subscriber.id == id {
-            subscriber.continuation.yield(event)
-        }
+        subscribers.publish(event)
     }
 
     private func finishStreams(for id: DownloadID) {
-        for (key, subscriber) in subscribers where subscriber.id == id {
-            subscriber.continuation.finish()
-            subscribers[key] = nil
-        }
+        subscribers.finish(for: id)
     }
 
     private func resumeIdleWaiters() {
@@ -1341,174 +1129,10 @@ public actor DownloadManager {
         for waiter in waiters { waiter.resume() }
     }
 
-    // MARK: Restoring
-
-    private static func status(of entry: CatalogEntry) -> DownloadStatus {
-        switch entry.status {
-        case CatalogEntry.Status.queued: return .queued
-        case CatalogEntry.Status.running: return .running
-        case CatalogEntry.Status.completed: return .completed
-        case CatalogEntry.Status.failed:
-            let code = DownloadError.Code.named(entry.errorCode ?? "io")
-            return .failed(DownloadFailure(code: code, message: entry.errorMessage ?? "failed", isResumable: true))
-        default: return .paused
-        }
-    }
-
-    /// The path a download writes to, once known.
-    private static func claimedPath(_ entry: CatalogEntry) -> String? {
-        entry.resolvedPath ?? (entry.destinationKind == .file ? entry.destinationPath : nil)
-    }
-
-    /// What the download's own files prove: the state file's durable bytes, or the whole file once completed.
-    private static func restoredProgress(_ entry: CatalogEntry, status: DownloadStatus) -> TransferProgress {
-        if status == .completed {
-            let bytes = entry.totalBytes ?? entry.completedBytes
-            return TransferProgress(bytes: bytes, total: bytes, durableBytes: bytes)
-        }
-        guard let path = claimedPath(entry),
-            let state = PartialDownload(DownloadPaths(destination: path)).state,
-            state.url == entry.url || entry.options.formerURLs.contains(state.url)
-        else { return TransferProgress(total: entry.totalBytes) }
-        let durable = state.durableBytes
-        return TransferProgress(bytes: durable, total: state.validators.totalLength, durableBytes: durable)
-    }
-
-    /// Catalog entries for the partial downloads whose state files lie in `directory` (a rebuilt catalog).
-    private static func entriesFromStateFiles(in directory: String) -> [CatalogEntry] {
-        let now = Date().timeIntervalSince1970
-        var entries: [CatalogEntry] = []
-        for destination in FileOperations.destinationsWithStateFiles(in: directory) {
-            // A damaged state file with a readable previous generation is still a download (the engine falls back).
-            guard let state = PartialDownload(DownloadPaths(destination: destination)).state else { continue }
-            entries.append(
-                CatalogEntry(
-                    id: DownloadID.random(), url: state.url, headers: state.headers, destinationKind: .file,
-                    destinationPath: destination, resolvedPath: destination, checksum: state.checksum,
-                    status: CatalogEntry.Status.queued, position: Int64(entries.count + 1),
-                    totalBytes: state.validators.totalLength, completedBytes: state.durableBytes,
-                    etag: state.validators.etag, lastModified: state.validators.lastModified,
-                    createdAt: now, updatedAt: now))
-        }
-        return entries
-    }
-
     /// The key of the per-host cap: lower-cased host and the port (explicit or the scheme's).
     static func hostKey(_ url: String) -> String {
         guard let parsed = URL(string: url), let host = parsed.host?.lowercased() else { return url }
         let port = parsed.port ?? (parsed.scheme?.lowercased() == "https" ? 443 : 80)
         return "\(host):\(port)"
     }
-}
-
-/// Connections in use per host, shared with the engine's threads (which ask for more when they split).
-final class HostSlots: Sendable {
-    private let cap: Atomic<Int>
-    private let used = Locked<[String: Int]>([:])
-
-    init(cap: Int) { self.cap = Atomic(cap) }
-
-    /// A new cap; connections held above it stay until released.
-    func setCap(_ cap: Int) { self.cap.store(cap, ordering: .relaxed) }
-
-    /// Takes up to `count` connections on `host`; returns how many it got (0 when the host is at its cap).
-    func acquire(_ host: String, upTo count: Int) -> Int {
-        guard count > 0 else { return 0 }
-        let cap = cap.load(ordering: .relaxed)
-        return used.withLock { used in
-            let granted = min(count, cap - used[host, default: 0])
-            guard granted > 0 else { return 0 }
-            used[host, default: 0] += granted
-            return granted
-        }
-    }
-
-    func release(_ host: String, _ count: Int) {
-        used.withLock { used in
-            let left = used[host, default: 0] - count
-            used[host] = left > 0 ? left : nil
-        }
-    }
-
-    func inUse(_ host: String) -> Int { used.withLock { $0[host, default: 0] } }
-}
-
-/// Which download writes to which path, so two never share a part file. Shared with the engine's threads (a
-/// download into a folder names its file at the first response).
-final class PathClaims: Sendable {
-    private let owners = Locked<[String: DownloadID]>([:])
-
-    func owner(of path: String) -> DownloadID? { owners.withLock { $0[path] } }
-
-    /// Claims `path` for `id` unless another download has it; returns that download then.
-    func claimIfFree(_ path: String, for id: DownloadID) -> DownloadID? {
-        owners.withLock { owners in
-            if let owner = owners[path], owner != id { return owner }
-            owners[path] = id
-            return nil
-        }
-    }
-
-    func claim(_ path: String, for id: DownloadID) {
-        _ = claimIfFree(path, for: id)
-    }
-
-    func release(_ path: String, for id: DownloadID) {
-        owners.withLock { owners in
-            if owners[path] == id { owners[path] = nil }
-        }
-    }
-
-    /// The path for download `id` (of `url`) named `proposed` by its response: `proposed` unless another
-    /// download claims it or a file there belongs to another URL, else `NAME.1.EXT`, `NAME.2.EXT`, … (as aria2
-    /// renames). Claims the path for `id`.
-    func choose(_ proposed: String, for id: DownloadID, urls: Set<String>) -> String {
-        owners.withLock { owners in
-            for candidate in Self.candidates(proposed) {
-                if let owner = owners[candidate], owner != id { continue }
-                guard Self.isFree(candidate, for: urls) else { continue }
-                for (path, owner) in owners where owner == id { owners[path] = nil }
-                owners[candidate] = id
-                return candidate
-            }
-            return proposed
-        }
-    }
-
-    /// `proposed`, then numbered variants with the number after the name's stem: `a/b.tar.gz`, `a/b.1.tar.gz`,
-    /// `a/b.2.tar.gz`, … (a leading dot is part of the stem: `.profile.1`).
-    static func candidates(_ proposed: String) -> some Sequence<String> {
-        let slash = proposed.lastIndex(of: "/").map { proposed.index(after: $0) } ?? proposed.startIndex
-        let folder = proposed[..<slash]
-        let name = proposed[slash...]
-        let dot = name.dropFirst().firstIndex(of: ".")
-        let stem = dot.map { name[..<$0] } ?? name[...]
-        let suffix = dot.map { name[$0...] } ?? ""
-        return (0..<10_000).lazy.map { $0 == 0 ? proposed : "\(folder)\(stem).\($0)\(suffix)" }
-    }
-
-    /// Nothing at `path`, or only what a download of `url` left there (its partial, or its finished file). A
-    /// part file without a state file is free: it holds nothing resumable (a small download interrupted before
-    /// its first checkpoint), and the engine starts it over.
-    private static func isFree(_ path: String, for urls: Set<String>) -> Bool {
-        let partial = PartialDownload(DownloadPaths(destination: path))
-        if case .none = partial.saved {
-            if partial.destinationExists {
-                return partial.completion.map { urls.contains($0.url) } ?? false
-            }
-            // A part file another download finished writing (its completion mark set) is that download's: its next
-            // run moves it into place.
-            if let mark = partial.partCompletion { return urls.contains(mark.url) }
-            // A part file another run holds (a small download has no state file yet) is taken.
-            return !partial.partIsHeldByAnotherRun
-        }
-        // A damaged state is judged by the previous generation the engine would fall back on.
-        return partial.state.map { urls.contains($0.url) } ?? false
-    }
-}
-
-/// `path` without `.` components or repeated slashes (`..` is kept).
-func withoutDotComponents(_ path: String) -> String {
-    let components = path.split(separator: "/").filter { $0 != "." }
-    return (path.hasPrefix("/") ? "/" : "") + components.joined(separator: "/")
 }

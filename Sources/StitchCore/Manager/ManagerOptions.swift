@@ -1,0 +1,143 @@
+public import Foundation
+
+// What a manager is opened with and what a download is added with: the options' types of ``DownloadManager``.
+extension DownloadManager {
+    /// How a manager runs its downloads. The concurrency, the rate limit and the per-host cap can change while
+    /// downloads run (``setMaxConcurrentDownloads(_:)``, ``setRateLimit(_:)``, ``setMaxConnectionsPerHost(_:)``);
+    /// ``configuration`` says what is in force.
+    public struct Configuration: Sendable {
+        /// Where downloads go unless added with another folder or path. Created if missing.
+        public var downloadDirectory: String
+        /// Downloads transferring at once (aria2's `-j`; its default is 5 too).
+        public var maxConcurrentDownloads = 5
+        /// TCP connections to one host (host and port) over all running downloads.
+        public var maxConnectionsPerHost = 16
+        /// Bytes per second over all downloads; nil for no limit.
+        public var rateLimit: Int64?
+        /// How failed attempts are retried; a download's ``Tuning`` may change some of it.
+        public var retry = RetryPolicy()
+        /// Whether downloads restored from the catalog start by themselves. Off: those that were running or
+        /// queued come back paused.
+        public var autoResume = true
+        /// Connections per download unless added with a number; nil chooses by size.
+        public var connections: Int?
+        /// Connection settings for every request: timeouts, TLS, user agent, credentials.
+        public var transport = TransportOptions()
+        /// When downloads split (``DownloadOptions/minimumSplitSize``, ``DownloadOptions/singleConnectionRate``,
+        /// ``DownloadOptions/automaticConnectionStep``): the engine's defaults; tests make them small.
+        public var minimumSplitSize = DownloadOptions().minimumSplitSize
+        /// ``DownloadOptions/singleConnectionRate`` for every download (bytes per second).
+        public var singleConnectionRate = DownloadOptions().singleConnectionRate
+        /// ``DownloadOptions/automaticConnectionStep`` for every download (bytes).
+        public var automaticConnectionStep = DownloadOptions().automaticConnectionStep
+
+        /// The defaults, with downloads going to `downloadDirectory`.
+        public init(downloadDirectory: String) {
+            self.downloadDirectory = downloadDirectory
+        }
+    }
+
+    /// What to add besides the URL.
+    public struct AddOptions: Sendable {
+        /// The file's path: relative to ``directory`` (or the manager's download folder), or absolute. Without
+        /// it the file is named from `Content-Disposition` or the URL, made unique among the manager's downloads.
+        public var out: String?
+        /// The folder for this download instead of ``Configuration/downloadDirectory``.
+        public var directory: String?
+        /// Extra request headers, sent on every request.
+        public var headers = HTTPHeaders()
+        /// Verify the finished file against this digest.
+        public var checksum: ExpectedChecksum?
+        /// TCP connections for this download, 1 to 16; nil takes ``Configuration/connections``.
+        public var connections: Int?
+        /// This download's own limit in bytes per second, within the manager's (``Configuration/rateLimit``);
+        /// nil for none. Changeable later with ``DownloadManager/setRateLimit(_:_:)``.
+        public var rateLimit: Int64?
+        /// Replace an existing file that Stitch did not leave.
+        public var overwrite = false
+        /// With ``out``: take over a partial download another program left there (``DownloadRequest/adopt``).
+        public var adopt = false
+        /// Higher starts first; equal priorities start in queue order (the order added, unless moved).
+        public var priority = 0
+        /// Where in the waiting queue the download goes, counted as ``DownloadManager/move(_:to:)-(_,QueuePosition)``
+        /// counts (aria2's `addUri` position: `.fromStart(n)`); nil puts it at the end. The add and the move are one
+        /// step: no other call sees the download at the end first, and one catalog transaction keeps both. Not
+        /// applied to a download ``reuseExisting`` returns (it keeps its place).
+        public var position: QueuePosition?
+        /// Add without starting (status ``DownloadStatus/paused``).
+        public var paused = false
+        /// When the manager already holds a download of this URL going to the same place — the same file for an
+        /// `out`, else the same folder — return that one instead of adding another, so an app or a client that
+        /// adds its downloads again after a relaunch does not get `NAME.1.EXT`. One whose current URL it is comes
+        /// first, then one that had it before. Whatever its status; a removed download is gone and does not
+        /// count. The held download keeps its own options (the others given here are not applied), except that
+        /// a checksum other than its own is refused (`.invalidRequest`) rather than left unchecked.
+        public var reuseExisting = false
+        /// Other URLs of the same file (aria2's several URIs in one `addUri`): when the download fails from one,
+        /// it goes on from the next, each tried once in turn, its partial data kept only where the new server
+        /// proves the file is the same (as ``DownloadManager/updateSource(_:url:headers:)-(_,String,_)``).
+        public var mirrors: [String] = []
+        /// Engine settings for this download instead of the manager's.
+        public var tuning = Tuning()
+
+        /// ``mirrors`` as `URL`s: set, each is kept by its `absoluteString` (checked by
+        /// ``DownloadManager/add(_:options:)-(String,_)`` as the strings are); read, the mirrors that parse as a
+        /// `URL`.
+        public var mirrorURLs: [URL] {
+            get { mirrors.compactMap { URL(string: $0) } }
+            set { mirrors = newValue.map(\.absoluteString) }
+        }
+
+        /// Options with this path and folder; the others are the defaults.
+        public init(out: String? = nil, directory: String? = nil) {
+            self.out = out
+            self.directory = directory
+        }
+    }
+
+    /// A download's own engine settings; each nil takes the manager's ``Configuration``.
+    public struct Tuning: Sendable, Hashable, Codable {
+        /// Failed attempts in a row before the download fails (``RetryPolicy/maxRetries``).
+        public var maxRetries: Int?
+        /// Seconds before the first retry (``RetryPolicy/baseDelay``).
+        public var retryDelay: Double?
+        /// Seconds a transfer may bring almost nothing before it is retried (``TransportOptions/stallTimeout``).
+        public var stallTimeout: Double?
+        /// Seconds allowed to connect (``TransportOptions/connectTimeout``).
+        public var connectTimeout: Double?
+        /// The smallest piece a split makes (``DownloadOptions/minimumSplitSize``).
+        public var minimumSplitSize: Int64?
+        /// No settings of its own: every one is the manager's.
+        public init() {}
+    }
+
+    /// What opening the catalog found.
+    public struct RestoreReport: Sendable, Hashable {
+        /// Downloads restored from the catalog (or, after a rebuild, from state files).
+        public var restored: Int
+        /// The schema version an older catalog was migrated from.
+        public var migratedFrom: Int?
+        /// Why the catalog was unreadable and rebuilt (and where the old one was moved), if it was.
+        public var rebuiltBecause: String?
+        /// Partial downloads found by their state files while rebuilding.
+        public var recoveredFromStateFiles: Int
+    }
+
+    /// Where in the queue to put a download.
+    public enum QueuePlace: Sendable {
+        /// `front`: before the others of its priority; `back`: after them.
+        case front, back
+    }
+
+    /// Where to move a waiting download, counted as aria2's `changePosition` counts (`POS_SET`, `POS_CUR`,
+    /// `POS_END`) over the waiting queue (``waitingQueue()``). A place before the front or past the end is the
+    /// front or the end.
+    public enum QueuePosition: Sendable, Hashable {
+        /// `n` places from the front (0 is the front).
+        case fromStart(Int)
+        /// `n` places from where it is now (negative: towards the front).
+        case fromCurrent(Int)
+        /// `n` places from the end (0 is the end, -1 the place before it).
+        case fromEnd(Int)
+    }
+}

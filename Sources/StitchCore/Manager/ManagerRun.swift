@@ -1,0 +1,70 @@
+import Synchronization
+import StitchLocks
+
+/// One run of a managed download: its engine task, the host slots it holds and its own rate limit; and the engine
+/// request and options a catalog row and the manager's configuration make for it. Shared with the engine's threads
+/// (the connection grant), so its state is a lock and atomics.
+final class ManagerRun: Sendable {
+    /// Tells this run's events and end from an earlier run's of the same download.
+    let token: Int
+    /// The host key (``DownloadManager/hostKey(_:)``) whose slots it holds.
+    let host: String
+    let task: Locked<Task<Void, Never>?> = Locked(nil)
+    /// Connections this run holds on its host beyond the first.
+    let extra = Atomic<Int>(0)
+    /// The download's own limit, within the manager's (switched off without one, so that one set while the
+    /// run goes applies at once).
+    let limiter: RateLimiter
+
+    init(token: Int, host: String, limiter: RateLimiter) {
+        self.token = token
+        self.host = host
+        self.limiter = limiter
+    }
+
+    /// The engine request and options for `entry` under `configuration`: its destination (a path it named is
+    /// claimed through `claims`), headers, checksum and overrides; this run's limiter; and a connection grant
+    /// that takes the extra connections from `hosts`.
+    func request(
+        for entry: CatalogEntry, configuration: DownloadManager.Configuration, claims: PathClaims, hosts: HostSlots
+    ) -> (DownloadRequest, DownloadOptions) {
+        let path = entry.resolvedPath ?? entry.destinationPath
+        let destination: Destination =
+            entry.resolvedPath != nil || entry.destinationKind == .file ? .file(path) : .directory(path)
+        var headers = HTTPHeaders()
+        for line in entry.headers {
+            if let (name, value) = Downloader.parseHeaderLine(line) { headers.add(name: name, value: value) }
+        }
+        var request = DownloadRequest(
+            url: entry.url, destination: destination, headers: headers,
+            checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) },
+            overwrite: entry.options.overwrite)
+        request.formerURLs = entry.options.formerURLs
+        request.adopt = entry.options.adopt
+        let id = entry.id
+        let urls = Set([entry.url] + entry.options.formerURLs)
+        request.choosePath = { proposed in claims.choose(proposed, for: id, urls: urls) }
+
+        var options = DownloadOptions()
+        options.retry = configuration.retry
+        options.transport = configuration.transport
+        let tuning = entry.options.tuning
+        if let value = tuning.maxRetries { options.retry.maxRetries = value }
+        if let value = tuning.retryDelay { options.retry.baseDelay = value }
+        if let value = tuning.stallTimeout { options.transport.stallTimeout = value }
+        if let value = tuning.connectTimeout { options.transport.connectTimeout = value }
+        options.rateLimiter = limiter
+        options.connections = entry.options.connections ?? configuration.connections
+        options.http2Streams = entry.options.http2Streams
+        options.minimumSplitSize = tuning.minimumSplitSize ?? configuration.minimumSplitSize
+        options.singleConnectionRate = configuration.singleConnectionRate
+        options.automaticConnectionStep = configuration.automaticConnectionStep
+        options.progressInterval = 0.1
+        options.connectionGrant = { [self] wanted in
+            let granted = hosts.acquire(host, upTo: wanted - 1)
+            extra.add(granted, ordering: .relaxed)
+            return 1 + granted
+        }
+        return (request, options)
+    }
+}
