@@ -9,7 +9,7 @@ guard arguments.count == 3 else {
     exit(64)
 }
 
-do {
+do throws(DownloadError) {
     let result = try await Downloader().download(
         DownloadRequest(url: arguments[1], destination: .file(arguments[2]))
     ) { event in
@@ -24,7 +24,7 @@ do {
         }
     }
     print("\nsaved \(result.destination) (\(result.bytes) bytes\(result.resumedFrom > 0 ? ", resumed" : ""))")
-} catch let error as DownloadError {
+} catch {
     print("\nfailed: \(error.message)\(error.isResumable ? " (rerun to resume)" : "")")
     exit(1)
 }

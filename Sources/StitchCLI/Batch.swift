@@ -161,6 +161,8 @@ enum Batch {
     static func makeItems(_ options: GetOptions, output: Output) throws -> [Item] {
         func base() -> DownloadManager.AddOptions {
             var add = DownloadManager.AddOptions()
+            // As wget and curl: a URL named twice is fetched twice (the second as `NAME.1.EXT`).
+            add.reuseExisting = false
             add.headers = options.headers
             add.connections = options.connections
             add.overwrite = options.overwrite

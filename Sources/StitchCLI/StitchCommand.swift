@@ -154,15 +154,12 @@ struct StitchCommand {
                 request = DownloadRequest(
                     url: saved.url, destination: .file(resumePath), headers: headers,
                     checksum: options.checksum ?? saved.checksum, overwrite: options.overwrite)
-            } catch let error as DownloadError {
+            } catch {
                 output.error(error.commandLineMessage)
                 output.json(
                     "error",
                     ["code": "\(error.code)", "message": error.commandLineMessage, "resumable": error.isResumable])
                 return ExitStatus(for: error)
-            } catch {
-                output.error("\(error)")
-                return .failure
             }
         } else {
             let destination: Destination =
@@ -276,14 +273,11 @@ struct StitchCommand {
                     always: true)
             }
             return report.damagedPieces.isEmpty ? .success : .failure
-        } catch let error as DownloadError {
+        } catch {
             output.error(error.commandLineMessage)
             output.json(
                 "error", ["code": "\(error.code)", "message": error.commandLineMessage, "resumable": error.isResumable])
             return ExitStatus(for: error)
-        } catch {
-            output.error("\(error)")
-            return .failure
         }
     }
 

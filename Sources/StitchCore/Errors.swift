@@ -6,26 +6,27 @@ import Musl
 import Darwin
 #endif
 
-/// A failed system call's `errno`, with its message.
-public struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
+/// A failed system call's `errno`, with its message. Internal: swift-system's public `Errno` is the one an app
+/// imports; ``DownloadError/posixErrorCode`` gives ours as a number.
+struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
     /// The `errno` value.
-    public let rawValue: Int32
+    let rawValue: Int32
 
     /// Wraps an `errno` value.
-    public init(rawValue: Int32) { self.rawValue = rawValue }
+    init(rawValue: Int32) { self.rawValue = rawValue }
 
     /// The calling thread's current `errno`.
     static var current: Errno { Errno(rawValue: errno) }
 
     /// `ENOSPC`: no space left on the device.
-    public static let noSpace = Errno(rawValue: ENOSPC)
+    static let noSpace = Errno(rawValue: ENOSPC)
     /// `EINTR`: the call was interrupted by a signal.
-    public static let interrupted = Errno(rawValue: EINTR)
+    static let interrupted = Errno(rawValue: EINTR)
     /// `ENOENT`: no such file or directory.
-    public static let noEntry = Errno(rawValue: ENOENT)
+    static let noEntry = Errno(rawValue: ENOENT)
 
     /// The system's message for the error (`strerror`).
-    public var description: String { String(cString: strerror(rawValue)) }
+    var description: String { String(cString: strerror(rawValue)) }
 }
 
 /// Retries a system call while it fails with `EINTR`, as swift-system does.
@@ -91,7 +92,7 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
     public let code: Code
     /// One line for people.
     public let message: String
-    /// The underlying error (`Errno`, `TransportError`), if any.
+    /// The underlying error (a `TransportError`, or a system call's error: see ``posixErrorCode``), if any.
     public let cause: (any Error & Sendable)?
     /// The HTTP status involved, if any.
     public let httpStatus: Int?
@@ -149,8 +150,19 @@ public struct DownloadError: Error, Sendable, CustomStringConvertible {
         self.remedy = remedy
     }
 
+    /// The `errno` of the system call that failed, for ``Code/io`` failures (`ENOSPC` when the disk is full, say):
+    /// compare with the C constants or wrap it in swift-system's `Errno(rawValue:)`.
+    public var posixErrorCode: Int32? { (cause as? Errno)?.rawValue }
+
     /// The message, and the remedy in general words.
     public var description: String { message + (remedy.map { "; \($0)" } ?? "") }
+
+    /// `error` itself when it is a download error, else an I/O failure that says what it was (at the public
+    /// boundary, where every error leaves as a ``DownloadError``).
+    static func wrapping(_ error: any Error) -> DownloadError {
+        if let error = error as? DownloadError { return error }
+        return DownloadError(.io, "\(error)")
+    }
 
     static func io(_ what: String, path: String, _ errno: Errno) -> DownloadError {
         DownloadError(.io, "\(what) \(path): \(errno)", cause: errno, resumable: true)

@@ -15,6 +15,7 @@ extension Aria2RPC {
         }
         for url in urls { try Self.checkScheme(url) }
         var options = DownloadManager.AddOptions()
+        options.reuseExisting = false  // aria2 adds a new download (a new GID, `NAME.1.EXT`) for a URL it holds
         if params.count > 1 {
             guard let members = params[1].members else {
                 throw Failure(code: -32602, message: "Invalid params: options must be an object")

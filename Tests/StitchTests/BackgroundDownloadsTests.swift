@@ -300,7 +300,7 @@ import Testing
             do {
                 _ = try await downloads.add(url, to: folder.file("x"), headers: headers)
                 Issue.record("\(url) \(headers) accepted")
-            } catch let error as DownloadError {
+            } catch {
                 #expect(error.description.contains(message), "\(error)")
                 #expect(!error.description.contains("\n"))
             }
@@ -313,7 +313,7 @@ import Testing
             do {
                 _ = try await downloads.add("http://127.0.0.1:1/x", to: folder.file(name))
                 Issue.record("\(name) accepted")
-            } catch let error as DownloadError {
+            } catch {
                 #expect(error.code == .destinationExists && error.description.contains(message), "\(error)")
             }
         }

@@ -181,7 +181,7 @@ import StitchLocks
             }
         } else {
             let error = await #expect(throws: DownloadManagerError.self) { try await perform() }
-            #expect(error?.kind == .illegalTransition(from: reached, action: action))
+            #expect(error == .illegalTransition(from: reached, action: action))
             #expect(await manager.download(id)?.status == reached)
             #expect(log.statuses(of: id).isEmpty, "a refused action reported \(log.statuses(of: id))")
         }
@@ -204,16 +204,16 @@ import StitchLocks
         ]
         for (name, call) in calls {
             let error = await #expect(throws: DownloadManagerError.self, "\(name)") { try await call() }
-            #expect(error?.kind == .unknownDownload(unknown), "\(name)")
+            #expect(error == .unknownDownload(unknown), "\(name)")
         }
         #expect(await manager.download(unknown) == nil)
         await manager.close()
         for (name, call) in calls {
             let error = await #expect(throws: DownloadManagerError.self, "\(name)") { try await call() }
-            #expect(error?.kind == .closed, "\(name) after close")
+            #expect(error == .closed, "\(name) after close")
         }
         let error = await #expect(throws: DownloadManagerError.self) { try await manager.add(f.server.url("/x")) }
-        #expect(error?.kind == .closed)
+        #expect(error == .closed)
     }
 
     // MARK: 2. Basics
@@ -695,22 +695,20 @@ import StitchLocks
         var error = await #expect(throws: DownloadManagerError.self) {
             try await manager.add(f.server.url("/b/file.bin"), options: .init(out: f.path("same.bin")))
         }
-        #expect(error?.kind == .pathInUse(f.path("same.bin"), by: first))
+        #expect(error == .pathInUse(f.path("same.bin"), by: first))
         let count = await manager.downloads().count
         error = await #expect(throws: DownloadManagerError.self) {
             try await manager.add([
                 (f.server.url("/a/file.bin"), .init(out: "pair.bin")), (f.server.url("/b/file.bin"), .init(out: "pair.bin")),
             ])
         }
-        if case .pathInUse(let path, _)? = error?.kind { #expect(path == f.path("pair.bin")) } else {
-            Issue.record("expected pathInUse, got \(String(describing: error))")
-        }
+        #expect(error?.pathInUse == f.path("pair.bin"), "expected pathInUse, got \(String(describing: error))")
         #expect(await manager.downloads().count == count, "a refused batch added something")
         let owner = try #require(await manager.downloads().first { $0.path == f.path("file.1.bin") })
         error = await #expect(throws: DownloadManagerError.self) {
             try await manager.add(f.server.url("/x.bin"), options: .init(out: "file.1.bin"))
         }
-        #expect(error?.kind == .pathInUse(f.path("file.1.bin"), by: owner.id))
+        #expect(error == .pathInUse(f.path("file.1.bin"), by: owner.id))
         await manager.close()
     }
 
@@ -789,7 +787,7 @@ import StitchLocks
             ]
             for call in calls {
                 let error = await #expect(throws: DownloadManagerError.self) { try await call() }
-                #expect(error?.kind == .unknownDownload(id))
+                #expect(error == .unknownDownload(id))
             }
             let later = EventLog(await manager.events(for: id))
             #expect(await eventually { later.finished }, "a stream for a removed id does not end")
@@ -1144,7 +1142,7 @@ struct FileDescriptors {
 
 @Suite struct DownloadManagerReviewTests {
     /// A stalled download and a queued one, then close: waiting for idle returns (it used to hang), the catalog
-    /// never says `running`, calls are refused, and onCompletion answers at once.
+    /// never says `running`, calls are refused, and an observation ends at once, cancelled.
     @Test func closeEndsWaitsAndNeverWritesRunning() async throws {
         let f = try ManagerFixture()
         let file = ServedFile.random(size: 2 << 20, seed: 91, etag: "\"c\"")
@@ -1159,10 +1157,10 @@ struct FileDescriptors {
         await manager.close()
         server.releaseStalls()
         await manager.waitUntilIdle()  // returns: nothing will ever run in a closed manager
-        let answered = Flag()
-        await manager.onCompletion(queued) { _ in answered.value.store(true, ordering: .relaxed) }
-        let wasAnswered = answered.value.load(ordering: .relaxed)
-        #expect(wasAnswered)
+        let answer = Locked<DownloadOutcome?>(nil)
+        await manager.observe(queued) { _ in } completion: { outcome in answer.withLock { $0 = outcome } }.finished()
+        let answered = answer.withLock { $0 }
+        #expect(answered.map { if case .failure(let failure) = $0 { failure.code == .cancelled } else { false } } == true)
         await #expect(throws: DownloadManagerError.self) { try await manager.pause(stalled) }
 
         let catalog = try Catalog(directory: f.managerDirectory)
@@ -1184,8 +1182,8 @@ struct FileDescriptors {
         await again.close()
     }
 
-    /// `out: "x.bin"` and `out: "./x.bin"` are one file: the second add is refused, and the refused batch leaves
-    /// no claim behind.
+    /// `out: "x.bin"` and `out: "./x.bin"` are one file: the same URL finds the download there (the default), a
+    /// second copy is refused, and the refused batch leaves no claim behind.
     @Test func samePathWrittenTwoWaysIsOneClaim() async throws {
         let f = try ManagerFixture()
         let manager = try f.open()
@@ -1195,12 +1193,18 @@ struct FileDescriptors {
         let first = try await manager.add(url, options: paused)
         var other = DownloadManager.AddOptions(out: "./x.bin")
         other.paused = true
-        await #expect(throws: DownloadManagerError.self) { _ = try await manager.add(url, options: other) }
+        #expect(try await manager.add(url, options: other) == first)
+        other.reuseExisting = false
+        let error = await #expect(throws: DownloadManagerError.self) { _ = try await manager.add(url, options: other) }
+        #expect(error == .pathInUse(f.path("x.bin"), by: first))
         var fresh = DownloadManager.AddOptions(out: "y.bin")
         fresh.paused = true
+        fresh.reuseExisting = false
+        var copy = DownloadManager.AddOptions(out: "x.bin")
+        copy.reuseExisting = false
         // A batch refused for its second item gives back the first item's claim.
         await #expect(throws: DownloadManagerError.self) {
-            _ = try await manager.add([(url, fresh), (url, DownloadManager.AddOptions(out: "x.bin"))])
+            _ = try await manager.add([(url, fresh), (url, copy)])
         }
         _ = try await manager.add(url, options: fresh)
         #expect(await manager.downloads().count == 2)

@@ -92,8 +92,7 @@ import StitchLocks
         ])
         let (e, g, h) = (batch[0], batch[1], batch[2])
         #expect(await manager.waitingQueue() == [e, a, d, b, c, h, g])
-        var again = paused("b", .fromStart(0))
-        again.reuseExisting = true
+        let again = paused("b", .fromStart(0))
         #expect(try await manager.add(f.server.url("/b.bin"), options: again) == b)
         #expect(await manager.waitingQueue() == [e, a, d, b, c, h, g], "a held download keeps its place")
         let positions = await manager.downloads().map(\.position)
@@ -140,8 +139,8 @@ import StitchLocks
         do {
             try await manager.move(hold, to: .fromStart(0))
             Issue.record("a running download was moved")
-        } catch let error as DownloadManagerError {
-            guard case .invalidRequest = error.kind else {
+        } catch {
+            guard error.isInvalidRequest else {
                 Issue.record("\(error)")
                 return
             }
@@ -154,21 +153,24 @@ import StitchLocks
 
     // MARK: Adding what the manager already holds
 
-    /// With `reuseExisting`, adding a URL the manager holds for the same place returns that download (also within
-    /// one batch, and by a former URL); another place, or no `reuseExisting`, is a new download.
+    /// By default (`reuseExisting`), adding a URL the manager holds for the same place returns that download (also
+    /// within one batch, and by a former URL), as an app that adds its downloads at every launch needs; another
+    /// place, or `reuseExisting` off, is a new download.
     @Test func addingAHeldDownloadReturnsIt() async throws {
         let f = try ManagerFixture()
         let manager = try f.open()
         var reuse = DownloadManager.AddOptions()
-        reuse.reuseExisting = true
         reuse.paused = true
+        #expect(reuse.reuseExisting, "the default")
         let url = f.server.url("/same.bin")
         let first = try await manager.add(url, options: reuse)
         #expect(try await manager.add(url, options: reuse) == first)
-        var paused = DownloadManager.AddOptions()
-        paused.paused = true
-        let second = try await manager.add(url, options: paused)
-        #expect(second != first, "without reuseExisting: a second download")
+        #expect(try await manager.add(URL(string: url)!) == first, "with the default options, by URL")
+        var copy = DownloadManager.AddOptions()
+        copy.paused = true
+        copy.reuseExisting = false
+        let second = try await manager.add(url, options: copy)
+        #expect(second != first, "reuseExisting off: a second download")
         var elsewhere = reuse
         elsewhere.directory = f.downloads + "/other"
         #expect(try await manager.add(url, options: elsewhere) != first)
@@ -349,7 +351,7 @@ import StitchLocks
         var options = DownloadManager.AddOptions(out: "p.bin")
         options.connections = 4
         let id = try await manager.add(f.server.url("/p.bin"), options: options)
-        await manager.onCompletion(id) { _ in }.value
+        await manager.observe(id) { _ in } completion: { _ in }.finished()
         #expect(await eventually { await manager.download(id)?.status == .completed })
         expectFile(f.path("p.bin"), file.data)
         #expect(f.server.requests(for: "/p.bin").count == 1, "one connection: \(f.server.requests.map(\.askedRange))")
@@ -362,7 +364,7 @@ import StitchLocks
 
     // MARK: Progress across pauses
 
-    /// `onProgress` keeps calling across a pause and a resume and ends only when the download completes.
+    /// `observe` keeps calling across a pause and a resume and ends only when the download completes.
     @Test func progressLastsAcrossPauseAndResume() async throws {
         let f = try ManagerFixture()
         let file = ServedFile.random(size: 512 << 10, seed: 94, etag: "\"q\"")
@@ -370,15 +372,21 @@ import StitchLocks
         let manager = try f.open()
         let id = try await manager.add(f.server.url("/q.bin"), options: .init(out: "q.bin"))
         let seen = Locked<[Int64]>([])
-        let subscription = await manager.onProgress(id) { progress in seen.withLock { $0.append(progress.bytes) } }
+        let outcome = Locked<DownloadOutcome?>(nil)
+        let subscription = await manager.observe(id) { progress in
+            seen.withLock { $0.append(progress.bytes) }
+        } completion: { result in
+            outcome.withLock { $0 = result }
+        }
         let server = f.server
         try #require(await blocking { server.waitForStall() })
         try await manager.pause(id)
         server.releaseStalls()
         let pausedAt = seen.withLock { $0.count }
         try await manager.resume(id)
-        await subscription.value  // ends by itself at completion
+        await subscription.finished()  // ends by itself at completion
         #expect(await manager.download(id)?.status == .completed)
+        #expect(try outcome.withLock { $0 }?.get().path == f.path("q.bin"))
         let all = seen.withLock { $0 }
         #expect(all.count > pausedAt, "progress after the resume: \(all)")
         #expect(all.last == Int64(file.data.count))

@@ -78,7 +78,7 @@ extension DownloadManager {
     ///   - configuration: the download folder, caps and defaults; nil downloads into `directory` with the defaults.
     ///   - clock: time for retries and stall checks; the system's by default.
     /// - Throws: ``DownloadManagerError`` when the catalog cannot be opened or created.
-    public init(directory: String, configuration: Configuration? = nil, clock: any DownloadClock = SystemClock()) throws {
+    public init(directory: String, configuration: Configuration? = nil, clock: any DownloadClock = SystemClock()) throws(DownloadManagerError) {
         try self.init(
             directory: directory, configuration: configuration, transport: TransportBackend.defaultTransport,
             clock: clock)
@@ -90,7 +90,7 @@ extension DownloadManager {
     ///   - configuration: the download folder, caps and defaults.
     ///   - clock: time for retries and stall checks; the system's by default.
     /// - Throws: ``DownloadManagerError`` when SQLite cannot make the in-memory catalog.
-    public init(configuration: Configuration, clock: any DownloadClock = SystemClock()) throws {
+    public init(configuration: Configuration, clock: any DownloadClock = SystemClock()) throws(DownloadManagerError) {
         try self.init(configuration: configuration, transport: TransportBackend.defaultTransport, clock: clock)
     }
 }
@@ -105,7 +105,7 @@ extension BackgroundDownloads {
     /// - Throws: ``DownloadError`` if the directory cannot be made or read, or a download's record there is damaged.
     public convenience init(
         identifier: String, stateDirectory: String, configuration: Configuration = Configuration()
-    ) throws {
+    ) throws(DownloadError) {
         try self.init(
             identifier: identifier, stateDirectory: stateDirectory, configuration: configuration,
             makeSession: { TransportBackend.downloadTaskSession(identifier: identifier, events: $0) })

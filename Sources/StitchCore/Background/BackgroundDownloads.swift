@@ -126,7 +126,7 @@ public final class BackgroundDownloads: Sendable {
     public init(
         identifier: String, stateDirectory: String, configuration: Configuration = Configuration(),
         makeSession: @escaping @Sendable (any DownloadTaskEvents) -> any DownloadTaskSession
-    ) throws {
+    ) throws(DownloadError) {
         self.identifier = identifier
         driver = try BackgroundDriver(directory: stateDirectory, configuration: configuration, makeSession: makeSession)
     }
@@ -148,7 +148,7 @@ public final class BackgroundDownloads: Sendable {
     public func add(
         _ url: String, to destination: String, headers: [(name: String, value: String)] = [],
         checksum: ExpectedChecksum? = nil
-    ) async throws -> DownloadID {
+    ) async throws(DownloadError) -> DownloadID {
         try await driver.performThrowing { driver throws(DownloadError) in
             try driver.add(url, to: destination, headers: headers, checksum: checksum)
         }
@@ -158,7 +158,7 @@ public final class BackgroundDownloads: Sendable {
     public func add(
         _ url: URL, to destination: String, headers: [(name: String, value: String)] = [],
         checksum: ExpectedChecksum? = nil
-    ) async throws -> DownloadID {
+    ) async throws(DownloadError) -> DownloadID {
         try await add(url.absoluteString, to: destination, headers: headers, checksum: checksum)
     }
 

@@ -35,7 +35,7 @@ final class DownloadRun: Sendable {
     init(
         request: DownloadRequest, options: DownloadOptions, transport: any HTTPTransport,
         clock: any DownloadClock, onEvent: @escaping @Sendable (DownloadEvent) -> Void
-    ) throws {
+    ) throws(DownloadError) {
         let startURL = try validateURL(request.url)
         context = RunContext(
             request: request, options: options, transport: transport, clock: clock, startURL: startURL)
@@ -51,9 +51,9 @@ final class DownloadRun: Sendable {
 
     // MARK: The download's steps
 
-    func run() async throws -> DownloadResult {
-        let outcome: Result<DownloadResult, any Error>
-        do { outcome = .success(try await runSteps()) } catch { outcome = .failure(error) }
+    func run() async throws(DownloadError) -> DownloadResult {
+        let outcome: Result<DownloadResult, DownloadError>
+        do { outcome = .success(try await runSteps()) } catch { outcome = .failure(.wrapping(error)) }
         await files.endRun()
         // Every event the run sent has reached the caller before the result (or error) does, and none comes after.
         reporter.close()

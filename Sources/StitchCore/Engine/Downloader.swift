@@ -34,7 +34,7 @@ public struct Downloader: Sendable {
         _ request: DownloadRequest,
         options: DownloadOptions = DownloadOptions(),
         onEvent: @escaping @Sendable (DownloadEvent) -> Void = { _ in }
-    ) async throws -> DownloadResult {
+    ) async throws(DownloadError) -> DownloadResult {
         let run = try DownloadRun(
             request: request, options: options, transport: transport, clock: clock, onEvent: onEvent)
         return try await run.run()
@@ -42,7 +42,7 @@ public struct Downloader: Sendable {
 
     /// The partial download saved beside `destination`, for resuming it without knowing its URL.
     /// - Throws: ``DownloadError`` with code `.nothingToResume` or `.unusableState`.
-    public static func savedDownload(at destination: String) throws -> SavedDownload {
+    public static func savedDownload(at destination: String) throws(DownloadError) -> SavedDownload {
         let paths = DownloadPaths(destination: absolutePath(destination))
         let partial = PartialDownload(paths)
         // A damaged state with a usable previous generation: the download itself will fall back on it.
@@ -78,7 +78,7 @@ public struct Downloader: Sendable {
     /// of it is durable; the durable bytes of a piece not yet complete have checksums of their own (proofs, by
     /// range), checked too. Bytes not yet durable are not checked.
     /// - Throws: ``DownloadError`` (`.nothingToResume`, `.unusableState`, `.io`).
-    public static func verify(at destination: String) throws -> VerifyReport {
+    public static func verify(at destination: String) throws(DownloadError) -> VerifyReport {
         let paths = DownloadPaths(destination: absolutePath(destination))
         let state: DownloadState
         switch PartialDownload(paths).saved {

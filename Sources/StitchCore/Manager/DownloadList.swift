@@ -95,38 +95,38 @@ public final class DownloadList {
     /// Adds a download of `url` (``DownloadManager/add(_:options:)-(URL,_)``) and returns its id; it is in
     /// ``downloads`` when this returns.
     @discardableResult
-    public func add(_ url: URL, options: DownloadManager.AddOptions = .init()) async throws -> DownloadID {
+    public func add(_ url: URL, options: DownloadManager.AddOptions = .init()) async throws(DownloadManagerError) -> DownloadID {
         let id = try await manager.add(url, options: options)
         await reload(id)
         return id
     }
 
     /// Pauses download `id` (``DownloadManager/pause(_:)``).
-    public func pause(_ id: DownloadID) async throws {
+    public func pause(_ id: DownloadID) async throws(DownloadManagerError) {
         try await manager.pause(id)
         await reload(id)
     }
 
     /// Queues download `id` again (``DownloadManager/resume(_:)``).
-    public func resume(_ id: DownloadID) async throws {
+    public func resume(_ id: DownloadID) async throws(DownloadManagerError) {
         try await manager.resume(id)
         await reload(id)
     }
 
     /// Cancels download `id` (``DownloadManager/cancel(_:)``), keeping its partial data.
-    public func cancel(_ id: DownloadID) async throws {
+    public func cancel(_ id: DownloadID) async throws(DownloadManagerError) {
         try await manager.cancel(id)
         await reload(id)
     }
 
     /// Removes download `id` from the manager (``DownloadManager/remove(_:deletingFiles:)``) and from the list.
-    public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws {
+    public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws(DownloadManagerError) {
         try await manager.remove(id, deletingFiles: deletingFiles)
         await reload(id)
     }
 
     /// Pauses every queued and running download (``DownloadManager/pauseAll()``).
-    public func pauseAll() async throws {
+    public func pauseAll() async throws(DownloadManagerError) {
         do { try await manager.pauseAll() } catch {
             await refresh()
             throw error
@@ -135,7 +135,7 @@ public final class DownloadList {
     }
 
     /// Queues every paused download again (``DownloadManager/resumeAll()``).
-    public func resumeAll() async throws {
+    public func resumeAll() async throws(DownloadManagerError) {
         do { try await manager.resumeAll() } catch {
             await refresh()
             throw error

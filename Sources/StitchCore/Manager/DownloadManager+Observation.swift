@@ -1,5 +1,4 @@
-/// How one download ended, as ``DownloadManager/observe(_:isolation:progress:completion:)`` and
-/// ``DownloadManager/onCompletion(_:_:)`` report it: its snapshot once completed (``DownloadSnapshot/path`` is the
+/// How one download ended, as ``DownloadManager/observe(_:isolation:progress:completion:)`` reports it: its snapshot once completed (``DownloadSnapshot/path`` is the
 /// file), else why not — the failure (``DownloadFailure/cancelled`` after ``DownloadManager/cancel(_:)``), or a
 /// failure with code `.cancelled` and ``DownloadFailure/isResumable`` false once removed or unknown.
 public typealias DownloadOutcome = Result<DownloadSnapshot, DownloadFailure>

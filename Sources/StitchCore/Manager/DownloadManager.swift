@@ -70,7 +70,7 @@ public actor DownloadManager {
     public init(
         directory: String, configuration: Configuration? = nil, transport: any HTTPTransport,
         clock: any DownloadClock = SystemClock()
-    ) throws {
+    ) throws(DownloadManagerError) {
         let configuration = configuration ?? Configuration(downloadDirectory: directory)
         try? FileOperations.createDirectory(configuration.downloadDirectory)
         let catalog: Catalog
@@ -93,7 +93,7 @@ public actor DownloadManager {
     /// - Throws: ``DownloadManagerError`` when SQLite cannot make the in-memory catalog.
     public init(
         configuration: Configuration, transport: any HTTPTransport, clock: any DownloadClock = SystemClock()
-    ) throws {
+    ) throws(DownloadManagerError) {
         try? FileOperations.createDirectory(configuration.downloadDirectory)
         let catalog: Catalog
         do {
@@ -106,7 +106,7 @@ public actor DownloadManager {
 
     private init(
         catalog: Catalog, configuration: Configuration, transport: any HTTPTransport, clock: any DownloadClock
-    ) throws {
+    ) throws(DownloadManagerError) {
         self.configuration = configuration
         self.downloader = Downloader(transport: transport, clock: clock)
         let limiter = RateLimiter(bytesPerSecond: configuration.rateLimit ?? Self.unlimitedRate)
@@ -158,7 +158,7 @@ public actor DownloadManager {
     /// - Throws: ``DownloadManagerError``: `.invalidRequest` for a bad URL or option, `.pathInUse` when another
     ///   download of this manager already writes to the path.
     @discardableResult
-    public func add(_ url: String, options: AddOptions = AddOptions()) throws -> DownloadID {
+    public func add(_ url: String, options: AddOptions = AddOptions()) throws(DownloadManagerError) -> DownloadID {
         try add([(url, options)])[0]
     }
 
@@ -168,17 +168,17 @@ public actor DownloadManager {
     /// - Throws: ``DownloadManagerError``: `.invalidRequest` for a bad URL or option, `.pathInUse` when another
     ///   download of this manager already writes to the path.
     @discardableResult
-    public func add(_ url: URL, options: AddOptions = AddOptions()) throws -> DownloadID {
+    public func add(_ url: URL, options: AddOptions = AddOptions()) throws(DownloadManagerError) -> DownloadID {
         try add(url.absoluteString, options: options)
     }
 
     /// Adds several downloads of `URL`s at once (one catalog transaction): all or none, as the `String` form.
-    public func add(_ items: [(url: URL, options: AddOptions)]) throws -> [DownloadID] {
+    public func add(_ items: [(url: URL, options: AddOptions)]) throws(DownloadManagerError) -> [DownloadID] {
         try add(items.map { (url: $0.url.absoluteString, options: $0.options) })
     }
 
     /// Adds several downloads at once (one catalog transaction): all or none.
-    public func add(_ items: [(url: String, options: AddOptions)]) throws -> [DownloadID] {
+    public func add(_ items: [(url: String, options: AddOptions)]) throws(DownloadManagerError) -> [DownloadID] {
         try checkOpen()
         var entries: [CatalogEntry] = []
         entries.reserveCapacity(items.count)
@@ -354,14 +354,14 @@ public actor DownloadManager {
     // MARK: Controlling
 
     /// Stops a queued or running download, keeping its partial data; ``resume(_:)`` queues it again.
-    public func pause(_ id: DownloadID) throws {
+    public func pause(_ id: DownloadID) throws(DownloadManagerError) {
         let notKept = try transition(id, .pause)
         stopRun(id)
         if let notKept { throw notKept }
     }
 
     /// Queues a paused or failed download again; it continues from its saved partial data.
-    public func resume(_ id: DownloadID) throws {
+    public func resume(_ id: DownloadID) throws(DownloadManagerError) {
         let notKept = try transition(id, .resume)
         resetMirrors(id)
         schedule()
@@ -376,7 +376,7 @@ public actor DownloadManager {
     }
 
     /// Stops a download for good unless resumed: it becomes failed (cancelled) and keeps its partial data.
-    public func cancel(_ id: DownloadID) throws {
+    public func cancel(_ id: DownloadID) throws(DownloadManagerError) {
         let notKept = try transition(id, .cancel)
         stopRun(id)
         if let notKept { throw notKept }
@@ -386,7 +386,7 @@ public actor DownloadManager {
     /// - Parameters:
     ///   - id: the download.
     ///   - deletingFiles: also delete its partial data, and the finished file if it completed.
-    public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws {
+    public func remove(_ id: DownloadID, deletingFiles: Bool = false) async throws(DownloadManagerError) {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
         guard let next = managed.status.after(.remove) else {
@@ -419,9 +419,9 @@ public actor DownloadManager {
     /// Pauses every queued and running download.
     /// - Throws: ``DownloadManagerError`` when the catalog did not take a change (every download is paused all the
     ///   same; the first error is thrown).
-    public func pauseAll() throws {
+    public func pauseAll() throws(DownloadManagerError) {
         try checkOpen()
-        var first: (any Error)?
+        var first: DownloadManagerError?
         for id in queue.order() where table[id]?.status == .queued || table[id]?.status == .running {
             do { try pause(id) } catch { first = first ?? error }
         }
@@ -430,9 +430,9 @@ public actor DownloadManager {
 
     /// Queues every paused download again (not failed ones: ``resume(_:)`` retries those one by one).
     /// - Throws: ``DownloadManagerError`` when the catalog did not take a change (as ``pauseAll()``).
-    public func resumeAll() throws {
+    public func resumeAll() throws(DownloadManagerError) {
         try checkOpen()
-        var first: (any Error)?
+        var first: DownloadManagerError?
         for id in queue.order() where table[id]?.status == .paused {
             do {
                 if let notKept = try transition(id, .resume) { first = first ?? notKept }
@@ -446,7 +446,7 @@ public actor DownloadManager {
     }
 
     /// Moves a download to the front or back of those with its priority.
-    public func move(_ id: DownloadID, to place: QueuePlace) throws {
+    public func move(_ id: DownloadID, to place: QueuePlace) throws(DownloadManagerError) {
         try checkOpen()
         guard let moved = queue.place(for: id, at: place) else { throw DownloadManagerError(.unknownDownload(id)) }
         try keep([DownloadQueue.Change(id: id, place: moved)])
@@ -464,7 +464,7 @@ public actor DownloadManager {
     /// - Throws: ``DownloadManagerError``: `.unknownDownload`, or `.invalidRequest` when the download is not
     ///   waiting (running, completed or failed).
     @discardableResult
-    public func move(_ id: DownloadID, to place: QueuePosition) throws -> Int {
+    public func move(_ id: DownloadID, to place: QueuePosition) throws(DownloadManagerError) -> Int {
         try checkOpen()
         switch queue.planMove(id, to: place) {
         case .failure(.unknown):
@@ -479,7 +479,7 @@ public actor DownloadManager {
     }
 
     /// Writes new places to the catalog (one transaction) and, once kept, to the queue and the table.
-    private func keep(_ changes: [DownloadQueue.Change]) throws {
+    private func keep(_ changes: [DownloadQueue.Change]) throws(DownloadManagerError) {
         do {
             try catalog.setPositions(changes.map { ($0.id, $0.place.priority, $0.place.position) })
         } catch { throw DownloadManagerError(.catalog(error.description)) }
@@ -494,7 +494,7 @@ public actor DownloadManager {
 
     /// Changes how many downloads transfer at once (at least 1). Raised, queued downloads start at once; lowered,
     /// running downloads go on and no other starts until fewer run.
-    public func setMaxConcurrentDownloads(_ count: Int) throws {
+    public func setMaxConcurrentDownloads(_ count: Int) throws(DownloadManagerError) {
         try checkOpen()
         guard count >= 1 else {
             throw DownloadManagerError(.invalidRequest("the concurrent downloads must be at least 1, not \(count)"))
@@ -505,7 +505,7 @@ public actor DownloadManager {
 
     /// Changes the limit over all downloads, in bytes per second (nil: none). Running downloads follow it within
     /// about a second.
-    public func setRateLimit(_ bytesPerSecond: Int64?) throws {
+    public func setRateLimit(_ bytesPerSecond: Int64?) throws(DownloadManagerError) {
         try checkOpen()
         if let bytesPerSecond {
             guard bytesPerSecond > 0 else {
@@ -519,7 +519,7 @@ public actor DownloadManager {
 
     /// Changes download `id`'s own limit, in bytes per second within the manager's (nil: none); a running download
     /// follows it within about a second. Kept in the catalog.
-    public func setRateLimit(_ id: DownloadID, _ bytesPerSecond: Int64?) throws {
+    public func setRateLimit(_ id: DownloadID, _ bytesPerSecond: Int64?) throws(DownloadManagerError) {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
         if let bytesPerSecond, bytesPerSecond <= 0 {
@@ -547,7 +547,7 @@ public actor DownloadManager {
     public func setOptions(
         _ id: DownloadID, connections: Int?? = nil, tuning: Tuning? = nil, headers: HTTPHeaders? = nil,
         headerFields: HTTPHeaders? = nil
-    ) throws {
+    ) throws(DownloadManagerError) {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
         guard managed.status != .completed, managed.status != .removed else {
@@ -585,7 +585,7 @@ public actor DownloadManager {
 
     /// Changes how many connections all running downloads may hold to one host (at least 1). Lowered, running
     /// downloads keep the connections they have; new ones are granted once the host is below the cap.
-    public func setMaxConnectionsPerHost(_ count: Int) throws {
+    public func setMaxConnectionsPerHost(_ count: Int) throws(DownloadManagerError) {
         try checkOpen()
         guard count >= 1 else {
             throw DownloadManagerError(.invalidRequest("the connections per host must be at least 1, not \(count)"))
@@ -596,7 +596,7 @@ public actor DownloadManager {
     }
 
     /// Changes a download's priority: higher priorities start first (running downloads are not stopped).
-    public func setPriority(_ id: DownloadID, _ priority: Int) throws {
+    public func setPriority(_ id: DownloadID, _ priority: Int) throws(DownloadManagerError) {
         try checkOpen()
         guard let managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
         try keep([DownloadQueue.Change(id: id, place: .init(priority: priority, position: managed.entry.position))])
@@ -607,7 +607,7 @@ public actor DownloadManager {
     /// partial data is resumed from the new URL only if the server proves the file is the same (its saved
     /// `ETag` or `Last-Modified` with `If-Range`); otherwise the download starts over and says why. A running
     /// download switches at once.
-    public func updateSource(_ id: DownloadID, url: String, headers: HTTPHeaders? = nil) throws {
+    public func updateSource(_ id: DownloadID, url: String, headers: HTTPHeaders? = nil) throws(DownloadManagerError) {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
         do { _ = try validateURL(url) } catch { throw DownloadManagerError(.invalidRequest(error.message)) }
@@ -624,7 +624,7 @@ public actor DownloadManager {
     }
 
     /// ``updateSource(_:url:headers:)-(_,String,_)`` with a `URL` (its `absoluteString`).
-    public func updateSource(_ id: DownloadID, url: URL, headers: HTTPHeaders? = nil) throws {
+    public func updateSource(_ id: DownloadID, url: URL, headers: HTTPHeaders? = nil) throws(DownloadManagerError) {
         try updateSource(id, url: url.absoluteString, headers: headers)
     }
 
@@ -676,65 +676,9 @@ public actor DownloadManager {
         buffering: AsyncStream<DownloadManagerEvent>.Continuation.BufferingPolicy = .bufferingNewest(10_000)
     ) -> AsyncStream<DownloadManagerEvent> { subscribe(nil, buffering: buffering) }
 
-    /// Events about one download, from now on. The stream ends once it is removed or the manager closes.
-    public func events(for id: DownloadID) -> AsyncStream<DownloadManagerEvent> { subscribe(id) }
-
-    /// Calls `handler` with each progress report of download `id` until it completes, fails or is removed —
-    /// across pauses and resumes. Cancel the returned task to stop early. `handler` runs on no particular actor;
-    /// ``observe(_:isolation:progress:completion:)`` calls its closures on the caller's (the main actor, say).
-    @discardableResult
-    public func onProgress(_ id: DownloadID, _ handler: @escaping @Sendable (TransferProgress) -> Void)
-        -> Task<Void, Never>
-    {
-        let stream = subscribe(id)
-        return Task {
-            for await event in stream {
-                switch event {
-                case .progress(_, let progress):
-                    handler(progress)
-                case .statusChanged(_, .completed), .statusChanged(_, .failed), .statusChanged(_, .removed):
-                    return  // ending the stream unsubscribes it
-                default:
-                    continue
-                }
-            }
-        }
-    }
-
-    /// Calls `handler` once, when download `id` completes or fails (at once if it already has); removal counts as
-    /// a failure with code `.cancelled`.
-    @discardableResult
-    public func onCompletion(
-        _ id: DownloadID, _ handler: @escaping @Sendable (Result<DownloadSnapshot, DownloadFailure>) -> Void
-    ) -> Task<Void, Never> {
-        if let done = outcome(of: id) {
-            handler(done)
-            return Task {}
-        }
-        if isClosed {
-            handler(.failure(DownloadFailure(code: .cancelled, message: "the download manager is closed")))
-            return Task {}
-        }
-        let stream = subscribe(id)
-        return Task { [weak self] in
-            for await event in stream {
-                guard case .statusChanged(_, let status) = event else { continue }
-                switch status {
-                case .completed:
-                    if let snapshot = await self?.download(id) { handler(.success(snapshot)) }
-                    return
-                case .failed(let failure):
-                    handler(.failure(failure))
-                    return
-                case .removed:
-                    handler(.failure(DownloadFailure(code: .cancelled, message: "removed", isResumable: false)))
-                    return
-                default:
-                    continue
-                }
-            }
-        }
-    }
+    /// Events about one download, from now on. The stream ends once it is removed or the manager closes. (Apps
+    /// observe one download with ``observe(_:isolation:progress:completion:)``.)
+    func events(for id: DownloadID) -> AsyncStream<DownloadManagerEvent> { subscribe(id) }
 
     /// Waits until no download is queued or running (paused, completed and failed ones are at rest).
     public func waitUntilIdle() async {
@@ -784,7 +728,7 @@ public actor DownloadManager {
     /// A rate for the limiter while it is switched off (it is never consulted then).
     private static let unlimitedRate: Int64 = 1 << 40
 
-    private func checkOpen() throws {
+    private func checkOpen() throws(DownloadManagerError) {
         if isClosed { throw DownloadManagerError(.closed) }
     }
 
@@ -794,7 +738,7 @@ public actor DownloadManager {
     /// answered while the disk failed was waiting after the reboot, PowerCutServeTests). The row is written again
     /// with the next change and at close (``saveUnsaved()``).
     @discardableResult
-    private func transition(_ id: DownloadID, _ action: DownloadAction) throws -> DownloadManagerError? {
+    private func transition(_ id: DownloadID, _ action: DownloadAction) throws(DownloadManagerError) -> DownloadManagerError? {
         try checkOpen()
         saveUnsaved()
         guard let managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
@@ -894,12 +838,10 @@ public actor DownloadManager {
                 for await event in events { await self?.engineEvent(id, token: run.token, event) }
             }
             let outcome: Result<DownloadResult, DownloadError>
-            do {
+            do throws(DownloadError) {
                 outcome = .success(try await downloader.download(request, options: options) { sink.yield($0) })
-            } catch let error as DownloadError {
-                outcome = .failure(error)
             } catch {
-                outcome = .failure(DownloadError(.io, "\(error)"))
+                outcome = .failure(error)
             }
             sink.finish()
             await pump.value
@@ -1082,17 +1024,6 @@ public actor DownloadManager {
             checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt,
             rateLimit: entry.options.rateLimit, mirrors: entry.options.mirrors.isEmpty ? [entry.url] : entry.options.mirrors,
             tuning: entry.options.tuning, lastProblem: managed.lastProblem ?? entry.errorMessage)
-    }
-
-    private func outcome(of id: DownloadID) -> Result<DownloadSnapshot, DownloadFailure>? {
-        guard let snapshot = snapshot(of: id) else {
-            return .failure(DownloadFailure(code: .cancelled, message: "no download \(id)", isResumable: false))
-        }
-        switch snapshot.status {
-        case .completed: return .success(snapshot)
-        case .failed(let failure): return .failure(failure)
-        default: return nil
-        }
     }
 
     private func subscribe(

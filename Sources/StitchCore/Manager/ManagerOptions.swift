@@ -66,13 +66,18 @@ extension DownloadManager {
         public var position: QueuePosition?
         /// Add without starting (status ``DownloadStatus/paused``).
         public var paused = false
-        /// When the manager already holds a download of this URL going to the same place — the same file for an
-        /// `out`, else the same folder — return that one instead of adding another, so an app or a client that
-        /// adds its downloads again after a relaunch does not get `NAME.1.EXT`. One whose current URL it is comes
-        /// first, then one that had it before. Whatever its status; a removed download is gone and does not
-        /// count. The held download keeps its own options (the others given here are not applied), except that
-        /// a checksum other than its own is refused (`.invalidRequest`) rather than left unchecked.
-        public var reuseExisting = false
+        /// Whether adding a URL the manager already holds for the same place — the same file for an `out`, else
+        /// the same folder — returns that download instead of adding another. On by default, so that an app that
+        /// adds its downloads again at every launch gets the ones it has, not a second copy as `NAME.1.EXT`.
+        /// One whose current URL it is comes first, then one that had it before. Whatever its status; a removed
+        /// download is gone and does not count. The held download keeps its own options (the others given here are
+        /// not applied), except that a checksum other than its own is refused (`.invalidRequest`) rather than left
+        /// unchecked.
+        ///
+        /// Set it to `false` to download the same URL again as a new download beside the first (`NAME.1.EXT` in a
+        /// folder; refused with ``DownloadManagerError/pathInUse(_:by:)`` for the same `out`), as aria2's
+        /// `addUri` does.
+        public var reuseExisting = true
         /// Other URLs of the same file (aria2's several URIs in one `addUri`): when the download fails from one,
         /// it goes on from the next, each tried once in turn, its partial data kept only where the new server
         /// proves the file is the same (as ``DownloadManager/updateSource(_:url:headers:)-(_,String,_)``).

@@ -136,32 +136,57 @@ public struct DownloadFailure: Error, Sendable, Hashable, CustomStringConvertibl
 }
 
 /// Why a ``DownloadManager`` call was refused.
+///
+/// Compare with the static members (`error == .closed`, `error == .unknownDownload(id)`); the kinds are not a
+/// public enum, so that new ones can be added without breaking a caller's `switch` (as async-http-client's
+/// `HTTPClientError`).
 public struct DownloadManagerError: Error, Sendable, Hashable, CustomStringConvertible {
     /// What was refused, and what it concerned.
-    public enum Kind: Sendable, Hashable {
-        /// No download has this id (never added, or removed).
+    enum Code: Sendable, Hashable {
         case unknownDownload(DownloadID)
-        /// The action is not allowed from the download's status (see ``DownloadStatus/after(_:)``).
         case illegalTransition(from: DownloadStatus, action: DownloadAction)
-        /// Another download of this manager already writes to this path.
         case pathInUse(String, by: DownloadID)
-        /// The URL, a header or an option is malformed.
         case invalidRequest(String)
-        /// The catalog could not be read or written.
         case catalog(String)
-        /// The manager was closed.
         case closed
     }
 
     /// Why the call was refused.
-    public var kind: Kind
+    let code: Code
 
-    /// An error of this kind.
-    public init(_ kind: Kind) { self.kind = kind }
+    init(_ code: Code) { self.code = code }
+
+    /// No download has this id (never added, or removed).
+    public static func unknownDownload(_ id: DownloadID) -> Self { Self(.unknownDownload(id)) }
+    /// The action is not allowed from the download's status (see ``DownloadStatus/after(_:)``).
+    public static func illegalTransition(from status: DownloadStatus, action: DownloadAction) -> Self {
+        Self(.illegalTransition(from: status, action: action))
+    }
+    /// Another download of this manager already writes to `path`.
+    public static func pathInUse(_ path: String, by owner: DownloadID) -> Self { Self(.pathInUse(path, by: owner)) }
+    /// The URL, a header or an option is malformed; `message` says which and why.
+    public static func invalidRequest(_ message: String) -> Self { Self(.invalidRequest(message)) }
+    /// The catalog could not be read or written.
+    public static func catalog(_ message: String) -> Self { Self(.catalog(message)) }
+    /// The manager was closed.
+    public static let closed = Self(.closed)
+
+    /// Whether the call was refused because the request was malformed (``invalidRequest(_:)``), whatever the
+    /// message.
+    public var isInvalidRequest: Bool {
+        if case .invalidRequest = code { return true }
+        return false
+    }
+
+    /// The path another download already writes to, when the refusal is ``pathInUse(_:by:)``.
+    public var pathInUse: String? {
+        if case .pathInUse(let path, _) = code { return path }
+        return nil
+    }
 
     /// The reason in words, as messages show it.
     public var description: String {
-        switch kind {
+        switch code {
         case .unknownDownload(let id): "no download with id \(id)"
         case .illegalTransition(let from, let action): "cannot \(action) a download that is \(from.name)"
         case .pathInUse(let path, let id): "\(path) is already the destination of download \(id)"
