@@ -78,7 +78,9 @@ extension DownloadManager {
     ///   - configuration: the download folder, caps and defaults; nil downloads into `directory` with the defaults.
     ///   - clock: time for retries and stall checks; the system's by default.
     /// - Throws: ``DownloadManagerError`` when the catalog cannot be opened or created.
-    public init(directory: String, configuration: Configuration? = nil, clock: any DownloadClock = SystemClock()) throws(DownloadManagerError) {
+    public init(
+        directory: String, configuration: Configuration? = nil, clock: any DownloadClock = SystemClock()
+    ) throws(DownloadManagerError) {
         try self.init(
             directory: directory, configuration: configuration, transport: TransportBackend.defaultTransport,
             clock: clock)

@@ -95,7 +95,9 @@ public final class DownloadList {
     /// Adds a download of `url` (``DownloadManager/add(_:options:)-(URL,_)``) and returns its id; it is in
     /// ``downloads`` when this returns.
     @discardableResult
-    public func add(_ url: URL, options: DownloadManager.AddOptions = .init()) async throws(DownloadManagerError) -> DownloadID {
+    public func add(
+        _ url: URL, options: DownloadManager.AddOptions = .init()
+    ) async throws(DownloadManagerError) -> DownloadID {
         let id = try await manager.add(url, options: options)
         await reload(id)
         return id

@@ -1,6 +1,7 @@
-/// How one download ended, as ``DownloadManager/observe(_:isolation:progress:completion:)`` reports it: its snapshot once completed (``DownloadSnapshot/path`` is the
-/// file), else why not — the failure (``DownloadFailure/cancelled`` after ``DownloadManager/cancel(_:)``), or a
-/// failure with code `.cancelled` and ``DownloadFailure/isResumable`` false once removed or unknown.
+/// How one download ended, as ``DownloadManager/observe(_:isolation:progress:completion:)`` reports it: its
+/// snapshot once completed (``DownloadSnapshot/path`` is the file), else why not — the failure
+/// (``DownloadFailure/cancelled`` after ``DownloadManager/cancel(_:)``), or a failure with code `.cancelled` and
+/// ``DownloadFailure/isResumable`` false once removed or unknown.
 public typealias DownloadOutcome = Result<DownloadSnapshot, DownloadFailure>
 
 /// The handle of an observation started by ``DownloadManager/observe(_:isolation:progress:completion:)``: cancel it
