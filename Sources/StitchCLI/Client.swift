@@ -27,6 +27,10 @@ enum Client {
         var downloadOptions: [(String, JSON)] = []
         /// `watch`: stop once nothing is active or waiting.
         var untilIdle = false
+        /// `--rpc-url` as given; ``Client/parse(_:_:environment:)`` resolves ``rpcURL`` from it.
+        var rpcURLGiven: String?
+        /// `--rpc-secret-file` as given; ``Client/parse(_:_:environment:)`` reads ``secret`` from it.
+        var secretFile: String?
     }
 
     static func run(_ command: String, _ arguments: [String]) async -> ExitStatus {
@@ -71,47 +75,12 @@ enum Client {
 
     // MARK: - Options
 
+    /// Reads a client command's arguments (after the command's name), then where the daemon is and its secret:
+    /// flag, environment, config file, default.
     static func parse(_ command: String, _ arguments: [String], environment: [String: String]) throws -> Options {
         var options = Options()
-        var urlFlag: String?
-        var secretFile: String?
-        var index = 0
-        var inline: String?
-        func value(_ flag: String) throws -> String {
-            if let inline { return inline }
-            index += 1
-            guard index < arguments.count else { throw UsageError("\(flag) needs a value") }
-            return arguments[index]
-        }
-        while index < arguments.count {
-            var argument = arguments[index]
-            inline = nil
-            // --flag=value as well as --flag value.
-            if argument.hasPrefix("--"), let equals = argument.firstIndex(of: "=") {
-                inline = String(argument[argument.index(after: equals)...])
-                argument = String(argument[..<equals])
-            }
-            switch argument {
-            case "--rpc-url": urlFlag = try value(argument)
-            case "--rpc-secret-file": secretFile = try value(argument)
-            case "--rpc-secret":
-                throw UsageError(
-                    "the secret is not taken on the command line (other users can read it in ps); use "
-                        + "--rpc-secret-file FILE, STITCH_RPC_SECRET or the client config file")
-            case "--json": options.json = true
-            case "-q", "--quiet": options.quiet = true
-            case "--until-idle" where command == "watch": options.untilIdle = true
-            case "-d", "--dir", "-o", "--output", "-c", "--connections", "--checksum", "--limit-rate", "-H", "--header":
-                guard command == "add" else { throw UsageError("unknown option '\(argument)' for 'stitch \(command)'") }
-                try addOption(argument, try value(argument), to: &options.downloadOptions)
-            default:
-                // The name only, never an inline value (which could be a secret given to the wrong flag).
-                if argument.hasPrefix("-") && argument.count > 1 {
-                    throw UsageError("unknown option '\(argument)' for 'stitch \(command)'")
-                }
-                options.arguments.append(argument)
-            }
-            index += 1
+        try table(for: command).parse(arguments, into: &options) { options, argument in
+            options.arguments.append(argument)
         }
         switch command {
         case "add" where options.arguments.isEmpty: throw UsageError("stitch add needs a URL")
@@ -126,7 +95,8 @@ enum Client {
         }
 
         let config = try ClientConfig.load(environment: environment)
-        options.rpcURL = urlFlag ?? environment["STITCH_RPC_URL"].flatMap { $0.isEmpty ? nil : $0 } ?? config.rpcURL
+        options.rpcURL =
+            options.rpcURLGiven ?? environment["STITCH_RPC_URL"].flatMap { $0.isEmpty ? nil : $0 } ?? config.rpcURL
             ?? defaultURL
         guard let parsed = URL(string: options.rpcURL), ["http", "https"].contains(parsed.scheme ?? ""),
             parsed.host != nil
@@ -134,7 +104,7 @@ enum Client {
             throw UsageError("the daemon's address must be an http:// or https:// URL, not '\(options.rpcURL)'")
         }
         // Flag, environment, config file: the file's secret (from its own file or inline) comes last.
-        if let secretFile {
+        if let secretFile = options.secretFile {
             options.secret = try readSecretFile(secretFile)
         } else if let secret = environment["STITCH_RPC_SECRET"], !secret.isEmpty {
             options.secret = secret
@@ -144,30 +114,6 @@ enum Client {
             options.secret = config.secret
         }
         return options
-    }
-
-    /// One of `add`'s options as the aria2 option it is.
-    static func addOption(_ flag: String, _ text: String, to options: inout [(String, JSON)]) throws {
-        switch flag {
-        case "-d", "--dir": options.append(("dir", .string(text)))
-        case "-o", "--output": options.append(("out", .string(text)))
-        case "-c", "--connections":
-            let range = DownloadOptions.connectionRange
-            guard let count = Int(text), range.contains(count) else {
-                throw UsageError(
-                    "\(flag) takes a number of connections from \(range.lowerBound) to \(range.upperBound), not '\(text)'")
-            }
-            options.append(("split", .string("\(count)")))
-            options.append(("max-connection-per-server", .string("\(count)")))
-        case "--checksum": options.append(("checksum", .string(text)))
-        case "--limit-rate": options.append(("max-download-limit", .string(text)))
-        default:
-            if let existing = options.firstIndex(where: { $0.0 == "header" }), case .array(let headers) = options[existing].1 {
-                options[existing].1 = .array(headers + [.string(text)])
-            } else {
-                options.append(("header", .array([.string(text)])))
-            }
-        }
     }
 
     // MARK: - Commands
