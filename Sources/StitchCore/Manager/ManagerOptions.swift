@@ -59,7 +59,7 @@ extension DownloadManager {
         public var adopt = false
         /// Higher starts first; equal priorities start in queue order (the order added, unless moved).
         public var priority = 0
-        /// Where in the waiting queue the download goes, counted as ``DownloadManager/move(_:to:)-(_,QueuePosition)``
+        /// Where in the waiting queue the download goes, counted as ``DownloadManager/move(_:to:)->_``
         /// counts (aria2's `addUri` position: `.fromStart(n)`); nil puts it at the end. The add and the move are one
         /// step: no other call sees the download at the end first, and one catalog transaction keeps both. Not
         /// applied to a download ``reuseExisting`` returns (it keeps its place).
