@@ -45,8 +45,10 @@ enum Serve {
     static func parse(_ arguments: [String], environment: [String: String]) throws -> Daemon.Options {
         var given = Given()
         try table.parse(arguments, into: &given) { _, argument in
-            // serve takes no arguments but options.
-            throw UsageError("unknown option '\(argument)'")
+            // serve takes no arguments but options. After `--` an option is an argument: shown without what
+            // follows its `=`, which could be a secret.
+            let shown = argument.hasPrefix("-") ? String(argument.prefix { $0 != "=" }) : argument
+            throw UsageError("unknown option '\(shown)'")
         }
         guard let directory = given.directory else {
             throw UsageError("--dir DIR is required: the folder the daemon downloads into")

@@ -193,10 +193,11 @@ struct StitchCommand {
         tuning.automaticConnectionStep.map { downloadOptions.automaticConnectionStep = $0 }
 
         let signals = SignalCatcher()
-        let task = Task { () -> Result<DownloadResult, any Error> in
-            do {
-                let result = try await Downloader(transport: options.transport.cliTransport).download(request, options: downloadOptions) { event in
-                    report(event, to: output)
+        let task = Task { () -> Result<DownloadResult, DownloadError> in
+            do throws(DownloadError) {
+                let transport = options.transport.cliTransport
+                let result = try await Downloader(transport: transport).download(request, options: downloadOptions) {
+                    report($0, to: output)
                 }
                 return .success(result)
             } catch {
@@ -232,7 +233,7 @@ struct StitchCommand {
                 output.result(result.destination + "\n")
             }
             return .success
-        case .failure(let error as DownloadError):
+        case .failure(let error):
             output.error(error.commandLineMessage)
             output.json(
                 "error", ["code": "\(error.code)", "message": error.commandLineMessage, "resumable": error.isResumable])
@@ -240,9 +241,6 @@ struct StitchCommand {
                 return signals.received == SIGTERM ? .terminated : .interrupted
             }
             return ExitStatus(for: error)
-        case .failure(let error):
-            output.error("\(error)")
-            return .failure
         }
     }
 

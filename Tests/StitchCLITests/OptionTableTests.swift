@@ -254,6 +254,8 @@ struct OptionTableTests {
         #expect(add.arguments == ["http://-x.example/f"])
         // serve takes no arguments: after `--` a word is refused as before.
         #expect(Self.errors(get: [], serve: ["--", "x"], add: [])[1] == "unknown option 'x'")
+        // An option after `--` is shown without its value, which could be a secret.
+        #expect(Self.errors(get: [], serve: ["--", "--rpc-secret=hunter2"], add: [])[1] == "unknown option '--rpc-secret'")
     }
 
     @Test func getDashCWithAURL() throws {

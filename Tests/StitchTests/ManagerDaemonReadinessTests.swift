@@ -97,10 +97,16 @@ import StitchLocks
         #expect(await manager.waitingQueue() == [e, a, d, b, c, h, g], "a held download keeps its place")
         let positions = await manager.downloads().map(\.position)
         #expect(Set(positions).count == positions.count, "no two at one position: \(positions)")
+        // A batch that names one new download twice: the item that made it places it; the later one finds it there.
+        let twice = try await manager.add([
+            (f.server.url("/k.bin"), paused("k", .fromStart(0))), (f.server.url("/k.bin"), paused("k", .fromEnd(0))),
+        ])
+        #expect(twice[0] == twice[1])
+        #expect(await manager.waitingQueue() == [twice[0], e, a, d, b, c, h, g], "placed once, at the front")
         await manager.close()
 
         let reopened = try f.open()
-        #expect(await reopened.waitingQueue() == [e, a, d, b, c, h, g])
+        #expect(await reopened.waitingQueue() == [twice[0], e, a, d, b, c, h, g])
         await reopened.close()
     }
 

@@ -99,7 +99,8 @@ public final class DownloadList {
         _ url: URL, options: DownloadManager.AddOptions = .init()
     ) async throws(DownloadManagerError) -> DownloadID {
         let id = try await manager.add(url, options: options)
-        await reload(id)
+        // An add at a place moves the downloads after it, which send no event of their own: read them all again.
+        if options.position != nil { await refresh() } else { await reload(id) }
         return id
     }
 

@@ -41,10 +41,13 @@ extension DownloadManager {
         var ids: [DownloadID] = []
         // Claims made for this batch are given back if any item (or the catalog) refuses it.
         func rollBack() { for (path, id) in claimed { claims.release(path, for: id) } }
+        // This batch's new downloads by place and URL, so that a later item finds an earlier one; each lookup is
+        // a hash, so a batch costs its length, not its square.
+        var added: [HeldIndex.Key: CatalogEntry] = [:]
         for (url, options) in items {
             if options.reuseExisting {
                 let existing: DownloadID?
-                do { existing = try heldDownload(url, options, alsoAmong: entries) } catch {
+                do { existing = try heldDownload(url, options, batch: added) } catch {
                     rollBack()
                     throw error
                 }
@@ -109,12 +112,16 @@ extension DownloadManager {
                     }(),
                     status: options.paused ? CatalogEntry.Status.paused : CatalogEntry.Status.queued,
                     priority: options.priority, position: position, createdAt: now, updatedAt: now))
+            let key = HeldIndex.Key(kind: kind, path: Self.comparable(path), url: url)
+            if added[key] == nil { added[key] = entries[entries.count - 1] }
             ids.append(id)
         }
         // Adds at a place: planned on a copy of the queue with the new downloads at the end, before anything is
         // written; the new downloads' places go in with them, the others' moves in the same transaction.
+        // Only the item that made a download places it: a later item of the batch that found it keeps it there.
+        var placedIDs: Set<DownloadID> = []
         let placed = zip(items.lazy.map(\.options.position), ids).compactMap { position, id in
-            batchIDs.contains(id) ? position.map { (id, $0) } : nil
+            batchIDs.contains(id) && placedIDs.insert(id).inserted ? position.map { (id, $0) } : nil
         }
         var planned: DownloadQueue?
         var moved: [DownloadQueue.Change] = []
@@ -155,6 +162,7 @@ extension DownloadManager {
                 queue.insert(entry.id, at: .init(priority: entry.priority, position: entry.position), status: status)
             }
             table[entry.id] = Managed(entry: entry, status: status, progress: TransferProgress())
+            heldIndex?.insert(entry)
             publish(.added(snapshot(of: entry.id)!))
         }
         schedule()
@@ -172,21 +180,31 @@ extension DownloadManager {
         entry.status == CatalogEntry.Status.paused ? .paused : .queued
     }
 
-    /// A download this manager holds (or this batch adds) for `url` going where `options` say, for
-    /// ``AddOptions/reuseExisting``: one whose current URL it is first, else one that had it before. Folders are
-    /// compared without `.` components and trailing slashes. A held download asked for with another checksum is
-    /// refused rather than returned unverified.
+    /// A download this batch adds (first) or this manager holds for `url` going where `options` say, for
+    /// ``AddOptions/reuseExisting``: one whose current URL it is first, else one that had it before; among several,
+    /// the first in the queue (when the index was built) or added since. Folders are compared without `.` components and trailing slashes. A held download asked
+    /// for with another checksum is refused rather than returned unverified.
     func heldDownload(
-        _ url: String, _ options: AddOptions, alsoAmong batch: [CatalogEntry]
+        _ url: String, _ options: AddOptions, batch: [HeldIndex.Key: CatalogEntry]
     ) throws(DownloadManagerError) -> DownloadID? {
         let folder = Self.comparable(absolutePath(options.directory ?? configuration.downloadDirectory))
         let kind: CatalogEntry.DestinationKind = options.out == nil ? .directory : .file
         let path = options.out.map { withoutDotComponents($0.hasPrefix("/") ? $0 : folder + "/" + $0) } ?? folder
-        let candidates = batch + queue.order().compactMap { id in table[id].flatMap { $0.status == .removed ? nil : $0.entry } }
-        let here = candidates.filter {
-            $0.destinationKind == kind && Self.comparable($0.destinationPath) == Self.comparable(path)
+        let key = HeldIndex.Key(kind: kind, path: Self.comparable(path), url: url)
+        let index =
+            heldIndex
+            ?? HeldIndex(queue.order().lazy.compactMap { self.table[$0] }.filter { $0.status != .removed }.map(\.entry))
+        heldIndex = index
+        // What the index lists is checked against the table: a download removed since it was listed is skipped.
+        func held(_ ids: [DownloadID]?, _ matches: (CatalogEntry) -> Bool) -> CatalogEntry? {
+            for id in ids ?? [] {
+                if let managed = table[id], managed.status != .removed, matches(managed.entry) { return managed.entry }
+            }
+            return nil
         }
-        guard let entry = here.first(where: { $0.url == url }) ?? here.first(where: { $0.options.formerURLs.contains(url) })
+        guard
+            let entry = batch[key] ?? held(index.current[key], { $0.url == url })
+                ?? held(index.former[key], { $0.options.formerURLs.contains(url) })
         else { return nil }
         if let checksum = options.checksum, entry.checksum != checksum.description {
             throw DownloadManagerError(

@@ -11,9 +11,10 @@ extension DownloadManager {
         guard !isClosed else { return }
         let free = max(1, configuration.maxConcurrentDownloads) - queue.liveRuns
         let hosts = self.hosts
-        let table = self.table
+        // `self.table` itself, not a copy held across the starts: `start` writes the table, and a live copy would
+        // make each write copy the whole table (a long list's downloads would cost the square of their number).
         let starting = queue.toStart(free: free) { id in
-            guard let url = table[id]?.entry.url else { return false }
+            guard let url = self.table[id]?.entry.url else { return false }
             return hosts.acquire(Self.hostKey(url), upTo: 1) == 1
         }
         for id in starting {
@@ -161,7 +162,7 @@ extension DownloadManager {
     /// Points the download at `url`, keeping its partial data for a server that proves the file is the same.
     func switchSource(_ id: DownloadID, to url: String, mirror: Bool) {
         guard var managed = table[id] else { return }
-        Self.point(&managed.entry, at: url)
+        point(&managed.entry, at: url)
         if mirror { managed.entry.options.mirrorsTried += 1 }
         managed.entry.updatedAt = Date().timeIntervalSince1970
         try? catalog.update(managed.entry)
@@ -170,7 +171,8 @@ extension DownloadManager {
 
     /// The entry's URL becomes `url`, the old one kept among those whose partial data it may resume (the last
     /// 32: an older state's URL is then simply not resumed from).
-    static func point(_ entry: inout CatalogEntry, at url: String) {
+    func point(_ entry: inout CatalogEntry, at url: String) {
+        heldIndex = nil  // the index knows the download by its URLs
         guard entry.url != url else { return }
         entry.options.formerURLs.removeAll { $0 == url || $0 == entry.url }
         entry.options.formerURLs.append(entry.url)

@@ -126,7 +126,7 @@ extension DownloadManager {
         guard managed.status != .completed, managed.status != .removed else {
             throw DownloadManagerError(.invalidRequest("download \(id) is \(managed.status.name); its source is final"))
         }
-        Self.point(&managed.entry, at: url)
+        point(&managed.entry, at: url)
         if let headers { managed.entry.headers = headers.map { "\($0.name): \($0.value)" } }
         managed.entry.updatedAt = Date().timeIntervalSince1970
         do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
@@ -139,7 +139,6 @@ extension DownloadManager {
     public func updateSource(_ id: DownloadID, url: URL, headers: HTTPHeaders? = nil) throws(DownloadManagerError) {
         try updateSource(id, url: url.absoluteString, headers: headers)
     }
-
 
     /// Edits every URL of download `id`'s file (aria2's `changeUri`) in one step of the actor: `edit` gets the
     /// list (the current URL among them) and changes it; the current URL stays if still listed, otherwise the
@@ -164,7 +163,7 @@ extension DownloadManager {
         managed.entry.options.mirrors = unique.count > 1 ? unique : []
         managed.entry.options.mirrorsTried = 0
         let moves = !unique.contains(managed.entry.url)
-        if moves { Self.point(&managed.entry, at: unique[0]) }
+        if moves { point(&managed.entry, at: unique[0]) }
         managed.entry.updatedAt = Date().timeIntervalSince1970
         do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }
         if moves, managed.run != nil, managed.status == .running { managed.restartAfterRun = true }

@@ -45,6 +45,10 @@ public actor DownloadManager {
     var isClosed = false
     /// Downloads whose last status change the catalog did not take (``transition(_:_:)``).
     var unsaved: Set<DownloadID> = []
+    /// The downloads an add that reuses may return, by place and URL; built on the first such add, kept up to date
+    /// by adds, and dropped when a download's URL changes (``point(_:at:)``). Removed downloads are skipped on
+    /// lookup.
+    var heldIndex: HeldIndex?
 
     struct Managed {
         var entry: CatalogEntry
@@ -57,7 +61,6 @@ public actor DownloadManager {
         /// The last problem the download met, in plain words (a retry's reason, a restart's, a failure).
         var lastProblem: String?
     }
-
 
     /// Opens the manager kept in `directory` (its catalog), creating it if needed, and restores its downloads.
     /// - Parameters:

@@ -178,6 +178,14 @@ public struct DownloadManagerError: Error, Sendable, Hashable, CustomStringConve
         return false
     }
 
+    /// Whether the catalog could not be read or written (``catalog(_:)``), whatever the message. After `pause`,
+    /// `resume` or `cancel` it means the change was made but not saved: a manager opened after a crash may not
+    /// know it.
+    public var isCatalogFailure: Bool {
+        if case .catalog = code { return true }
+        return false
+    }
+
     /// The path another download already writes to, when the refusal is ``pathInUse(_:by:)``.
     public var pathInUse: String? {
         if case .pathInUse(let path, _) = code { return path }
