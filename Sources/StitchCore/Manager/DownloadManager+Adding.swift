@@ -182,8 +182,9 @@ extension DownloadManager {
 
     /// A download this batch adds (first) or this manager holds for `url` going where `options` say, for
     /// ``AddOptions/reuseExisting``: one whose current URL it is first, else one that had it before; among several,
-    /// the first in the queue (when the index was built) or added since. Folders are compared without `.` components and trailing slashes. A held download asked
-    /// for with another checksum is refused rather than returned unverified.
+    /// the first in the queue (when the index was built) or added since. Folders are compared without `.`
+    /// components and trailing slashes. A held download asked for with another checksum is refused rather than
+    /// returned unverified.
     func heldDownload(
         _ url: String, _ options: AddOptions, batch: [HeldIndex.Key: CatalogEntry]
     ) throws(DownloadManagerError) -> DownloadID? {
