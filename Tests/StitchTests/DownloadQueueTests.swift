@@ -119,13 +119,6 @@ import Testing
         #expect(Self.letters(queue.order()) == "bca", "a higher priority still starts first")
     }
 
-    /// Places at the end follow every download's, in order.
-    @Test func placesAtTheEndFollowEveryDownload() {
-        #expect(DownloadQueue().placesAtEnd(2, priority: 0) == [.init(priority: 0, position: 1), .init(priority: 0, position: 2)])
-        let queue = Self.queue([("a", 0, -4, .queued), ("b", 3, 9, .completed)])
-        #expect(queue.placesAtEnd(1, priority: 1) == [.init(priority: 1, position: 10)])
-    }
-
     // MARK: Starting
 
     /// Queued downloads start in order while slots are free; paused, running and finished ones never do.

@@ -79,7 +79,8 @@ struct DownloadQueue: Sendable {
     /// Whether the download has a run in flight.
     func hasRun(_ id: DownloadID) -> Bool { items[id]?.hasRun ?? false }
 
-    /// Adds a download at `place` (one the caller has kept, from ``placesAtEnd(_:)`` or a restored catalog).
+    /// Adds a download at `place` (one the caller has kept: a new download's, after the catalog's last, or a
+    /// restored one's).
     mutating func insert(_ id: DownloadID, at place: Place, status: DownloadStatus) {
         precondition(items[id] == nil, "download \(id) is already in the queue")
         items[id] = Item(place: place, status: status)
@@ -142,12 +143,6 @@ struct DownloadQueue: Sendable {
     }
 
     // MARK: Places
-
-    /// `count` places after every download's, for downloads added at the end (in that order), with `priority`.
-    func placesAtEnd(_ count: Int, priority: Int) -> [Place] {
-        let last = items.values.map(\.place.position).max() ?? 0
-        return (0..<count).map { Place(priority: priority, position: last + 1 + Int64($0)) }
-    }
 
     /// The place before (`front`) or after (`back`) every download's, keeping the download's priority: it then
     /// stands first or last among those of its priority.
