@@ -16,26 +16,32 @@ extension Aria2RPC {
         for url in urls { try Self.checkScheme(url) }
         var options = DownloadManager.AddOptions()
         options.reuseExisting = false  // aria2 adds a new download (a new GID, `NAME.1.EXT`) for a URL it holds
+        var members: [(String, JSON)] = []
         if params.count > 1 {
-            guard let members = params[1].members else {
+            guard let given = params[1].members else {
                 throw Failure(code: -32602, message: "Invalid params: options must be an object")
             }
-            let base = await manager.configuration.downloadDirectory
-            for (name, value) in members { try Self.apply(name, value, to: &options, base: base) }
-            let user = members.first { $0.0 == "http-user" }?.1.string
-            let password = members.first { $0.0 == "http-passwd" }?.1.string
-            if user != nil || password != nil {
-                let pair = Array("\(user ?? ""):\(password ?? "")".utf8)
-                options.headers.add(name: "Authorization", value: "Basic " + Data(pair).base64EncodedString())
+            guard given.count <= Self.maxOptionKeys else {
+                throw Failure.aria2("an option object has at most \(Self.maxOptionKeys) keys, not \(given.count)")
             }
-            if let reservedFolder {
-                // Compared with links resolved: `dir` may name the folder through another path to it.
-                let target = Confinement.resolvedPath(options.directory ?? base)
-                let root = Confinement.resolved(base)
-                let reserved = (root == "/" ? "" : root) + "/" + reservedFolder
-                if target == reserved || target.hasPrefix(reserved + "/") || (target == root && options.out == reservedFolder) {
-                    throw Failure.aria2("\(reservedFolder) in the download folder is the daemon's own; choose another name")
-                }
+            members = given
+        }
+        let base = await manager.configuration.downloadDirectory
+        try applyDefaults(to: &options, given: Set(members.map(\.0)), base: base)
+        for (name, value) in members { try Self.apply(name, value, to: &options, base: base) }
+        let user = members.first { $0.0 == "http-user" }?.1.string.flatMap { $0.isEmpty ? nil : $0 }
+        let password = members.first { $0.0 == "http-passwd" }?.1.string.flatMap { $0.isEmpty ? nil : $0 }
+        if user != nil || password != nil {
+            let pair = Array("\(user ?? ""):\(password ?? "")".utf8)
+            options.headers.add(name: "Authorization", value: "Basic " + Data(pair).base64EncodedString())
+        }
+        if let reservedFolder {
+            // Compared with links resolved: `dir` may name the folder through another path to it.
+            let target = Confinement.resolvedPath(options.directory ?? base)
+            let root = Confinement.resolved(base)
+            let reserved = (root == "/" ? "" : root) + "/" + reservedFolder
+            if target == reserved || target.hasPrefix(reserved + "/") || (target == root && options.out == reservedFolder) {
+                throw Failure.aria2("\(reservedFolder) in the download folder is the daemon's own; choose another name")
             }
         }
         if let folder = options.directory {
@@ -56,19 +62,14 @@ extension Aria2RPC {
         return .string("\(id)")
     }
 
-    /// aria2's option `name` (values are strings in aria2; numbers and booleans are taken too).
+    /// aria2's option `name` (values are strings in aria2; numbers and booleans are taken too). An empty value
+    /// is no value: the default stays.
     /// - Parameter base: the served folder that `dir` must stay inside; nil refuses `dir`.
     static func apply(
         _ name: String, _ value: JSON, to options: inout DownloadManager.AddOptions, base: String? = nil
     ) throws {
-        let text: String
-        switch value {
-        case .string(let string): text = string
-        case .integer(let number): text = String(number)
-        case .bool(let flag): text = flag ? "true" : "false"
-        case .array where name == "header": text = ""
-        default: throw Failure.aria2("option \(name): not a string")
-        }
+        let text = try optionText(name, value)
+        guard !text.isEmpty else { return }
         func flag() throws -> Bool {
             switch text {
             case "true": return true
@@ -118,8 +119,7 @@ extension Aria2RPC {
                 throw Failure.aria2("option checksum: \(error.message)")
             }
         case "header":
-            let lines = value.array?.compactMap(\.string) ?? [text]
-            for line in lines {
+            for line in text.split(separator: "\n").map(String.init) where !line.isEmpty {
                 guard let (field, content) = Downloader.parseHeaderLine(line) else {
                     throw Failure.aria2("option header: \(line.debugDescription) is not a header")
                 }
@@ -149,34 +149,18 @@ extension Aria2RPC {
         case "http-user", "http-passwd":
             break  // combined into one Authorization header by addUri
         default:
-            guard ignoredOptions.contains(name) else {
-                throw Failure.aria2("option \(name) is not supported by Stitch (docs/rpc.md lists the options)")
+            guard let option = Aria2Option.named[name] else {
+                throw Failure.aria2("option \(name) is not an option of aria2 (docs/rpc.md lists them)")
+            }
+            try option.check(text)
+            // A daemon's option is not a download's: aria2 ignores it in addUri too.
+            guard option.scope == .download, option.handling == .fixed else { return }
+            let shown: String? = if case .value(let value) = option.shown { value } else { nil }
+            guard option.same(text, shown) else {
+                throw Failure.aria2("option \(name): Stitch cannot do \(text.debugDescription): \(option.why)")
             }
         }
     }
-
-    /// aria2 options that Stitch takes and ignores because ignoring them cannot change what is downloaded or
-    /// where: BitTorrent and Metalink settings, and knobs for what Stitch always does its own way (it always
-    /// saves its state, never asks for gzip, allocates and verifies as it must). Every other unknown option is
-    /// refused by name. docs/rpc.md has the table.
-    public static let ignoredOptions: Set<String> = [
-        "always-resume", "async-dns", "auto-file-renaming", "bt-enable-hook-after-hash-check", "bt-enable-lpd",
-        "bt-exclude-tracker", "bt-external-ip", "bt-force-encryption", "bt-hash-check-seed", "bt-load-saved-metadata",
-        "bt-max-open-files", "bt-max-peers", "bt-metadata-only", "bt-min-crypto-level", "bt-prioritize-piece",
-        "bt-remove-unselected-file", "bt-request-peer-speed-limit", "bt-require-crypto", "bt-save-metadata",
-        "bt-seed-unverified", "bt-stop-timeout", "bt-tracker", "bt-tracker-connect-timeout", "bt-tracker-interval",
-        "bt-tracker-timeout", "check-integrity", "conditional-get", "content-disposition-default-utf8",
-        "disk-cache", "enable-dht", "enable-dht6", "enable-http-keep-alive", "enable-http-pipelining",
-        "enable-mmap", "enable-peer-exchange", "file-allocation", "follow-metalink", "follow-torrent",
-        "force-save", "http-accept-gzip", "http-no-cache", "index-out", "lowest-speed-limit",
-        "max-concurrent-downloads", "max-overall-download-limit",
-        "max-file-not-found", "max-mmap-limit", "max-resume-failure-tries", "max-upload-limit",
-        "metalink-base-uri", "metalink-enable-unique-protocol", "metalink-language", "metalink-location",
-        "metalink-os", "metalink-preferred-protocol", "metalink-version", "no-file-allocation-limit",
-        "no-want-digest-header", "pause-metadata", "piece-length", "proxy-method", "realtime-chunk-checksum",
-        "remote-time", "remove-control-file", "reuse-uri", "rpc-save-upload-metadata", "seed-ratio", "seed-time",
-        "select-file", "server-stat-of", "stream-piece-selector", "uri-selector",
-    ]
 
     // MARK: Options and shapes
 
@@ -209,134 +193,6 @@ extension Aria2RPC {
                 ("uris", uris(snapshot)),
             ])
         ])
-    }
-
-    /// A download's options as aria2's `getOption` shows them (values are strings).
-    static func options(of snapshot: DownloadSnapshot) -> JSON {
-        var members: [(String, JSON)] = [("dir", .string(directory(of: snapshot)))]
-        if case .file(let file) = snapshot.destination {
-            members.append(("out", .string((file as NSString).lastPathComponent)))
-        }
-        members.append(("max-download-limit", .string(String(snapshot.rateLimit ?? 0))))
-        if let checksum = snapshot.checksum { members.append(("checksum", .string("\(checksum)"))) }
-        // Credentials are not shown back (a read may travel as GET, even as JSONP).
-        let hidden: Set<String> = ["authorization", "cookie", "proxy-authorization"]
-        let headers = snapshot.headers.map {
-            JSON.string("\($0.name): \(hidden.contains($0.name.lowercased()) ? "(hidden)" : $0.value)")
-        }
-        if !headers.isEmpty { members.append(("header", .array(headers))) }
-        let tuning = snapshot.tuning
-        if let retries = tuning.maxRetries { members.append(("max-tries", .string(String(retries + 1)))) }
-        if let wait = tuning.retryDelay { members.append(("retry-wait", .string(String(Int(wait))))) }
-        if let timeout = tuning.stallTimeout { members.append(("timeout", .string(String(Int(timeout))))) }
-        if let timeout = tuning.connectTimeout { members.append(("connect-timeout", .string(String(Int(timeout))))) }
-        if let size = tuning.minimumSplitSize { members.append(("min-split-size", .string(String(size)))) }
-        members.append(("pause", .string(snapshot.status == .paused ? "true" : "false")))
-        return .object(members)
-    }
-
-    /// `changeOption`: what can change on a download that exists. Checked first, changed after (in one step of
-    /// the manager, the settings given replacing only themselves): a refused option changes nothing. The folder
-    /// and the file name are fixed once added.
-    func changeOption(_ id: DownloadID, _ members: [(String, JSON)]) async throws {
-        var options = DownloadManager.AddOptions()
-        var rate: Int64?? = nil
-        var connections: Int?? = nil
-        var tuningChanged = false
-        var replaceHeaders = false
-        var fields = HTTPHeaders()
-        var fieldsGiven = false
-        let tunable: Set<String> = ["max-tries", "retry-wait", "timeout", "connect-timeout", "min-split-size"]
-        for (name, value) in members {
-            switch name {
-            case "max-download-limit":
-                try Self.apply(name, value, to: &options)
-                rate = .some(options.rateLimit)
-            case "split", "max-connection-per-server":
-                options.connections = connections ?? nil
-                try Self.apply(name, value, to: &options)
-                connections = .some(options.connections)
-            case _ where tunable.contains(name):
-                try Self.apply(name, value, to: &options)
-                tuningChanged = true
-            case "header":
-                try Self.apply(name, value, to: &options)  // the list replaces the download's headers, as aria2
-                replaceHeaders = true
-            case "user-agent", "referer":
-                var one = DownloadManager.AddOptions()
-                try Self.apply(name, value, to: &one)
-                for field in one.headers { fields.add(name: field.name, value: field.value) }
-                fieldsGiven = true
-            case "dir", "out":
-                throw Failure.aria2("option \(name) cannot be changed once the download is added")
-            default:
-                guard Self.ignoredOptions.contains(name) else {
-                    throw Failure.aria2("option \(name) cannot be changed on a download that was added")
-                }
-            }
-        }
-        // The options first: they refuse a finished download before the rate is set.
-        if connections != nil || tuningChanged || replaceHeaders || fieldsGiven {
-            try await manager.setOptions(
-                id, connections: connections, tuning: tuningChanged ? options.tuning : nil,
-                headers: replaceHeaders ? options.headers : nil, headerFields: fieldsGiven ? fields : nil)
-        }
-        if let rate { try await manager.setRateLimit(id, rate) }
-    }
-
-    func globalOptions() async -> JSON {
-        let configuration = await manager.configuration
-        return .object([
-            ("dir", .string(configuration.downloadDirectory)),
-            ("max-concurrent-downloads", .string(String(configuration.maxConcurrentDownloads))),
-            ("max-overall-download-limit", .string(String(configuration.rateLimit ?? 0))),
-            ("max-connection-per-server", .string("16")),  // the most one download opens
-            // aria2 clients read a number: the configured count, or 4, the most the automatic choice opens.
-            ("split", .string(String(configuration.connections ?? 4))),
-            ("max-tries", .string(String(configuration.retry.maxRetries + 1))),
-            ("continue", .string("true")),
-        ])
-    }
-
-    /// `changeGlobalOption`: every option is checked before any is changed.
-    func changeGlobalOption(_ members: [(String, JSON)]) async throws {
-        var changes: [@Sendable (DownloadManager) async throws -> Void] = []
-        for (name, value) in members {
-            let text = value.string ?? value.integer.map(String.init) ?? ""
-            switch name {
-            case "max-concurrent-downloads":
-                guard let count = Int(text), (1...1_000).contains(count) else {
-                    throw Failure.aria2("option \(name): \(text) is not 1…1000")
-                }
-                changes.append { try await $0.setMaxConcurrentDownloads(count) }
-            case "max-overall-download-limit":
-                let rate: Int64?
-                if text == "0" {
-                    rate = nil
-                } else {
-                    guard let parsed = RateLimiter.parse(text) else {
-                        throw Failure.aria2("option \(name): \(text) is not a rate")
-                    }
-                    rate = parsed
-                }
-                changes.append { try await $0.setRateLimit(rate) }
-            case "max-connection-per-server":
-                // aria2's is each download's default; Stitch caps a download at 16 and chooses below that itself.
-                let range = DownloadOptions.connectionRange
-                guard let count = Int(text), range.contains(count) else {
-                    throw Failure.aria2("option \(name): \(text) is not \(range.lowerBound)…\(range.upperBound)")
-                }
-                guard count == range.upperBound else {
-                    throw Failure.aria2(
-                        "option max-connection-per-server is set per download in Stitch (split or "
-                            + "max-connection-per-server in addUri); the daemon's cap over all downloads of a host is "
-                            + "set when it starts")
-                }
-            default:
-                throw Failure.aria2("option \(name) cannot be changed while the server runs")
-            }
-        }
-        for change in changes { try await change(manager) }
     }
 
     static func directory(of snapshot: DownloadSnapshot) -> String {

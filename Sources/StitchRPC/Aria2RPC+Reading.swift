@@ -75,9 +75,11 @@ extension Aria2RPC {
     public func handleImmediately(_ request: JSON, channel: Channel) -> Reply? {
         guard Self.onlyReads(request, maxCalls: limits.maxCalls), let view = cachedView() else { return nil }
         let record = CallRecord(channel: channel)
+        var errorCode: Int?
         func answer(_ call: JSON, into out: inout [UInt8]) -> Bool {
             guard case .object = call, let method = call["method"]?.string else {
                 Self.errorResponse(id: call["id"] ?? .null, code: -32600, message: "Invalid Request").write(into: &out)
+                errorCode = -32600
                 return true
             }
             let id = call["id"]
@@ -88,6 +90,7 @@ extension Aria2RPC {
             default:
                 guard let id else { return false }
                 Self.errorResponse(id: id, code: -32602, message: "Invalid params: not an array").write(into: &out)
+                errorCode = -32602
                 return true
             }
             let result = invokeReading(method, params, record, view)
@@ -101,6 +104,7 @@ extension Aria2RPC {
                 out.append(UInt8(ascii: "}"))
             case .failure(let error):
                 Self.errorResponse(id: id, code: error.code, message: error.message).write(into: &out)
+                errorCode = error.code
             }
             return true
         }
@@ -121,15 +125,16 @@ extension Aria2RPC {
                 body: any ? out : nil, unauthorized: record.failures, missingSecret: record.missing,
                 authorized: record.authorized)
         }
+        let answered = answer(request, into: &out)
         return Reply(
-            body: answer(request, into: &out) ? out : nil, unauthorized: record.failures,
-            missingSecret: record.missing, authorized: record.authorized)
+            body: answered ? out : nil, unauthorized: record.failures, missingSecret: record.missing,
+            authorized: record.authorized, status: Reply.status(forError: errorCode))
     }
 
     /// Whether every call of `request` (batches and multicalls included) is a read that ``read`` answers.
     static func onlyReads(_ request: JSON, maxCalls: Int) -> Bool {
         func reads(_ method: String?, _ params: JSON?) -> Bool {
-            guard let method, readOnlyMethods.contains(method), method != "aria2.getGlobalOption" else { return false }
+            guard let method, readOnlyMethods.contains(method), !optionReads.contains(method) else { return false }
             guard method == "system.multicall" else { return true }
             guard let calls = params?.array?.first?.array, calls.count <= maxCalls else { return false }
             return calls.allSatisfy { $0["methodName"]?.string != "system.multicall" && reads($0["methodName"]?.string, nil) }
@@ -253,8 +258,6 @@ extension Aria2RPC {
         case "stitch.tellAll":
             let keys = try Self.keys(params, 0)
             return .array(view.all.map { Self.status($0, keys: keys) })
-        case "aria2.getOption":
-            return Self.options(of: try snapshot(0))
         case "aria2.getGlobalStat":
             var speed = 0.0
             var active = 0
@@ -275,7 +278,7 @@ extension Aria2RPC {
                 ("numStopped", .string(String(stopped))), ("numStoppedTotal", .string(String(stopped))),
             ])
         default:
-            throw Failure(code: -32601, message: "Method not found")
+            throw Failure.aria2("No such method: \(method)")
         }
     }
 

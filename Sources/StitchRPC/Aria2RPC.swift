@@ -55,6 +55,20 @@ public final class Aria2RPC: Sendable {
 
     let onShutdown: (@Sendable () -> Void)?
     let reservedFolder: String?
+
+    /// What the option methods keep: the defaults for new downloads set over RPC, and the daemon's start-up
+    /// settings that `getGlobalOption` reports.
+    struct Settings: Sendable {
+        var defaults: [String: String] = [:]
+        var daemon: [String: String] = [:]
+    }
+    let settings = Locked(Settings())
+
+    /// The daemon's start-up settings, by aria2's option names (`rpc-listen-port`, `rpc-secure`, `log`, …), as
+    /// `getGlobalOption` reports them.
+    public func reportDaemonOptions(_ options: [String: String]) {
+        settings.withLock { $0.daemon = options }
+    }
     /// `aria2.getSessionInfo`'s id: new for each server that runs.
     let sessionID: String
 
@@ -90,12 +104,29 @@ public final class Aria2RPC: Sendable {
         public var missingSecret = 0
         /// Some call in it carried the right secret (a secret is set).
         public var authorized = false
+        /// The HTTP status aria2 answers it with: 200, or for one call that failed 400 (a method's failure, an
+        /// invalid request), 404 (no such method in JSON-RPC's code) or 500 (a parse error, invalid params). A
+        /// batch is 200 whatever its calls came to.
+        public var status = 200
 
-        public init(body: [UInt8]?, unauthorized: Int = 0, missingSecret: Int = 0, authorized: Bool = false) {
+        public init(
+            body: [UInt8]?, unauthorized: Int = 0, missingSecret: Int = 0, authorized: Bool = false, status: Int = 200
+        ) {
             self.body = body
             self.unauthorized = unauthorized
             self.missingSecret = missingSecret
             self.authorized = authorized
+            self.status = status
+        }
+
+        /// aria2's HTTP status for a response with this error code (nil: a result).
+        static func status(forError code: Int?) -> Int {
+            switch code {
+            case nil: 200
+            case 1, -32600: 400
+            case -32601: 404
+            default: 500
+            }
         }
     }
 
@@ -126,16 +157,17 @@ public final class Aria2RPC: Sendable {
             return .success(try JSON.parse(body, maxDepth: limits.maxDepth))
         } catch {
             let response = Self.errorResponse(id: .null, code: -32700, message: "Parse error: \(error)")
-            return .failure(Reply(body: response.serialized))
+            return .failure(Reply(body: response.serialized, status: Reply.status(forError: -32700)))
         }
     }
 
     /// Handles one parsed request (a call or a batch).
     public func handle(_ request: JSON, channel: Channel) async -> Reply {
         let record = CallRecord(channel: channel)
-        let body = await handle(request, record)
+        let (body, status) = await handle(request, record)
         return Reply(
-            body: body, unauthorized: record.failures, missingSecret: record.missing, authorized: record.authorized)
+            body: body, unauthorized: record.failures, missingSecret: record.missing, authorized: record.authorized,
+            status: status)
     }
 
     /// What the calls of one request share: how it came, and how its calls fared with the secret. Once one call
@@ -149,23 +181,25 @@ public final class Aria2RPC: Sendable {
         init(channel: Channel) { self.channel = channel }
     }
 
-    func handle(_ request: JSON, _ record: CallRecord) async -> [UInt8]? {
+    func handle(_ request: JSON, _ record: CallRecord) async -> (body: [UInt8]?, status: Int) {
         if case .array(let calls) = request {
             guard !calls.isEmpty else {
-                return Self.errorResponse(id: .null, code: -32600, message: "Invalid Request: empty batch").serialized
+                let error = Self.errorResponse(id: .null, code: -32600, message: "Invalid Request: empty batch")
+                return (error.serialized, Reply.status(forError: -32600))
             }
             guard calls.count <= limits.maxCalls else {
-                return Self.errorResponse(
-                    id: .null, code: -32600, message: "Invalid Request: more than \(limits.maxCalls) calls in a batch"
-                ).serialized
+                let error = Self.errorResponse(
+                    id: .null, code: -32600, message: "Invalid Request: more than \(limits.maxCalls) calls in a batch")
+                return (error.serialized, Reply.status(forError: -32600))
             }
             var responses: [JSON] = []
             for call in calls {
                 if let response = await handleCall(call, record) { responses.append(response) }
             }
-            return responses.isEmpty ? nil : JSON.array(responses).serialized
+            return (responses.isEmpty ? nil : JSON.array(responses).serialized, 200)
         }
-        return await handleCall(request, record)?.serialized
+        let response = await handleCall(request, record)
+        return (response?.serialized, Reply.status(forError: response?["error"]?["code"]?.integer.map { Int($0) }))
     }
 
     /// One call: its response, or nil for a notification (no `id`).
@@ -216,6 +250,9 @@ public final class Aria2RPC: Sendable {
         "system.listNotifications", "system.multicall", "stitch.tellAll",
     ]
 
+    /// The reads that need the manager's settings: answered through it, not from the view.
+    static let optionReads: Set<String> = ["aria2.getOption", "aria2.getGlobalOption"]
+
     /// aria2's methods for BitTorrent and Metalink, which Stitch answers with "not supported".
     static let unsupportedMethods: Set<String> = ["aria2.addTorrent", "aria2.addMetalink"]
 
@@ -237,7 +274,8 @@ public final class Aria2RPC: Sendable {
         if Self.unsupportedMethods.contains(method) {
             return .failure(.aria2("\(method) is not supported: Stitch downloads over HTTP and HTTPS only"))
         }
-        guard Self.methods.contains(method) else { return .failure(Failure(code: -32601, message: "Method not found")) }
+        // aria2's answer (its clients show the message), not JSON-RPC's -32601.
+        guard Self.methods.contains(method) else { return .failure(.aria2("No such method: \(method)")) }
         var params = params
         if case .failure(let failure) = authorize(&params, record) { return .failure(failure) }
         do {
@@ -252,7 +290,7 @@ public final class Aria2RPC: Sendable {
     }
 
     func call(_ method: String, _ params: [JSON]) async throws -> JSON {
-        if method != "aria2.getGlobalOption", Self.readOnlyMethods.contains(method) {
+        if !Self.optionReads.contains(method), Self.readOnlyMethods.contains(method) {
             // A fresh view is as good as a new one: every change invalidates it.
             let view: View
             if let cached = cachedView() { view = cached } else { view = await refreshedView() }
@@ -353,6 +391,9 @@ public final class Aria2RPC: Sendable {
             return .string("OK")
         case "aria2.getGlobalOption":
             return await globalOptions()
+        case "aria2.getOption":
+            let snapshot = try await snapshot(params, 0)
+            return Self.options(of: snapshot, await optionContext())
         case "aria2.changeGlobalOption":
             guard let members = params.first?.members else {
                 throw Failure(code: -32602, message: "Invalid params: changeGlobalOption takes an object")
@@ -378,7 +419,7 @@ public final class Aria2RPC: Sendable {
             onShutdown()
             return .string("OK")
         default:
-            throw Failure(code: -32601, message: "Method not found")
+            throw Failure.aria2("No such method: \(method)")
         }
     }
 

@@ -103,6 +103,7 @@ public enum Daemon {
             await manager.close()
             return 1
         }
+        rpc.reportDaemonOptions(Self.reportedOptions(options, boundAddresses: server.boundAddresses))
         log.info(
             "serving \(folder) on \(server.boundAddresses.joined(separator: " and ")) (\(report.restored) "
                 + "download\(report.restored == 1 ? "" : "s") restored\(options.secret == nil ? "; no secret" : ""))")
@@ -136,6 +137,21 @@ public enum Daemon {
     }
 
     /// Binds every address; the default pair tolerates a machine without IPv6.
+    /// The daemon's start-up settings by aria2's option names, as `getGlobalOption` reports them.
+    static func reportedOptions(_ options: Options, boundAddresses: [String]) -> [String: String] {
+        let port = boundAddresses.first.flatMap { $0.split(separator: ":").last }.map(String.init) ?? ""
+        var reported = [
+            "rpc-listen-port": port,
+            "rpc-listen-all": options.server.addresses.allSatisfy(isLoopback) ? "false" : "true",
+            "rpc-secure": options.server.tls == nil ? "false" : "true",
+            "rpc-allow-origin-all": options.server.policy.allowOriginAll ? "true" : "false",
+            "rpc-max-request-size": String(options.server.maxRequestSize),
+            "log-level": options.verbose ? "debug" : "notice",
+        ]
+        if let file = options.logFile { reported["log"] = file }
+        return reported
+    }
+
     private static func startServer(_ rpc: Aria2RPC, _ options: Options, log: Log) throws -> RPCServer {
         let logLine: @Sendable (String) -> Void = { log.info($0) }
         do {

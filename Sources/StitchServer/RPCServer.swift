@@ -312,13 +312,13 @@ final class Core: @unchecked Sendable {
         // Reads are answered here, on MHD's thread, from the RPC's fresh view: no task, no thread switch.
         if wait == .zero, let reply = rpc.handleImmediately(request, channel: channel) {
             settle(peer, key, reply)
-            return queue(connection, wrap(reply.body ?? [], callback: callback))
+            return queue(connection, wrap(reply.body ?? [], callback: callback, status: reply.status))
         }
         let work: @Sendable () async -> HTTPAnswer = { [self] in
             if wait > .zero { try? await Task.sleep(for: wait) }
             let reply = await rpc.handle(request, channel: channel)
             settle(peer, key, reply)
-            return wrap(reply.body ?? [], callback: callback)
+            return wrap(reply.body ?? [], callback: callback, status: reply.status)
         }
         let admitted = inFlight.withLock { state -> Bool in
             guard !state.closed else { return false }
@@ -460,7 +460,7 @@ final class Core: @unchecked Sendable {
     private func preparePost(_ body: [UInt8]) -> Result<(JSON, Aria2RPC.Channel, String?), HTTPAnswer> {
         switch rpc.decode(body) {
         case .success(let request): return .success((request, .full, nil))
-        case .failure(let reply): return .failure(HTTPAnswer(status: 200, body: reply.body ?? [], headers: corsHeaders))
+        case .failure(let reply): return .failure(HTTPAnswer(status: UInt32(reply.status), body: reply.body ?? [], headers: corsHeaders))
         }
     }
 
@@ -480,7 +480,7 @@ final class Core: @unchecked Sendable {
             else { return .failure(.refusal(400, "params is not base64")) }
             switch rpc.decode(Array(data)) {
             case .success(let value): params = value
-            case .failure(let reply): return .failure(wrap(reply.body ?? [], callback: call.callback))
+            case .failure(let reply): return .failure(wrap(reply.body ?? [], callback: call.callback, status: reply.status))
             }
         }
         let request: JSON
@@ -507,10 +507,11 @@ final class Core: @unchecked Sendable {
         }
     }
 
-    private func wrap(_ body: [UInt8], callback: String?) -> HTTPAnswer {
-        guard let callback else { return HTTPAnswer(status: 200, body: body, headers: corsHeaders) }
+    /// The answer to a call: its body, or a JSONP script calling `callback` with it; with aria2's status.
+    private func wrap(_ body: [UInt8], callback: String?, status: Int) -> HTTPAnswer {
+        guard let callback else { return HTTPAnswer(status: UInt32(status), body: body, headers: corsHeaders) }
         return HTTPAnswer(
-            status: 200, body: Array("\(callback)(".utf8) + body + Array(")".utf8),
+            status: UInt32(status), body: Array("\(callback)(".utf8) + body + Array(")".utf8),
             contentType: "text/javascript", headers: corsHeaders)
     }
 

@@ -41,8 +41,12 @@ final class ServedDaemon: Sendable {
         let body = JSON.object([("jsonrpc", .string("2.0")), ("id", id), ("method", .string(method)),
             ("params", .array(params))]).serialized
         let reply = try post(body)
-        #expect(reply.status == 200, "\(method): HTTP \(reply.status)")
-        return try JSON.parse(reply.body)
+        let answer = try JSON.parse(reply.body)
+        // aria2's statuses: 200 for a result; for an error 400 (a method's failure, code 1), 500 (-32602, -32700).
+        let code = answer["error"]?["code"]?.integer
+        let expected = code == nil ? 200 : code == 1 || code == -32600 ? 400 : 500
+        #expect(reply.status == expected, "\(method): HTTP \(reply.status)")
+        return answer
     }
 
     /// The `result` of a call that must succeed.

@@ -56,9 +56,14 @@ extension DownloadManager {
     ///   - tuning: its non-nil settings replace the download's; the others stay.
     ///   - headers: replace every header; nil leaves them.
     ///   - headerFields: set these headers by name (replacing those of the same name), after `headers`.
+    ///   - editTuning: edits the download's settings as they are then (after `tuning`), in the same step; what it
+    ///     sets to nil goes back to the manager's.
+    ///   - editHeaders: edits the download's headers as they are then (after `headers` and `headerFields`), in the
+    ///     same step.
     public func setOptions(
         _ id: DownloadID, connections: Int?? = nil, tuning: Tuning? = nil, headers: HTTPHeaders? = nil,
-        headerFields: HTTPHeaders? = nil
+        headerFields: HTTPHeaders? = nil, editTuning: (@Sendable (inout Tuning) -> Void)? = nil,
+        editHeaders: (@Sendable (inout HTTPHeaders) -> Void)? = nil
     ) throws(DownloadManagerError) {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
@@ -79,6 +84,7 @@ extension DownloadManager {
             if let value = patch.minimumSplitSize { merged.minimumSplitSize = value }
             managed.entry.options.tuning = merged
         }
+        if let editTuning { editTuning(&managed.entry.options.tuning) }
         if let headers { managed.entry.headers = headers.map { "\($0.name): \($0.value)" } }
         if let headerFields {
             let names = Set(headerFields.map { $0.name.lowercased() })
@@ -86,6 +92,11 @@ extension DownloadManager {
                 Downloader.parseHeaderLine(line).map { names.contains($0.0.lowercased()) } ?? false
             }
             managed.entry.headers += headerFields.map { "\($0.name): \($0.value)" }
+        }
+        if let editHeaders {
+            var edited = HTTPHeaders(managed.entry.headers.compactMap(Downloader.parseHeaderLine))
+            editHeaders(&edited)
+            managed.entry.headers = edited.map { "\($0.name): \($0.value)" }
         }
         guard managed.entry != before else { return }  // nothing changed: a running transfer goes on
         managed.entry.updatedAt = Date().timeIntervalSince1970

@@ -344,7 +344,8 @@ public actor DownloadManager {
             status: managed.status, progress: managed.progress, priority: entry.priority, position: entry.position,
             checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt,
             rateLimit: entry.options.rateLimit, mirrors: entry.options.mirrors.isEmpty ? [entry.url] : entry.options.mirrors,
-            tuning: entry.options.tuning, lastProblem: managed.lastProblem ?? entry.errorMessage)
+            tuning: entry.options.tuning, connections: entry.options.connections, overwrite: entry.options.overwrite,
+            lastProblem: managed.lastProblem ?? entry.errorMessage)
     }
 
     func subscribe(

@@ -269,6 +269,11 @@ public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
     public var mirrors: [String] = []
     /// This download's own engine settings.
     public var tuning = DownloadManager.Tuning()
+    /// The connections it was given (``DownloadManager/AddOptions/connections``); nil for the manager's choice.
+    public var connections: Int? = nil
+    /// Whether it may replace a file at its destination that Stitch did not leave
+    /// (``DownloadManager/AddOptions/overwrite``).
+    public var overwrite = false
     /// The last problem it met, in plain words: the reason of its last retry or restart from zero, or its
     /// failure; nil when none.
     public var lastProblem: String? = nil
