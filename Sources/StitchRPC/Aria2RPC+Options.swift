@@ -35,24 +35,28 @@ extension Aria2RPC {
             let pair = Array("\(user ?? ""):\(password ?? "")".utf8)
             options.headers.add(name: "Authorization", value: "Basic " + Data(pair).base64EncodedString())
         }
+        let folder = options.directory ?? base
         if let reservedFolder {
             // Compared with links resolved: `dir` may name the folder through another path to it.
-            let target = Confinement.resolvedPath(options.directory ?? base)
+            let target = Confinement.resolvedPath(folder + (options.out.map { "/" + $0 } ?? ""))
             let root = Confinement.resolved(base)
             let reserved = (root == "/" ? "" : root) + "/" + reservedFolder
-            if target == reserved || target.hasPrefix(reserved + "/") || (target == root && options.out == reservedFolder) {
+            if target == reserved || target.hasPrefix(reserved + "/") {
                 throw Failure.aria2("\(reservedFolder) in the download folder is the daemon's own; choose another name")
             }
         }
-        if let folder = options.directory {
-            // Made here, inside the served folder (checked by `apply`), as aria2 makes its `dir`.
-            try? DownloadPaths.createFolder(folder)
-        }
-        if let out = options.out {
-            let base = await manager.configuration.downloadDirectory
-            for path in [(options.directory ?? base) + "/" + out, (options.directory ?? base) + "/" + out + ".part"] {
-                try Self.checkNotALink(path)
+        var folders = options.directory.map { [$0] } ?? []
+        if let out = options.out, out.contains("/") {
+            // `out`'s folders, with their links resolved, must lie inside the served folder too.
+            let parent = (folder + "/" + out as NSString).deletingLastPathComponent
+            do { folders.append(try Confinement.folder(parent, within: base)) } catch {
+                throw Failure.aria2("option out: \(out.debugDescription) leads outside the served folder \(base)")
             }
+        }
+        // Made here, inside the served folder (checked by `apply` and above), as aria2 makes its `dir`.
+        for made in folders { try? DownloadPaths.createFolder(made) }
+        if let out = options.out {
+            for path in [folder + "/" + out, folder + "/" + out + ".part"] { try Self.checkNotALink(path) }
         }
         // Several URIs are mirrors of one file, as in aria2: kept with the download and tried in turn.
         if urls.count > 1 { options.mirrors = urls }
@@ -79,9 +83,14 @@ extension Aria2RPC {
         }
         switch name {
         case "out":
-            // A file name in the download folder: no folders, nothing that could lead outside it.
-            guard !text.isEmpty, !text.contains("/"), text != ".", text != "..", !text.contains("\u{0}") else {
-                throw Failure.aria2("option out: \(text.debugDescription) must be a file name (no folders)")
+            // A file name in the download folder, or a path below it (its folders are made, as aria2 makes them):
+            // nothing absolute, no `.` or `..`; addUri checks the folders' links.
+            let components = text.split(separator: "/", omittingEmptySubsequences: false)
+            guard !text.hasPrefix("/"), !text.contains("\u{0}"),
+                components.allSatisfy({ !$0.isEmpty && $0 != "." && $0 != ".." })
+            else {
+                throw Failure.aria2(
+                    "option out: \(text.debugDescription) must be a file name or a path inside the folder (no '..')")
             }
             options.out = text
         case "split", "max-connection-per-server":

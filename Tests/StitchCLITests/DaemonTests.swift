@@ -457,6 +457,7 @@ struct DaemonTests {
         for options: [(String, JSON)] in [
             [("dir", .string(real + "/.stitch")), ("out", .string("catalog.sqlite3")), ("allow-overwrite", .string("true"))],
             [("dir", .string(real + "/.stitch/deeper"))], [("dir", .string(real)), ("out", .string(".stitch"))],
+            [("out", .string(".stitch/catalog.sqlite3"))], [("dir", .string(real)), ("out", .string(".stitch/new/x.bin"))],
         ] {
             let refused = try daemon.error("aria2.addUri", [url, .object(options)])
             #expect(refused.message.contains("daemon's own"), "\(options): \(refused)")

@@ -229,6 +229,32 @@ import Testing
         await manager.close()
     }
 
+    // MARK: Paths
+
+    /// `out` may name a path inside the download folder, as aria2's: its folders are made and the file lands
+    /// there. Through a link that leads out of the folder it is refused, and nothing is added.
+    @Test func outMayNameAPathInsideTheFolder() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 30_000, seed: 72, etag: "\"p\"")
+        f.server.serve("/p.bin", file: file)
+        let manager = try f.open()
+        let rpc = Aria2RPC(manager: manager, secret: nil)
+        let gid = try await Self.result(rpc, "aria2.addUri", [
+            .array([.string(f.server.url("/p.bin"))]), .object([("out", .string("sub/inner/p.bin"))]),
+        ])
+        await manager.waitUntilIdle()
+        expectFile(f.path("sub/inner/p.bin"), file.data)
+        #expect(Self.strings(try await Self.result(rpc, "aria2.getOption", [gid]))["out"] == "p.bin")
+        let outside = try TemporaryDirectory()
+        try FileManager.default.createSymbolicLink(atPath: f.path("away"), withDestinationPath: outside.path)
+        let refused = try await Self.error(rpc, "aria2.addUri", [
+            .array([.string(f.server.url("/p.bin"))]), .object([("out", .string("away/p.bin"))]),
+        ])
+        #expect(refused.message.contains("outside"), "\(refused.message)")
+        #expect(await manager.downloads().count == 1 && (try? FileManager.default.contentsOfDirectory(atPath: outside.path))?.isEmpty == true)
+        await manager.close()
+    }
+
     // MARK: The table
 
     /// The table is aria2's option set, and docs/rpc.md's table is the table: one row per option with what Stitch

@@ -174,7 +174,7 @@ import Testing
     /// Options that could write outside the download folder, or that this version does not implement, are
     /// refused by name; nothing is added.
     @Test(arguments: [
-        #"{"out":"../escape.bin"}"#, #"{"out":"sub/x.bin"}"#, #"{"out":"/etc/passwd"}"#, #"{"dir":"/tmp"}"#,
+        #"{"out":"../escape.bin"}"#, #"{"out":"sub/../../x.bin"}"#, #"{"out":"a//b.bin"}"#, #"{"out":"/etc/passwd"}"#, #"{"dir":"/tmp"}"#,
         #"{"split":"99"}"#, #"{"checksum":"crc9=00"}"#, #"{"all-proxy":"http://p:1"}"#, #"{"pause":"maybe"}"#,
         #"{"dir":"../up"}"#, #"{"max-tries":"x"}"#, #"{"gid":"0123456789abcdef"}"#,
     ])
