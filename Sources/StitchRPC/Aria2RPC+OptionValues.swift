@@ -319,6 +319,7 @@ extension Aria2RPC {
         let context = await optionContext()
         var defaults: [String: String?] = [:]
         var changes: [@Sendable (DownloadManager) async throws -> Void] = []
+        var daemonTexts: [String: String] = [:]
         var refused: [String] = []
         for (name, value) in members {
             guard let option = Aria2Option.named[name] else {
@@ -332,6 +333,7 @@ extension Aria2RPC {
             case (.ignored, _): continue
             case (.applied, .global):
                 changes.append(try Self.daemonChange(name, text))
+                daemonTexts[name] = text
             case (.applied, .download) where name != "http-user" && name != "http-passwd",
                 (.addOnly, .download) where name == "allow-overwrite":
                 if !text.isEmpty {
@@ -351,12 +353,49 @@ extension Aria2RPC {
             }
         }
         guard refused.isEmpty else { throw Self.refusal(refused) }
+        // Kept first, so a restart has what the client was told is set; then made.
+        var kept: [String: String?] = [:]
+        for (name, value) in defaults { kept[Self.keptPrefix + name] = .some(value) }
+        for (name, text) in daemonTexts { kept[Self.keptPrefix + name] = .some(text.isEmpty ? nil : text) }
+        try await manager.keepSettings(kept)
         for change in changes { try await change(manager) }
         if !defaults.isEmpty {
             settings.withLock { settings in
                 for (name, value) in defaults { settings.defaults[name] = value }
             }
         }
+    }
+
+    /// The catalog's keys for the global options set over RPC (``DownloadManager/keepSettings(_:)``).
+    static let keptPrefix = "rpc.option."
+
+    /// Restores the global options set over RPC before a restart (kept in the catalog by `changeGlobalOption`),
+    /// except those named in `overridden` (given on the command line, which wins). Returns a line for each one it
+    /// could not take back (a kept value this version refuses), for the log.
+    public func restoreKeptOptions(overriddenBy overridden: Set<String>) async -> [String] {
+        let kept: [String: String]
+        do { kept = try await manager.keptSettings() } catch { return ["cannot read the options kept: \(error)"] }
+        var problems: [String] = []
+        var defaults: [String: String] = [:]
+        for (key, text) in kept.sorted(by: { $0.key < $1.key }) where key.hasPrefix(Self.keptPrefix) {
+            let name = String(key.dropFirst(Self.keptPrefix.count))
+            guard !overridden.contains(name) else { continue }
+            do {
+                guard let option = Aria2Option.named[name] else { throw Failure.aria2("not an option of aria2") }
+                try option.check(text)
+                if option.scope == .global {
+                    try await Self.daemonChange(name, text)(manager)
+                } else {
+                    var scratch = DownloadManager.AddOptions()
+                    try Self.apply(name, .string(text), to: &scratch)
+                    defaults[name] = text
+                }
+            } catch {
+                problems.append("the option \(name)=\(text) set over RPC is not taken back: \(error)")
+            }
+        }
+        settings.withLock { $0.defaults.merge(defaults) { _, kept in kept } }
+        return problems
     }
 
     /// A change of the daemon's own setting `name`.

@@ -233,7 +233,8 @@ public final class Aria2RPC: Sendable {
     }
 
     /// A method's failure.
-    struct Failure: Error {
+    struct Failure: Error, CustomStringConvertible {
+        var description: String { message }
         var code: Int
         var message: String
         /// aria2's code for a method's failure.

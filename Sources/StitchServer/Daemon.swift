@@ -95,6 +95,12 @@ public enum Daemon {
         let rpc = Aria2RPC(manager: manager, secret: options.secret, reservedFolder: stateFolder) {
             stop.yield("an RPC shutdown")
         }
+        // What a client set over RPC before the restart, unless the command line says otherwise.
+        var given: Set<String> = []
+        if options.maxConcurrentDownloads != nil { given.insert("max-concurrent-downloads") }
+        if options.rateLimit != nil { given.insert("max-overall-download-limit") }
+        if options.connections != nil { given.formUnion(["split", "max-connection-per-server"]) }
+        for problem in await rpc.restoreKeptOptions(overriddenBy: given) { log.warning(problem) }
         let server: RPCServer
         do {
             server = try startServer(rpc, options, log: log)

@@ -427,7 +427,8 @@ struct DaemonTests {
         let url = JSON.array([.string(nginx.httpURL("serve-confined.bin"))])
         for (name, value) in [
             ("dir", "../outside"), ("dir", sandbox.path("outside")), ("dir", "link"), ("dir", "link/deeper"),
-            ("dir", "/etc"), ("out", "../x.bin"), ("out", "a/b.bin"), ("out", "file-link.bin"), ("dir", ".stitch"),
+            ("dir", "/etc"), ("out", "../x.bin"), ("out", "a/../../b.bin"), ("out", "file-link.bin"), ("dir", ".stitch"),
+            ("out", "link/x.bin"), ("out", "/etc/x.bin"), ("out", ".stitch/x.bin"),
         ] {
             let refused = try daemon.error("aria2.addUri", [url, .object([(name, .string(value))])])
             #expect(refused.code == 1, "\(name)=\(value): \(refused)")
@@ -441,6 +442,10 @@ struct DaemonTests {
         #expect(FileManager.default.fileExists(atPath: folder + "/sub/deeper/ok.bin"))
         let absolute = try #require(try daemon.result("aria2.addUri", [url, .object([("dir", .string(folder + "/abs"))])]).string)
         try await daemon.waitFor(absolute, Self.isComplete)
+        // out with folders below the download's folder, as aria2's: made.
+        let nested = try #require(try daemon.result("aria2.addUri", [url, .object([("dir", .string("sub")), ("out", .string("a/b.bin"))])]).string)
+        try await daemon.waitFor(nested, Self.isComplete)
+        #expect(FileManager.default.fileExists(atPath: folder + "/sub/a/b.bin"))
         #expect(try FileManager.default.contentsOfDirectory(atPath: sandbox.path("outside")).isEmpty, "nothing outside")
         _ = await daemon.stop()
     }
@@ -740,6 +745,12 @@ struct DaemonTests {
         }
         let order = try daemon.result("stitch.tellAll", [.array([.string("gid")])]).array?.compactMap { $0.text("gid") }
         #expect(order == gids)
+        // Global options set over RPC are kept in the catalog and come back, but the command line (-j 2) wins.
+        let settings = JSON.object([
+            ("max-tries", .string("4")), ("max-overall-download-limit", .string("64M")),
+            ("max-concurrent-downloads", .string("3")),
+        ])
+        #expect(try daemon.result("aria2.changeGlobalOption", [settings]) == .string("OK"))
         var kills: [String] = []
         for round in 0..<3 {
             let threshold = Int(generator.next() % UInt64(size / 4)) + 64 << 10
@@ -754,6 +765,9 @@ struct DaemonTests {
             let restored = try daemon.result("stitch.tellAll", [.array([.string("gid"), .string("status")])]).array ?? []
             #expect(restored.compactMap { $0.text("gid") } == gids, "order kept after kill \(round)")
             #expect(restored.last?.text("status") == "paused", "paused kept after kill \(round): \(restored)")
+            let global = try daemon.result("aria2.getGlobalOption")
+            #expect(global.text("max-tries") == "4" && global.text("max-overall-download-limit") == String(64 << 20), "kept")
+            #expect(global.text("max-concurrent-downloads") == "2", "the command line wins")
         }
         #expect(try daemon.result("aria2.unpause", [.string(gids[2])]) == .string(gids[2]))
         for gid in gids { try await daemon.waitFor(gid, timeout: .seconds(180), Self.isComplete) }

@@ -326,23 +326,39 @@ import Testing
         try catalog.setPosition(DownloadID(rawValue: UInt64.max), priority: 1, position: 2, updatedAt: 1)
         try catalog.setStatus(DownloadID(rawValue: 7), status: "failed", errorCode: "io", errorMessage: "x")
         #expect(try catalog.all().map(\.id.rawValue) == [UInt64.max, 7])
+        // Version 3's settings table too.
+        try catalog.setSettings(["a": "1"])
+        #expect(try catalog.settings() == ["a": "1"])
         catalog.close()
 
-        #expect(try query(path, "PRAGMA user_version") == "2")
+        #expect(try query(path, "PRAGMA user_version") == "3")
         let reopened = try Catalog(directory: dir.path)
         #expect(reopened.openReport == Catalog.OpenReport(created: false, migratedFrom: nil, rebuiltBecause: nil))
         #expect(try reopened.entry(DownloadID(rawValue: 7))?.errorCode == "io")
     }
 
+    /// Settings are kept across a reopen; set in one transaction (a nil value forgets a key).
+    @Test func settingsAreKept() throws {
+        let dir = try CatalogDirectory()
+        let catalog = try Catalog(directory: dir.path)
+        #expect(try catalog.settings().isEmpty)
+        try catalog.setSettings(["rpc.max-tries": "3", "rpc.split": "4", "x": "y"])
+        try catalog.setSettings(["rpc.split": nil, "x": "z"])
+        catalog.close()
+        let reopened = try Catalog(directory: dir.path)
+        #expect(try reopened.settings() == ["rpc.max-tries": "3", "x": "z"])
+        reopened.close()
+    }
+
     @Test func newerSchemaIsRefusedAndLeftAlone() throws {
         let dir = try CatalogDirectory()
         let path = dir.path + "/catalog.sqlite3"
-        try execute(path, "CREATE TABLE downloads (id INTEGER PRIMARY KEY, shape TEXT); PRAGMA user_version = 3;")
+        try execute(path, "CREATE TABLE downloads (id INTEGER PRIMARY KEY, shape TEXT); PRAGMA user_version = 4;")
         let before = try readFile(path)
 
         let error = try #require(throws: CatalogError.self) { try Catalog(directory: dir.path) }
         #expect(error.code == .newerSchema)
-        #expect(error.description.contains("version 3"))
+        #expect(error.description.contains("version 4"))
         #expect(try readFile(path) == before)
         #expect(!fileExists(path + "-wal"))
         #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path) == ["catalog.sqlite3"])

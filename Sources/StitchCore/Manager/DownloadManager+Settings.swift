@@ -106,6 +106,19 @@ extension DownloadManager {
         if managed.restartAfterRun { stopRun(id) }
     }
 
+    /// Settings an application keeps with its downloads, by key (the daemon keeps the options set over its RPC):
+    /// in the catalog, so they are there again when the manager is opened after a restart or a crash.
+    public func keptSettings() throws(DownloadManagerError) -> [String: String] {
+        try checkOpen()
+        do { return try catalog.settings() } catch { throw DownloadManagerError(.catalog(error.description)) }
+    }
+
+    /// Keeps settings (a nil value forgets the key), all in one transaction of the catalog: all or none.
+    public func keepSettings(_ changes: [String: String?]) throws(DownloadManagerError) {
+        try checkOpen()
+        do { try catalog.setSettings(changes) } catch { throw DownloadManagerError(.catalog(error.description)) }
+    }
+
     /// Changes how many connections all running downloads may hold to one host (at least 1). Lowered, running
     /// downloads keep the connections they have; new ones are granted once the host is below the cap.
     public func setMaxConnectionsPerHost(_ count: Int) throws(DownloadManagerError) {

@@ -62,7 +62,8 @@ final class Catalog {
     ///
     /// - 1: the first schema (no `priority` or `error_code` columns; ordered by `position` alone).
     /// - 2: adds `priority INTEGER NOT NULL DEFAULT 0` and `error_code TEXT`; ordered by priority, then position.
-    static let currentSchemaVersion = 2
+    /// - 3: adds the `settings` table (a key, a value): settings an application keeps with its downloads.
+    static let currentSchemaVersion = 3
     static let fileName = "catalog.sqlite3"
     /// How long opening waits for another connection's lock before failing with `SQLITE_BUSY` (long enough for
     /// a manager that is closing; a running one holds the lock until it closes).
@@ -183,7 +184,40 @@ final class Catalog {
         try scalar("SELECT COALESCE(MIN(position), 0) FROM downloads")
     }
 
+    /// Every setting kept (``setSettings(_:)``), by key.
+    func settings() throws(CatalogError) -> [String: String] {
+        try withStatement("SELECT key, value FROM settings") { statement throws(CatalogError) in
+            var settings: [String: String] = [:]
+            while try statement.step(or: "cannot read the settings") {
+                if let key = statement.text(0), let value = statement.text(1) { settings[key] = value }
+            }
+            return settings
+        }
+    }
+
     // MARK: Writing
+
+    /// Sets settings (a nil value removes the key), all in one transaction.
+    func setSettings(_ changes: [String: String?]) throws(CatalogError) {
+        guard !changes.isEmpty else { return }
+        try transaction("cannot save settings") { () throws(CatalogError) in
+            for (key, value) in changes.sorted(by: { $0.key < $1.key }) {
+                if let value {
+                    try withStatement("INSERT OR REPLACE INTO settings (key, value) VALUES (?1, ?2)") {
+                        statement throws(CatalogError) in
+                        try statement.bind(key, at: 1)
+                        try statement.bind(value, at: 2)
+                        _ = try statement.step(or: "cannot save the setting \(key)")
+                    }
+                } else {
+                    try withStatement("DELETE FROM settings WHERE key = ?1") { statement throws(CatalogError) in
+                        try statement.bind(key, at: 1)
+                        _ = try statement.step(or: "cannot remove the setting \(key)")
+                    }
+                }
+            }
+        }
+    }
 
     /// Adds downloads, and sets the priority and position of others (an add at a place in the queue), in one
     /// transaction: all of it, or none if any part fails.
@@ -333,7 +367,8 @@ final class Catalog {
             updated_at REAL NOT NULL
         );
         CREATE INDEX downloads_order ON downloads (priority DESC, position);
-        PRAGMA user_version = 2;
+        CREATE TABLE settings (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
+        PRAGMA user_version = 3;
         """
 
     /// The SQL that takes a catalog from version `from` to `from + 1`, ending with the new `user_version`.
@@ -349,7 +384,14 @@ final class Catalog {
             CREATE INDEX downloads_order ON downloads (priority DESC, position);
             PRAGMA user_version = 2;
             """
-        )
+        ),
+        (
+            from: 2,
+            sql: """
+            CREATE TABLE settings (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
+            PRAGMA user_version = 3;
+            """
+        ),
     ]
 
     // MARK: Opening
