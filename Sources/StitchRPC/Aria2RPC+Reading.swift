@@ -238,11 +238,15 @@ extension Aria2RPC {
         case "aria2.getServers":
             let snapshot = try snapshot(0)
             guard snapshot.status == .running else { throw Failure.aria2("No active download for GID \(snapshot.id)") }
+            // One entry per connection transferring, as aria2 lists them, the speed shared among them.
+            let count = max(1, snapshot.progress.connections)
             let server: JSON = .object([
                 ("uri", .string(snapshot.url)), ("currentUri", .string(snapshot.url)),
-                ("downloadSpeed", .string(String(Int64(snapshot.progress.bytesPerSecond)))),
+                ("downloadSpeed", .string(String(Int64(snapshot.progress.bytesPerSecond) / Int64(count)))),
             ])
-            return .array([.object([("index", .string("1")), ("servers", .array([server]))])])
+            return .array([
+                .object([("index", .string("1")), ("servers", .array(Array(repeating: server, count: count)))])
+            ])
         case "aria2.tellActive":
             let keys = try Self.keys(params, 0)
             return .array(view.all.filter { $0.status == .running }.map { Self.status($0, keys: keys) })

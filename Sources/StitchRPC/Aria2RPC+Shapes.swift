@@ -71,13 +71,17 @@ extension Aria2RPC {
         let done = snapshot.progress.bytes
         let path = snapshot.path ?? ""
         let directory = Self.directory(of: snapshot)
+        let pieces = snapshot.progress.writtenPieces
+        let connections = snapshot.status == .running ? String(snapshot.progress.connections) : "0"
+        let pieceLength: Int64 = snapshot.progress.pieceLength ?? defaultPieceLength
         var members: [(String, JSON)] = [
             ("gid", .string("\(snapshot.id)")), ("status", .string(statusName(snapshot.status))),
             ("totalLength", .string(String(total))), ("completedLength", .string(String(done))),
             ("uploadLength", .string("0")),
             ("downloadSpeed", .string(String(Int64(snapshot.status == .running ? snapshot.progress.bytesPerSecond : 0)))),
             ("uploadSpeed", .string("0")),
-            ("connections", .string(snapshot.status == .running ? "1" : "0")),
+            ("connections", .string(connections)), ("numPieces", .string(String(pieces?.count ?? 0))),
+            ("pieceLength", .string(String(pieceLength))),
             ("dir", .string(directory)),
             (
                 "files",
@@ -90,12 +94,35 @@ extension Aria2RPC {
                 ])
             ),
         ]
+        // aria2 leaves the bitfield out until the download has pieces.
+        if let pieces, !pieces.isEmpty { members.append(("bitfield", .string(bitfield(pieces)))) }
         if case .failed(let failure) = snapshot.status {
             members.append(("errorCode", .string(String(aria2ErrorCode(failure)))))
             members.append(("errorMessage", .string(failure.message)))
         }
         guard let keys else { return .object(members) }
         return .object(members.filter { keys.contains($0.0) })
+    }
+
+    /// The piece length aria2 reports for HTTP (its `piece-length`), and Stitch's smallest.
+    static let defaultPieceLength: Int64 = 1 << 20
+
+    /// aria2's `bitfield`: lowercase hex, piece 0 the highest bit of the first digit, the bits past the last
+    /// piece zero.
+    static func bitfield(_ pieces: [Bool]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var text: [UInt8] = []
+        text.reserveCapacity((pieces.count + 3) / 4)
+        var index = 0
+        while index < pieces.count {
+            var nibble = 0
+            for bit in 0..<4 where index + bit < pieces.count && pieces[index + bit] { nibble |= 8 >> bit }
+            text.append(digits[nibble])
+            index += 4
+        }
+        // Whole bytes, as aria2 writes them: an odd digit count gets a zero digit.
+        if text.count % 2 == 1 { text.append(UInt8(ascii: "0")) }
+        return String(decoding: text, as: UTF8.self)
     }
 
     /// aria2's exit-status code for a failure, where one fits (1: unknown).

@@ -113,7 +113,8 @@ struct DaemonTests {
         let params = Data(#"["\#(slow)",["gid","status"]]"#.utf8).base64EncodedString()
         let jsonp = try daemon.get("/jsonrpc?method=aria2.tellStatus&id=9&params=\(params)&jsoncallback=got")
         #expect(jsonp.text.hasPrefix("got(") && jsonp.text.contains(#""status":"active""#), "\(jsonp.text)")
-        try await daemon.waitFor(slow) { Int($0.text("completedLength") ?? "0") ?? 0 > 256 << 10 }
+        let running = try await daemon.waitFor(slow) { Int($0.text("completedLength") ?? "0") ?? 0 > 256 << 10 }
+        #expect(Int(running.text("connections") ?? "") ?? 0 >= 1, "the live count: \(running)")
         #expect(try daemon.result("aria2.forcePause", [.string(slow)]) == .string(slow))
         let pausedStatus = try await daemon.waitFor(slow) { $0.text("status") == "paused" }
         // Stitch's extra keys: the ranges with what of them is on disk (as the state file says), the validators.
@@ -125,6 +126,12 @@ struct DaemonTests {
         #expect(sum("written") >= 256 << 10 && sum("written") <= 64 << 20, "written: \(pausedStatus)")
         #expect(sum("durable") <= sum("written"), "\(segments)")
         #expect(pausedStatus["stitch.validators"]?.text("etag")?.isEmpty == false, "nginx's ETag: \(pausedStatus)")
+        // aria2's piece map: 64 pieces of 1 MiB, as 8 bytes of hex; a set bit only for a piece written whole.
+        #expect(pausedStatus.text("numPieces") == "64" && pausedStatus.text("pieceLength") == String(1 << 20), "\(pausedStatus)")
+        let bitfield = try #require(pausedStatus.text("bitfield"), "\(pausedStatus)")
+        let setBits = bitfield.compactMap { $0.hexDigitValue?.nonzeroBitCount }.reduce(0, +)
+        #expect(bitfield.count == 16 && Int64(setBits) << 20 <= sum("written"), "\(bitfield) for \(segments)")
+        #expect(pausedStatus.text("connections") == "0")
         #expect(try daemon.result("aria2.changeOption", [.string(slow), .object([("max-download-limit", .string("1M"))])]) == .string("OK"))
         #expect(try daemon.result("aria2.getOption", [.string(slow)]).text("max-download-limit") == String(1 << 20))
         #expect(try daemon.error("aria2.changeOption", [.string(slow), .object([("out", .string("x.bin"))])]).message.contains("out"))

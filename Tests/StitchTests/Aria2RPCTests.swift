@@ -164,6 +164,10 @@ import Testing
         let stopped = try await Self.call(rpc, #"{"id":1,"method":"aria2.tellStopped","params":[0,10,["gid","status","completedLength"]]}"#)
         let entries = try #require(stopped["result"]?.array)
         #expect(entries.count == 3 && entries.allSatisfy { $0["status"] == .string("complete") })
+        // aria2's piece map: one piece each, written; a paused download not started has none yet.
+        let done = try await Self.call(rpc, #"{"id":1,"method":"aria2.tellStatus","params":["\#(gids[0])"]}"#)
+        #expect(done["result"]?["numPieces"] == .string("1") && done["result"]?["bitfield"] == .string("80"), "\(Self.text(done))")
+        #expect(done["result"]?["pieceLength"] == .string("1048576") && done["result"]?["connections"] == .string("0"))
         #expect(Set(entries.compactMap { $0["completedLength"]?.string }) == Set(files.map { String($0.data.count) }))
         for (index, file) in files.enumerated() { expectFile(f.path("f\(index).bin"), file.data) }
         let stat = try await Self.call(rpc, #"{"id":1,"method":"aria2.getGlobalStat"}"#)
@@ -189,6 +193,23 @@ import Testing
         let file = try await Self.call(rpc, #"{"id":1,"method":"aria2.addUri","params":[["file:///etc/passwd"]]}"#)
         #expect(Self.errorCode(file) == 1, "only http and https: \(Self.text(file))")
         await manager.close()
+    }
+
+    /// aria2's bitfield: piece 0 is the highest bit of the first hex digit, whole bytes, the bits past the last
+    /// piece zero; a piece is set only when every byte of it is written.
+    @Test func piecesAsAria2ShowsThem() {
+        #expect(Aria2RPC.bitfield([true]) == "80")
+        #expect(Aria2RPC.bitfield([true, false, false, false, true]) == "88")
+        #expect(Aria2RPC.bitfield(Array(repeating: true, count: 9)) == "ff80")
+        #expect(Aria2RPC.bitfield([false, true, true, true, false, false, false, true]) == "71")
+        let mib: Int64 = 1 << 20
+        var progress = TransferProgress(total: 5 * mib / 2, writtenRanges: [0..<(mib + 10), (2 * mib)..<(5 * mib / 2)], pieceLength: mib)
+        #expect(progress.writtenPieces == [true, false, true], "the last piece ends at the file's end")
+        progress.writtenRanges = [(mib / 2)..<(2 * mib + 1)]
+        #expect(progress.writtenPieces == [false, true, false])
+        progress.total = nil
+        #expect(progress.writtenPieces == nil, "no pieces while the length is unknown")
+        #expect(RunReporter.merged([5..<9, 0..<3, 3..<4, 8..<8, 7..<12]) == [0..<4, 5..<12])
     }
 
     @Test func windowsAsAria2Counts() {

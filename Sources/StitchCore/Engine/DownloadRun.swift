@@ -164,7 +164,7 @@ final class DownloadRun: Sendable {
         let request = LaneRequest(
             run: self, role: .whole, slot: 0, plan: RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil),
             known: files.known, url: url, lanes: nil)
-        let result = await request.perform()
+        let result = await counted(request)
         // A response that ended complete is taken even if the run is being cancelled at that moment.
         var cancelled = false
         if case .failure(let error) = result, error.isCancelled || Task.isCancelled { cancelled = true }
@@ -413,6 +413,13 @@ final class DownloadRun: Sendable {
         }
     }
 
+    /// Performs `request`, counted among the requests in flight while it runs.
+    private func counted(_ request: LaneRequest) async -> Result<Void, TransportError> {
+        reporter.requestsInFlight.add(1, ordering: .relaxed)
+        defer { reporter.requestsInFlight.subtract(1, ordering: .relaxed) }
+        return await request.perform()
+    }
+
     /// How a lane's work on one segment ended.
     private enum LaneEnd { case done, retired }
 
@@ -443,7 +450,7 @@ final class DownloadRun: Sendable {
                 run: self, role: lanes.alone ? .alone : .segment, slot: slot, plan: plan, known: known, url: url,
                 lanes: lanes)
             register(request, for: slot, lanes)
-            let result = await request.perform()
+            let result = await counted(request)
             register(nil, for: slot, lanes)
             if lanes.stopped.load(ordering: .acquiring) { return .done }
             try Task.checkCancellation()

@@ -176,6 +176,13 @@ public struct DownloadProgress: Sendable, Hashable {
     public var total: Int64?
     /// Bytes that would survive a power cut.
     public var durableBytes: Int64
+    /// The byte ranges written to the part file, in order, adjacent ones merged (empty before the part file).
+    public var writtenRanges: [Range<Int64>] = []
+    /// The size of the pieces the download is checked in (1 MiB, doubled for very large files); nil before the
+    /// part file.
+    public var pieceLength: Int64? = nil
+    /// Requests transferring now (each over a connection of its own).
+    public var connections = 0
 }
 
 /// Something a download wants its user to know. Delivered in order, one at a time, on a queue of the download's own

@@ -25,6 +25,8 @@ final class RunReporter: Sendable {
     let totalLength = Atomic<Int64>(-1)
     /// The part file, once there is one: progress is never reported before the destination is.
     private let store = Locked<PartStore?>(nil)
+    /// Requests transferring now (``DownloadProgress/connections``).
+    let requestsInFlight = Atomic<Int>(0)
 
     init(checkpointBytes: Int64, onEvent: @escaping @Sendable (DownloadEvent) -> Void) {
         events = EventChannel(onEvent)
@@ -66,8 +68,25 @@ final class RunReporter: Sendable {
         // Durable first, then written: a restart in between can only make written smaller, so clamp. The store
         // knows for every lane.
         let durable = store.durable.load(ordering: .acquiring)
-        let bytes = store.writtenBytes
-        return DownloadProgress(bytes: bytes, total: total >= 0 ? total : nil, durableBytes: min(durable, bytes))
+        let segments = store.writtenSegments
+        let bytes = segments.reduce(0) { $0 + ($1.durable - $1.start) }
+        return DownloadProgress(
+            bytes: bytes, total: total >= 0 ? total : nil, durableBytes: min(durable, bytes),
+            writtenRanges: Self.merged(segments.map { $0.start..<$0.durable }), pieceLength: store.pieceSize,
+            connections: requestsInFlight.load(ordering: .relaxed))
+    }
+
+    /// `ranges` in order with the empty ones dropped and the touching ones joined.
+    static func merged(_ ranges: [Range<Int64>]) -> [Range<Int64>] {
+        var merged: [Range<Int64>] = []
+        for range in ranges.filter({ !$0.isEmpty }).sorted(by: { $0.lowerBound < $1.lowerBound }) {
+            if let last = merged.last, range.lowerBound <= last.upperBound {
+                merged[merged.count - 1] = last.lowerBound..<max(last.upperBound, range.upperBound)
+            } else {
+                merged.append(range)
+            }
+        }
+        return merged
     }
 
     /// Progress every `interval`, timed by the shared clock (a download over before its first tick costs no thread

@@ -26,14 +26,18 @@ enum CatalogRestore {
     static func restoredProgress(_ entry: CatalogEntry, status: DownloadStatus) -> TransferProgress {
         if status == .completed {
             let bytes = entry.totalBytes ?? entry.completedBytes
-            return TransferProgress(bytes: bytes, total: bytes, durableBytes: bytes)
+            return TransferProgress(
+                bytes: bytes, total: bytes, durableBytes: bytes, writtenRanges: [0..<bytes],
+                pieceLength: PieceLayout.pieceSize(forTotal: bytes))
         }
         guard let path = claimedPath(entry),
             let state = PartialDownload(DownloadPaths(destination: path)).state,
             state.url == entry.url || entry.options.formerURLs.contains(state.url)
         else { return TransferProgress(total: entry.totalBytes) }
         let durable = state.durableBytes
-        return TransferProgress(bytes: durable, total: state.validators.totalLength, durableBytes: durable)
+        return TransferProgress(
+            bytes: durable, total: state.validators.totalLength, durableBytes: durable,
+            writtenRanges: RunReporter.merged(state.segments.map { $0.start..<$0.durable }), pieceLength: state.pieceSize)
     }
 
     /// Catalog entries for the partial downloads whose state files lie in `directory` (a rebuilt catalog).

@@ -81,7 +81,9 @@ extension DownloadManager {
             managed.progress = TransferProgress(
                 bytes: progress.bytes, total: progress.total, durableBytes: progress.durableBytes,
                 bytesPerSecond: managed.meter.bytesPerSecond,
-                secondsLeft: managed.meter.secondsLeft(bytes: progress.bytes, total: progress.total))
+                secondsLeft: managed.meter.secondsLeft(bytes: progress.bytes, total: progress.total),
+                writtenRanges: progress.writtenRanges, pieceLength: progress.pieceLength,
+                connections: progress.connections)
             table[id] = managed
             publish(.progress(id, managed.progress))
         case .redirected:
@@ -124,7 +126,9 @@ extension DownloadManager {
             managed.entry.resolvedPath = result.destination
             managed.entry.totalBytes = result.bytes
             managed.entry.completedBytes = result.bytes
-            managed.progress = TransferProgress(bytes: result.bytes, total: result.bytes, durableBytes: result.bytes)
+            managed.progress = TransferProgress(
+                bytes: result.bytes, total: result.bytes, durableBytes: result.bytes, writtenRanges: [0..<result.bytes],
+                pieceLength: PieceLayout.pieceSize(forTotal: result.bytes))
             table[id] = managed
             publish(.progress(id, managed.progress))
             if result.alreadyComplete { publish(.alreadyComplete(id)) }

@@ -217,17 +217,45 @@ public struct TransferProgress: Sendable, Hashable {
     public var bytesPerSecond: Double
     /// Seconds to go at the smoothed speed, when both the length and a speed are known.
     public var secondsLeft: Double?
+    /// The byte ranges written, in order, touching ones joined (a piece map: aria2's `bitfield`); empty while
+    /// unknown.
+    public var writtenRanges: [Range<Int64>] = []
+    /// The size of the pieces the download is checked in; nil while unknown.
+    public var pieceLength: Int64?
+    /// Requests transferring while it runs (each over a connection of its own).
+    public var connections = 0
 
     /// Progress with these values; by default nothing done, no length and no speed.
     public init(
         bytes: Int64 = 0, total: Int64? = nil, durableBytes: Int64 = 0, bytesPerSecond: Double = 0,
-        secondsLeft: Double? = nil
+        secondsLeft: Double? = nil, writtenRanges: [Range<Int64>] = [], pieceLength: Int64? = nil,
+        connections: Int = 0
     ) {
         self.bytes = bytes
         self.total = total
         self.durableBytes = durableBytes
         self.bytesPerSecond = bytesPerSecond
         self.secondsLeft = secondsLeft
+        self.writtenRanges = writtenRanges
+        self.pieceLength = pieceLength
+        self.connections = connections
+    }
+
+    /// Which pieces of `pieceLength` are written whole: piece 0 first (nil while the length or the pieces are
+    /// unknown).
+    public var writtenPieces: [Bool]? {
+        guard let total, let pieceLength, pieceLength > 0, total >= 0 else { return nil }
+        let count = Int((total + pieceLength - 1) / pieceLength)
+        var pieces = [Bool](repeating: false, count: count)
+        for range in writtenRanges {
+            // Pieces whose every byte lies in the range (the last piece ends at the file's end).
+            var piece = Int((range.lowerBound + pieceLength - 1) / pieceLength)
+            while piece < count, min(Int64(piece + 1) * pieceLength, total) <= range.upperBound {
+                pieces[piece] = true
+                piece += 1
+            }
+        }
+        return pieces
     }
 
     /// The share of the file done, from 0 to 1 (`bytes / total`, clamped): nil while the length is unknown, 1 for
