@@ -22,7 +22,10 @@ swift build --build-tests --sanitize=address --scratch-path .build-asan
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}:log_path=$logs/report"
-run() { swift test --skip-build --sanitize=address --scratch-path .build-asan "$@"; }
+# Each run is bounded (scripts/bounded.sh: past the bound it prints the processes and the test process's
+# threads, then stops it), so a hang fails here with what hung, not at CI's overall limit with nothing said.
+bound=2400
+run() { bash scripts/bounded.sh "$bound" swift test --skip-build --sanitize=address --scratch-path .build-asan "$@"; }
 # At most 12 tests of a process at once, as in test.sh: started all together on the two-thread pool, each test's
 # time bounds would count every other test's work (issue 30's note). A caller can set another width.
 export SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH="${SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH:-12}"
@@ -30,10 +33,13 @@ status=0
 if [[ ${1:-} == --filter ]]; then
     run --filter "$2" || status=$?
 else
+    bound=600
     run --filter "$library" || status=$?
+    bound=1200
     run --skip "$library|MatrixTests|DaemonTests|PowerCut|PowerLossFS" || status=$?  # the matrix and the power cuts run once, in test.sh
     # The daemon's suite on its own: its instrumented `stitch serve` processes and their downloads would load the
     # machine under the crash tests' timing.
+    bound=600
     run --filter DaemonTests || status=$?
 fi
 writers=$(find "$logs" -name 'report.*' -size +0 | wc -l)

@@ -37,12 +37,13 @@ rm -f "$build_log"
 if (($# > 0)); then
     swift test --skip-build "$@"
 else
+    # Each run is bounded (scripts/bounded.sh), so a hang fails here saying what hung.
     # The combination matrix (MatrixTests: 433 cases, about two minutes, many stitch processes at once) runs on its
     # own after the rest, so neither loads the machine under the other's timing-sensitive tests.
     # URLSessionTransportTests runs in the build without libcurl below, on a quiet machine: it needs the loopback
     # server to outrun a rate-limited sink, which the whole suite's load has prevented (one request in 30 s).
-    swift test --skip-build --skip MatrixTests --skip URLSessionTransportTests --skip PowerCut --skip PowerLossFS
-    swift test --skip-build --filter MatrixTests
+    bash scripts/bounded.sh 900 swift test --skip-build --skip MatrixTests --skip URLSessionTransportTests --skip PowerCut --skip PowerLossFS
+    bash scripts/bounded.sh 600 swift test --skip-build --filter MatrixTests
     # Power cuts (docs/power-loss.md): stitch on a FUSE file system that keeps only what was synced, cut, rebooted
     # and rerun; on their own, since each trial mounts a file system and runs stitch several times (about five
     # minutes). They fail, never skip, without FUSE.
@@ -50,7 +51,7 @@ else
         echo "test.sh: /dev/fuse is missing: the power-cut stage needs FUSE (fuse3, libfuse3-dev)" >&2
         exit 1
     fi
-    swift test --skip-build --filter 'PowerLossFSTests|PowerCutTests|PowerCutServeTests'
+    bash scripts/bounded.sh 900 swift test --skip-build --filter 'PowerLossFSTests|PowerCutTests|PowerCutServeTests'
     # The build without the Libcurl trait (no libcurl headers; every download over URLSession) and its tests:
     # the engine's suites over URLSession, then URLSessionTransportTests on a quiet machine.
     bash scripts/test-without-libcurl.sh

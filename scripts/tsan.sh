@@ -25,7 +25,10 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 # log_path is always added: without it a child's reports would sit in stderr the tests capture and drop.
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=0} log_path=$logs/report"
-run() { swift test --skip-build --sanitize=thread --scratch-path .build-tsan "$@"; }
+# Each run is bounded (scripts/bounded.sh: past the bound it prints the processes and the test process's
+# threads, then stops it), so a hang fails here with what hung, not at CI's overall limit with nothing said.
+bound=2400
+run() { bash scripts/bounded.sh "$bound" swift test --skip-build --sanitize=thread --scratch-path .build-tsan "$@"; }
 # At most 12 tests of a process at once, as in test.sh: started all together on the two-thread pool, each test's
 # time bounds would count every other test's work (issue 30's note). A caller can set another width.
 export SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH="${SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH:-12}"
@@ -33,10 +36,13 @@ status=0
 if [[ ${1:-} == --filter ]]; then
     run --no-parallel --filter "$2" || status=$?
 else
+    bound=600
     run --no-parallel --filter "$library" || status=$?
+    bound=1200
     run --skip "$library|MatrixTests|DaemonTests|PowerCut|PowerLossFS" || status=$?  # the matrix and the power cuts run once, in test.sh
     # The daemon's suite on its own: its instrumented `stitch serve` processes and their downloads would load the
     # machine under the crash tests' timing.
+    bound=600
     run --filter DaemonTests || status=$?
 fi
 # Any report file counts (races, and also ERROR/FATAL/CHECK failures, which are not WARNING lines).

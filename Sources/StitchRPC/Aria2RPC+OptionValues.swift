@@ -332,7 +332,7 @@ extension Aria2RPC {
             switch (option.handling, option.scope) {
             case (.ignored, _): continue
             case (.applied, .global):
-                changes.append(try Self.daemonChange(name, text))
+                changes.append(try daemonChange(name, text))
                 daemonTexts[name] = text
             case (.applied, .download) where name != "http-user" && name != "http-passwd",
                 (.addOnly, .download) where name == "allow-overwrite":
@@ -384,7 +384,7 @@ extension Aria2RPC {
                 guard let option = Aria2Option.named[name] else { throw Failure.aria2("not an option of aria2") }
                 try option.check(text)
                 if option.scope == .global {
-                    try await Self.daemonChange(name, text)(manager)
+                    try await daemonChange(name, text)(manager)
                 } else {
                     var scratch = DownloadManager.AddOptions()
                     try Self.apply(name, .string(text), to: &scratch)
@@ -399,17 +399,20 @@ extension Aria2RPC {
     }
 
     /// A change of the daemon's own setting `name`.
-    static func daemonChange(_ name: String, _ text: String) throws -> @Sendable (DownloadManager) async throws -> Void
-    {
+    func daemonChange(_ name: String, _ text: String) throws -> @Sendable (DownloadManager) async throws -> Void {
         switch name {
         case "max-concurrent-downloads":
             guard let count = Int(text), (1...1_000).contains(count) else {
                 throw Failure.aria2(Aria2Option.problem(name, "\(text.debugDescription) is not 1…1000"))
             }
-            return { try await $0.setMaxConcurrentDownloads(count) }
+            let follow = settings.withLock { $0.hostCapFollows }
+            return { manager in
+                try await manager.setMaxConcurrentDownloads(count)
+                if follow { try await manager.setMaxConnectionsPerHost(max(16, count)) }
+            }
         case "max-overall-download-limit":
             var scratch = DownloadManager.AddOptions()
-            try apply("max-download-limit", .string(text.isEmpty ? "0" : text), to: &scratch)
+            try Self.apply("max-download-limit", .string(text.isEmpty ? "0" : text), to: &scratch)
             let rate = scratch.rateLimit
             return { try await $0.setRateLimit(rate) }
         default:

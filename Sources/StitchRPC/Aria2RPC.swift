@@ -61,6 +61,8 @@ public final class Aria2RPC: Sendable {
     struct Settings: Sendable {
         var defaults: [String: String] = [:]
         var daemon: [String: String] = [:]
+        /// Whether the cap on connections to one host follows `max-concurrent-downloads` (at least 16).
+        var hostCapFollows = false
     }
     let settings = Locked(Settings())
 
@@ -68,6 +70,13 @@ public final class Aria2RPC: Sendable {
     /// `getGlobalOption` reports them.
     public func reportDaemonOptions(_ options: [String: String]) {
         settings.withLock { $0.daemon = options }
+    }
+
+    /// Makes a change of `max-concurrent-downloads` set the manager's cap on connections to one host to at least
+    /// as many (16 at the least), so that that many downloads from one server can run at once: what a daemon does
+    /// when it was given no cap of its own.
+    public func hostCapFollowsConcurrency() {
+        settings.withLock { $0.hostCapFollows = true }
     }
     /// `aria2.getSessionInfo`'s id: new for each server that runs.
     let sessionID: String

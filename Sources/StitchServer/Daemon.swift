@@ -79,7 +79,10 @@ public enum Daemon {
         var configuration = DownloadManager.Configuration(downloadDirectory: folder)
         if let count = options.maxConcurrentDownloads { configuration.maxConcurrentDownloads = count }
         if let rate = options.rateLimit { configuration.rateLimit = rate }
-        if let cap = options.maxConnectionsPerHost { configuration.maxConnectionsPerHost = cap }
+        // Unless given, the cap on connections to one host follows the concurrency, so that -j 50 downloads from
+        // one server run 50 at once, as in aria2 (which has no such cap); it follows changes over RPC too.
+        configuration.maxConnectionsPerHost =
+            options.maxConnectionsPerHost ?? max(16, configuration.maxConcurrentDownloads)
         configuration.connections = options.connections
         let manager: DownloadManager
         do {
@@ -100,6 +103,7 @@ public enum Daemon {
         if options.maxConcurrentDownloads != nil { given.insert("max-concurrent-downloads") }
         if options.rateLimit != nil { given.insert("max-overall-download-limit") }
         if options.connections != nil { given.formUnion(["split", "max-connection-per-server"]) }
+        if options.maxConnectionsPerHost == nil { rpc.hostCapFollowsConcurrency() }
         for problem in await rpc.restoreKeptOptions(overriddenBy: given) { log.warning(problem) }
         let server: RPCServer
         do {

@@ -1,4 +1,5 @@
 import Foundation
+import Glibc
 import StitchLocks
 
 /// A real nginx on loopback for integration tests, started by `scripts/nginx.sh`.
@@ -64,13 +65,31 @@ public final class Nginx: Sendable {
         startedDirectory.withLock { $0 = dir }
         atexit {
             guard let dir = startedDirectory.withLock({ $0 }) else { return }
-            _ = try? ChildProcess(
-                executable: "/bin/bash", arguments: [Nginx.repositoryRoot + "/scripts/nginx.sh", "stop", dir],
-                environment: ProcessInfo.processInfo.environment, standardOutput: .null, standardError: .null
-            ).waitUntilExit()
-            try? FileManager.default.removeItem(atPath: dir)
+            Nginx.stopAtExit(dir)
         }
         return try Nginx(directory: dir)
+    }
+
+    /// Stops the nginx this process started, from its `atexit` handler: with plain system calls, bounded. No child
+    /// process and no thread: at exit a new thread or a child's reaper can wait forever on a lock another exiting
+    /// thread holds — a test process under ThreadSanitizer hung in its exit so, after its last test had passed,
+    /// until CI's overall limit (it ran `scripts/nginx.sh stop` as a child and waited for it).
+    static func stopAtExit(_ dir: String) {
+        if let text = try? String(contentsOfFile: dir + "/nginx.pid", encoding: .utf8),
+            let pid = Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)), pid > 1,
+            let command = try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8),
+            command.contains(dir + "/nginx.conf")  // the master of this folder's nginx, not a reused pid
+        {
+            Glibc.kill(pid, SIGTERM)
+            var waited = 0
+            while Glibc.kill(pid, 0) == 0, waited < 100 {
+                usleep(50_000)
+                waited += 1
+            }
+            if Glibc.kill(pid, 0) == 0 { Glibc.kill(pid, SIGKILL) }
+        }
+        try? FileManager.default.removeItem(atPath: dir)
+        try? FileManager.default.removeItem(atPath: dir + ".log")
     }
 
     private init(directory: String) throws(NginxError) {

@@ -203,5 +203,9 @@ public func connectToLoopback(port: Int) -> Int32? {
         errno = error
         return nil
     }
+    // A send blocks at most a minute (then fails with EAGAIN): a peer that stops reading fails a test, never
+    // hangs it.
+    var bound = timeval(tv_sec: 60, tv_usec: 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, socklen_t(MemoryLayout<timeval>.size))
     return fd
 }

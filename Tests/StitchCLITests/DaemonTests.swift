@@ -639,7 +639,10 @@ struct DaemonTests {
         let collected = Locked<[UInt8]>([])
         let curl = try ChildProcess(
             executable: "/usr/bin/curl",
-            arguments: ["-sS", "--cacert", nginx.caCertificate, "-d", body, "https://127.0.0.1:\(daemon.port)/jsonrpc"],
+            arguments: [
+                "-sS", "--max-time", "60", "--cacert", nginx.caCertificate, "-d", body,
+                "https://127.0.0.1:\(daemon.port)/jsonrpc",
+            ],
             environment: [:], onOutput: { chunk, isOutput in if isOutput { collected.withLock { $0 += chunk } } })
         let status = try await offload { curl.waitUntilExit() }
         output = collected.withLock { $0 }

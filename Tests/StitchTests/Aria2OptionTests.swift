@@ -257,6 +257,22 @@ import Testing
         await manager.close()
     }
 
+    /// A daemon given no per-host cap has it follow the concurrency (16 at the least), so that as many downloads
+    /// from one server as asked run at once; one given a cap keeps it.
+    @Test func theHostCapFollowsTheConcurrency() async throws {
+        let f = try ManagerFixture()
+        let manager = try f.open()
+        let rpc = Aria2RPC(manager: manager, secret: nil)
+        _ = try await Self.result(rpc, "aria2.changeGlobalOption", [.object([("max-concurrent-downloads", .string("50"))])])
+        #expect(await manager.configuration.maxConnectionsPerHost == 16, "a cap of its own is kept")
+        rpc.hostCapFollowsConcurrency()
+        _ = try await Self.result(rpc, "aria2.changeGlobalOption", [.object([("max-concurrent-downloads", .string("40"))])])
+        #expect(await manager.configuration.maxConnectionsPerHost == 40)
+        _ = try await Self.result(rpc, "aria2.changeGlobalOption", [.object([("max-concurrent-downloads", .string("3"))])])
+        #expect(await manager.configuration.maxConnectionsPerHost == 16)
+        await manager.close()
+    }
+
     // MARK: Paths
 
     /// `out` may name a path inside the download folder, as aria2's: its folders are made and the file lands
