@@ -71,7 +71,8 @@ extension Serve {
             given.rate = rate
         },
         .value(
-            ["--max-connections-per-host"], "N", help: "connections to one host over all downloads (default: -j, 16 at least)"
+            ["--max-connections-per-host"], "N",
+            help: "connections to one host over all downloads (default: -j, 16 at least)"
         ) { given, use in
             given.perHost = try count(use, 1...4_096)
         },
