@@ -83,6 +83,10 @@ extension Serve {
             given.connections = try count(use, DownloadOptions.connectionRange)
         },
         .value(["--log"], "FILE", help: "also append the log to FILE") { given, use in given.logFile = use.value },
+        .value(
+            ["--conf-path"], "FILE",
+            help: "read settings from FILE in aria2.conf's syntax (name=value lines); the command line wins"
+        ) { given, use in given.confPath = use.value },
         .flag(["-v", "--verbose"], help: "log debug lines too") { given, _ in given.verbose = true },
     ])
 

@@ -1,5 +1,6 @@
 import Foundation
 import Stitch
+import StitchRPC
 import StitchServer
 
 /// `stitch serve`: its options, checked before the daemon starts.
@@ -38,6 +39,10 @@ enum Serve {
         var connections: Int?
         var logFile: String?
         var verbose = false
+        var confPath: String?
+        /// From a configuration file only (aria2's `rpc-secret`, `rpc-listen-all`, `log-level`).
+        var secret: String?
+        var listenAll = false
     }
 
     /// Reads `stitch serve`'s arguments (after `serve`), then the secret from its file or the environment, and
@@ -50,10 +55,19 @@ enum Serve {
             let shown = argument.hasPrefix("-") ? String(argument.prefix { $0 != "=" }) : argument
             throw UsageError("unknown option '\(shown)'")
         }
+        var file = ConfigRead()
+        let command = given
+        if let path = given.confPath {
+            file = try readConfig(path)
+            given = merged(given, over: file.given)
+        }
         guard let directory = given.directory else {
             throw UsageError("--dir DIR is required: the folder the daemon downloads into")
         }
         var options = Daemon.Options(directory: directory)
+        options.downloadDefaults = file.downloadDefaults
+        options.notes = file.notes
+        options.fromFile = file.fromFile(notOn: command)
         if !given.listen.isEmpty {
             // A bare port listens on both loopback addresses, as the default does.
             options.server.addresses = given.listen.flatMap { address -> [String] in
@@ -64,6 +78,13 @@ enum Serve {
             options.secret = try readSecretFile(secretFile)
         } else if let secret = environment["STITCH_RPC_SECRET"], !secret.isEmpty {
             options.secret = secret
+        } else if let secret = given.secret {
+            options.secret = secret
+        }
+        if given.listenAll {
+            // aria2's rpc-listen-all: every address, on the port given (6800 by default).
+            let port = options.server.addresses.first.flatMap { $0.split(separator: ":").last }.map(String.init) ?? "6800"
+            options.server.addresses = ["0.0.0.0:\(port)", "[::]:\(port)"]
         }
         options.server.policy = AccessPolicy(allowedHosts: given.allowHosts, allowOriginAll: given.allowOriginAll)
         switch (given.certificate, given.privateKey) {
@@ -95,5 +116,115 @@ enum Serve {
         options.logFile = given.logFile
         options.verbose = given.verbose
         return options
+    }
+
+    /// What a configuration file gave.
+    struct ConfigRead {
+        /// The daemon's own options, as the command line's.
+        var given = Given()
+        /// Defaults for new downloads (aria2's download options).
+        var downloadDefaults: [String: String] = [:]
+        var notes: [String] = []
+
+        /// The settings options set over RPC before a restart may override: those the file gave and the command
+        /// line did not.
+        func fromFile(notOn command: Given) -> Set<String> {
+            var names: Set<String> = []
+            if given.maxConcurrent != nil, command.maxConcurrent == nil { names.insert("max-concurrent-downloads") }
+            if given.rate != nil, command.rate == nil { names.insert("max-overall-download-limit") }
+            if given.connections != nil, command.connections == nil {
+                names.formUnion(["split", "max-connection-per-server"])
+            }
+            return names
+        }
+    }
+
+    /// Reads an aria2.conf-syntax file (`name=value` lines, `#` comments): the daemon's options by their names
+    /// in `stitch serve --help` (aria2's where it has them), aria2's download options as the defaults for new
+    /// downloads; the options Stitch ignores are listed in a note. Anything else, or a bad value, is a usage
+    /// error naming the file and the line, before anything starts.
+    static func readConfig(_ path: String) throws -> ConfigRead {
+        let expanded = (path as NSString).expandingTildeInPath
+        guard let text = try? String(contentsOfFile: expanded, encoding: .utf8) else {
+            throw UsageError("cannot read the configuration file \(path)")
+        }
+        var read = ConfigRead()
+        var rest: [Aria2ConfigFile.Entry] = []
+        var ignored: [String] = []
+        for entry in Aria2ConfigFile(text: text).entries {
+            func fail(_ message: String) -> UsageError { UsageError("\(path):\(entry.line): \(message)") }
+            let value = entry.value
+            switch entry.name {
+            case "rpc-secret":
+                // Taken only from a file no one else can read (on a command line, ps shows it to everyone).
+                var info = stat()
+                guard stat(expanded, &info) == 0, info.st_mode & 0o077 == 0 else {
+                    throw fail("rpc-secret is in a file others can read: chmod 600 \(path), or give rpc-secret-file")
+                }
+                guard !value.isEmpty else { throw fail("rpc-secret is empty") }
+                read.given.secret = value
+            case "rpc-listen-all":
+                guard ["", "true", "false"].contains(value) else { throw fail("rpc-listen-all takes true or false") }
+                read.given.listenAll = value != "false"
+            case "log-level":
+                guard ["debug", "info", "notice", "warn", "error"].contains(value) else {
+                    throw fail("log-level takes debug, info, notice, warn or error, not '\(value)'")
+                }
+                read.given.verbose = value == "debug" || value == "info"
+            case "enable-rpc":
+                guard value != "false" else { throw fail("enable-rpc=false: stitch serve is its RPC") }
+            case "daemon":
+                ignored.append("daemon (stitch serve stays in the foreground; a service manager runs it)")
+            default:
+                guard let spec = table.spec(named: "--" + entry.name), entry.name != "rpc-secret" else {
+                    rest.append(entry)
+                    continue
+                }
+                let arguments: [String]
+                if spec.placeholder == nil {
+                    guard ["", "true", "false"].contains(value) else { throw fail("\(entry.name) takes true or false") }
+                    arguments = value == "false" ? [] : ["--" + entry.name]
+                } else {
+                    arguments = ["--" + entry.name, value]
+                }
+                do {
+                    try table.parse(arguments, into: &read.given) { _, _ in }
+                } catch let error as UsageError {
+                    throw fail(error.message)
+                }
+            }
+        }
+        let (defaults, ignoredOptions, problems) = Aria2RPC.configDefaults(rest)
+        if let problem = problems.first { throw UsageError("\(path):\(problem)") }
+        read.downloadDefaults = defaults
+        ignored += ignoredOptions
+        if !ignored.isEmpty {
+            read.notes.append("\(path): ignored (docs/rpc.md says why): \(ignored.joined(separator: ", "))")
+        }
+        return read
+    }
+
+    /// The command line's options over a file's: what the command line gives wins, a list given there replaces
+    /// the file's.
+    static func merged(_ command: Given, over file: Given) -> Given {
+        var merged = command
+        merged.directory = command.directory ?? file.directory
+        if command.listen.isEmpty { merged.listen = file.listen }
+        merged.secretFile = command.secretFile ?? file.secretFile
+        merged.allowOriginAll = command.allowOriginAll || file.allowOriginAll
+        if command.allowHosts.isEmpty { merged.allowHosts = file.allowHosts }
+        merged.certificate = command.certificate ?? file.certificate
+        merged.privateKey = command.privateKey ?? file.privateKey
+        merged.maxRequestSize = command.maxRequestSize ?? file.maxRequestSize
+        merged.maxWebSockets = command.maxWebSockets ?? file.maxWebSockets
+        merged.maxConcurrent = command.maxConcurrent ?? file.maxConcurrent
+        merged.rate = command.rate ?? file.rate
+        merged.perHost = command.perHost ?? file.perHost
+        merged.connections = command.connections ?? file.connections
+        merged.logFile = command.logFile ?? file.logFile
+        merged.verbose = command.verbose || file.verbose
+        merged.secret = file.secret
+        merged.listenAll = command.listen.isEmpty && file.listenAll
+        return merged
     }
 }

@@ -19,6 +19,14 @@ public enum Daemon {
         public var connections: Int?
         public var logFile: String?
         public var verbose = false
+        /// Defaults for new downloads from a configuration file (aria2's option names and values), under what
+        /// was set over RPC before a restart.
+        public var downloadDefaults: [String: String] = [:]
+        /// Lines for the log about the configuration file (the options it names that Stitch ignores).
+        public var notes: [String] = []
+        /// The settings that came from a configuration file, not the command line: options set over RPC before
+        /// a restart win over these (`max-concurrent-downloads`, `max-overall-download-limit`, `split`).
+        public var fromFile: Set<String> = []
         public init(directory: String) { self.directory = directory }
     }
 
@@ -103,7 +111,10 @@ public enum Daemon {
         if options.maxConcurrentDownloads != nil { given.insert("max-concurrent-downloads") }
         if options.rateLimit != nil { given.insert("max-overall-download-limit") }
         if options.connections != nil { given.formUnion(["split", "max-connection-per-server"]) }
+        given.subtract(options.fromFile)
         if options.maxConnectionsPerHost == nil { rpc.hostCapFollowsConcurrency() }
+        for note in options.notes { log.info(note) }
+        rpc.setConfigDefaults(options.downloadDefaults)
         for problem in await rpc.restoreKeptOptions(overriddenBy: given) { log.warning(problem) }
         let server: RPCServer
         do {

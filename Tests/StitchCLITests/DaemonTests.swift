@@ -746,8 +746,15 @@ struct DaemonTests {
         let sources = try (0..<3).map { try Self.publish(nginx, "serve-kill-\($0).bin", size: size, seed: 20 + UInt64($0)) }
         let folder = sandbox.path("dl")
         var generator = SplitMix64(seed: UInt64(ProcessInfo.processInfo.environment["STITCH_SEED"] ?? "") ?? 0x5EED)
-        let extra = ["-j", "2", "-c", "1"]
+        // An aria2.conf-syntax file: a default for new downloads, and settings RPC changes will override.
+        let conf = sandbox.path("stitch.conf")
+        try Data("max-tries=2\nuser-agent=from-conf/1\nmax-overall-download-limit=32M\nseed-ratio=0\n".utf8)
+            .write(to: URL(fileURLWithPath: conf))
+        let extra = ["-j", "2", "-c", "1", "--conf-path", conf]
         var daemon = try await ServedDaemon(directory: folder, extra, sandbox: sandbox)
+        let fromFile = try daemon.result("aria2.getGlobalOption")
+        #expect(fromFile.text("max-tries") == "2" && fromFile.text("user-agent") == "from-conf/1", "\(fromFile)")
+        #expect(fromFile.text("max-overall-download-limit") == String(32 << 20))
         var gids: [String] = []
         for index in 0..<3 {
             let options = JSON.object([("out", .string("k\(index).bin"))] + (index == 2 ? [("pause", .string("true"))] : []))
@@ -755,7 +762,8 @@ struct DaemonTests {
         }
         let order = try daemon.result("stitch.tellAll", [.array([.string("gid")])]).array?.compactMap { $0.text("gid") }
         #expect(order == gids)
-        // Global options set over RPC are kept in the catalog and come back, but the command line (-j 2) wins.
+        // Global options set over RPC are kept in the catalog and come back over the file's, but the command line
+        // (-j 2) wins.
         let settings = JSON.object([
             ("max-tries", .string("4")), ("max-overall-download-limit", .string("64M")),
             ("max-concurrent-downloads", .string("3")),
@@ -776,7 +784,8 @@ struct DaemonTests {
             #expect(restored.compactMap { $0.text("gid") } == gids, "order kept after kill \(round)")
             #expect(restored.last?.text("status") == "paused", "paused kept after kill \(round): \(restored)")
             let global = try daemon.result("aria2.getGlobalOption")
-            #expect(global.text("max-tries") == "4" && global.text("max-overall-download-limit") == String(64 << 20), "kept")
+            #expect(global.text("max-tries") == "4" && global.text("max-overall-download-limit") == String(64 << 20), "kept over the file's")
+            #expect(global.text("user-agent") == "from-conf/1", "the file's default stays where RPC set nothing")
             #expect(global.text("max-concurrent-downloads") == "2", "the command line wins")
         }
         #expect(try daemon.result("aria2.unpause", [.string(gids[2])]) == .string(gids[2]))
