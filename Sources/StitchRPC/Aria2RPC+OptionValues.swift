@@ -155,6 +155,25 @@ extension Aria2RPC {
     /// At most this many keys in one option object (aria2 has 206 options).
     static let maxOptionKeys = 1_000
 
+    /// The options of an option object, each with its value read and checked: a name that is not aria2's goes to
+    /// `refused`; a malformed value, or more than ``maxOptionKeys`` keys, throws.
+    static func read(_ members: [(String, JSON)], refused: inout [String]) throws -> [(Aria2Option, String)] {
+        guard members.count <= maxOptionKeys else {
+            throw Failure.aria2("an option object has at most \(maxOptionKeys) keys, not \(members.count)")
+        }
+        var read: [(Aria2Option, String)] = []
+        for (name, value) in members {
+            guard let option = Aria2Option.named[name] else {
+                refused.append("\(name) (not an option of aria2)")
+                continue
+            }
+            let text = try optionText(name, value)
+            try option.check(text)
+            read.append((option, text))
+        }
+        return read
+    }
+
     /// The refusal of changes Stitch cannot make, naming every key (at most 20, then how many more).
     static func refusal(_ refused: [String]) -> Failure {
         let named = refused.prefix(20).joined(separator: "; ")
@@ -171,20 +190,13 @@ extension Aria2RPC {
     /// refuses it, naming every such key. Either way nothing is changed; otherwise every change is made in one
     /// step of the manager (a running download goes on from its bytes with them).
     func changeOption(_ id: DownloadID, _ members: [(String, JSON)]) async throws {
-        guard members.count <= Self.maxOptionKeys else {
-            throw Failure.aria2("an option object has at most \(Self.maxOptionKeys) keys, not \(members.count)")
-        }
+        var refused: [String] = []
+        let read = try Self.read(members, refused: &refused)
         guard let snapshot = await manager.download(id) else { throw Failure.aria2("GID \(id) is not found") }
         let context = await optionContext()
         var changes: [String: String] = [:]
-        var refused: [String] = []
-        for (name, value) in members {
-            guard let option = Aria2Option.named[name] else {
-                refused.append("\(name) (not an option of aria2)")
-                continue
-            }
-            let text = try Self.optionText(name, value)
-            try option.check(text)
+        for (option, text) in read {
+            let name = option.name
             guard option.scope == .download,
                 !option.same(text, Self.value(of: option, for: snapshot, context))
             else { continue }
@@ -313,21 +325,14 @@ extension Aria2RPC {
     /// nothing. Malformed values and changes Stitch cannot make refuse the call, naming every such key; nothing
     /// is changed then.
     func changeGlobalOption(_ members: [(String, JSON)]) async throws {
-        guard members.count <= Self.maxOptionKeys else {
-            throw Failure.aria2("an option object has at most \(Self.maxOptionKeys) keys, not \(members.count)")
-        }
+        var refused: [String] = []
+        let read = try Self.read(members, refused: &refused)
         let context = await optionContext()
         var defaults: [String: String?] = [:]
         var changes: [@Sendable (DownloadManager) async throws -> Void] = []
         var daemonTexts: [String: String] = [:]
-        var refused: [String] = []
-        for (name, value) in members {
-            guard let option = Aria2Option.named[name] else {
-                refused.append("\(name) (not an option of aria2)")
-                continue
-            }
-            let text = try Self.optionText(name, value)
-            try option.check(text)
+        for (option, text) in read {
+            let name = option.name
             guard !option.same(text, Self.globalValue(of: option, context)) else { continue }
             switch (option.handling, option.scope) {
             case (.ignored, _): continue
