@@ -18,8 +18,17 @@ shift
 setsid "$@" &
 pid=$!
 # The group leader is the command (setsid makes it so): its group is every process it started.
-forward() { kill -TERM -- "-$pid" 2>/dev/null; }
-trap forward TERM INT
+stop_group() {
+    kill -TERM -- "-$pid" 2>/dev/null
+    for _ in $(seq 10); do
+        kill -0 -- "-$pid" 2>/dev/null || return 0
+        sleep 1
+    done
+    kill -KILL -- "-$pid" 2>/dev/null
+}
+# Stopped itself (CI's own limit, ^C): the command's group goes too, which setsid took out of ours.
+trap 'stop_group; exit 143' TERM
+trap 'stop_group; exit 130' INT
 waited=0
 while kill -0 "$pid" 2>/dev/null && ((waited < limit)); do
     sleep 1
@@ -32,13 +41,12 @@ if kill -0 "$pid" 2>/dev/null && ((waited >= limit)); then
         echo "bounded.sh: threads of $test:" >&2
         timeout 60 gdb -p "$test" -batch -ex 'thread apply all bt 12' 2>&1 | grep -E '^(Thread|#)' >&2 || true
     done
-    kill -TERM -- "-$pid" 2>/dev/null
-    for _ in $(seq 10); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 1
-    done
-    kill -KILL -- "-$pid" 2>/dev/null
+    stop_group
     wait "$pid" 2>/dev/null
     exit 124
 fi
 wait "$pid"
+status=$?
+# What the command left running in its group (a child it did not stop) goes with it.
+stop_group
+exit "$status"

@@ -63,7 +63,10 @@ extension Serve {
             ["--max-overall-download-limit"], "RATE",
             help: "all downloads together at most RATE (500K, 2M; 0: none)"
         ) { given, use in
-            guard use.value != "0" else { return }
+            guard use.value != "0" else {
+                given.rate = 0  // none, and given: it wins over a file's and what was set over RPC
+                return
+            }
             guard let rate = RateLimiter.parse(use.value) else {
                 throw UsageError(
                     "--max-overall-download-limit takes a rate (500K, 2M, 0 for none), not '\(use.value)'")

@@ -40,6 +40,15 @@ enum Serve {
         var logFile: String?
         var verbose = false
         var confPath: String?
+
+        /// The settings given that RPC can change too, by aria2's names.
+        var rpcSettings: Set<String> {
+            var names: Set<String> = []
+            if maxConcurrent != nil { names.insert("max-concurrent-downloads") }
+            if rate != nil { names.insert("max-overall-download-limit") }
+            if connections != nil { names.formUnion(["split", "max-connection-per-server"]) }
+            return names
+        }
         /// From a configuration file only (aria2's `rpc-secret`, `rpc-listen-all`, `log-level`).
         var secret: String?
         var listenAll = false
@@ -67,7 +76,7 @@ enum Serve {
         var options = Daemon.Options(directory: directory)
         options.downloadDefaults = file.downloadDefaults
         options.notes = file.notes
-        options.fromFile = file.fromFile(notOn: command)
+        options.commandLine = command.rpcSettings
         if !given.listen.isEmpty {
             // A bare port listens on both loopback addresses, as the default does.
             options.server.addresses = given.listen.flatMap { address -> [String] in
@@ -83,7 +92,8 @@ enum Serve {
         }
         if given.listenAll {
             // aria2's rpc-listen-all: every address, on the port given (6800 by default).
-            let port = options.server.addresses.first.flatMap { $0.split(separator: ":").last }.map(String.init) ?? "6800"
+            let first = options.server.addresses.first
+            let port = first.flatMap { $0.split(separator: ":").last }.map(String.init) ?? "6800"
             options.server.addresses = ["0.0.0.0:\(port)", "[::]:\(port)"]
         }
         options.server.policy = AccessPolicy(allowedHosts: given.allowHosts, allowOriginAll: given.allowOriginAll)
@@ -110,7 +120,7 @@ enum Serve {
         if let maxRequestSize = given.maxRequestSize { options.server.maxRequestSize = maxRequestSize }
         if let maxWebSockets = given.maxWebSockets { options.server.maxWebSocketClients = maxWebSockets }
         options.maxConcurrentDownloads = given.maxConcurrent
-        options.rateLimit = given.rate
+        options.rateLimit = given.rate.flatMap { $0 == 0 ? nil : $0 }  // 0: none, given
         options.maxConnectionsPerHost = given.perHost
         options.connections = given.connections
         options.logFile = given.logFile
@@ -126,17 +136,6 @@ enum Serve {
         var downloadDefaults: [String: String] = [:]
         var notes: [String] = []
 
-        /// The settings options set over RPC before a restart may override: those the file gave and the command
-        /// line did not.
-        func fromFile(notOn command: Given) -> Set<String> {
-            var names: Set<String> = []
-            if given.maxConcurrent != nil, command.maxConcurrent == nil { names.insert("max-concurrent-downloads") }
-            if given.rate != nil, command.rate == nil { names.insert("max-overall-download-limit") }
-            if given.connections != nil, command.connections == nil {
-                names.formUnion(["split", "max-connection-per-server"])
-            }
-            return names
-        }
     }
 
     /// Reads an aria2.conf-syntax file (`name=value` lines, `#` comments): the daemon's options by their names

@@ -75,12 +75,19 @@ extension Aria2RPC {
                     if !text.isEmpty {
                         var scratch = DownloadManager.AddOptions()
                         try apply(name, .string(text), to: &scratch)
+                        if let field = credentialField(scratch.headers) {
+                            throw Failure.aria2("\(name): \(field): \(credentialDefault)")
+                        }
                     }
-                    defaults[name] = text.isEmpty ? nil : text
+                    if name == "header", let earlier = defaults[name], !text.isEmpty {
+                        defaults[name] = earlier + "\n" + text  // header lines add up, as in aria2's files
+                    } else {
+                        defaults[name] = text.isEmpty ? nil : text
+                    }
                 case (.fixed, _):
                     let shown: String? = if case .value(let value) = option.shown { value } else { nil }
                     guard option.same(text, shown) else {
-                        throw Failure.aria2("\(name)=\(text): Stitch cannot do this: \(option.why)")
+                        throw Failure.aria2("\(name)=\(option.shown(text)): Stitch cannot do this: \(option.why)")
                     }
                 default:
                     throw Failure.aria2("\(name) is not taken from a file: \(option.why)")

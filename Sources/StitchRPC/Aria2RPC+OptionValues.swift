@@ -66,6 +66,14 @@ extension Aria2RPC {
     static let hiddenHeaders: Set<String> = ["authorization", "cookie", "proxy-authorization"]
     static let hidden = "(hidden)"
 
+    /// Why credentials are never a default for new downloads.
+    static let credentialDefault = "credentials are given per download: a default would send them to every server"
+
+    /// The first field of `headers` that carries credentials, if any.
+    static func credentialField(_ headers: HTTPHeaders) -> String? {
+        headers.first { hiddenHeaders.contains($0.name.lowercased()) }?.name
+    }
+
     /// The user of an `Authorization: Basic` header, and its password.
     static func basicCredentials(_ headers: HTTPHeaders) -> (user: String, password: String)? {
         guard let value = headers["Authorization"], value.lowercased().hasPrefix("basic "),
@@ -282,8 +290,14 @@ extension Aria2RPC {
     ) throws -> (@Sendable (inout HTTPHeaders) -> Void)? {
         let names = ["header", "user-agent", "referer", "http-user", "http-passwd"]
         guard names.contains(where: { changes[$0] != nil }) else { return nil }
-        let list: [(String, String)]? = try changes["header"].map { _ in
-            (try parsed("header")?.headers).map { $0.map { ($0.name, $0.value) } } ?? []
+        // Read here, not through `apply`, which leaves the placeholders out: here they keep the values they stand for.
+        let list: [(String, String)]? = try changes["header"].map { text in
+            try text.split(separator: "\n").filter { !$0.isEmpty }.map { line in
+                guard let pair = Downloader.parseHeaderLine(String(line)) else {
+                    throw Failure.aria2("option header: \(String(line).debugDescription) is not a header")
+                }
+                return pair
+            }
         }
         var fields: [(String, String?)] = []
         for (option, field) in [("user-agent", "User-Agent"), ("referer", "Referer")] where changes[option] != nil {
@@ -295,10 +309,11 @@ extension Aria2RPC {
         return { headers in
             let old = headers
             if let list {
+                // A hidden field sent back as shown keeps its value; one that had none is left out.
                 headers = HTTPHeaders(
-                    list.map { name, value in
-                        let keep = hiddenHeaders.contains(name.lowercased()) && value == hidden
-                        return (name, keep ? old[name] ?? "" : value)
+                    list.compactMap { name, value in
+                        guard hiddenHeaders.contains(name.lowercased()), value == hidden else { return (name, value) }
+                        return old[name].map { (name, $0) }
                     })
             }
             func set(_ name: String, _ value: String?) {
@@ -344,11 +359,14 @@ extension Aria2RPC {
                 if !text.isEmpty {
                     var scratch = DownloadManager.AddOptions()
                     try Self.apply(name, .string(text), to: &scratch)  // checked as addUri will take it
+                    if let field = Self.credentialField(scratch.headers) {
+                        refused.append("\(name) (\(field): \(Self.credentialDefault))")
+                        continue
+                    }
                 }
                 defaults[name] = .some(text.isEmpty ? nil : text)
             case (.applied, _):
-                refused.append(
-                    "\(name) (credentials are given per download: a default would send them to every server)")
+                refused.append("\(name) (\(Self.credentialDefault))")
             case (.addOnly, _):
                 refused.append(
                     "\(name) (\(name == "dir" ? "the served folder is set when stitch serve starts; give dir per download" : "it is given per download"))"
@@ -449,7 +467,7 @@ extension Aria2Option {
     func check(_ text: String) throws {
         guard !text.isEmpty else { return }
         func fail(_ detail: String) -> Aria2RPC.Failure {
-            .aria2(Self.problem(name, "\(text.debugDescription) \(detail)"))
+            .aria2(Self.problem(name, "\(shown(text)) \(detail)"))
         }
         switch kind {
         case .bool:
@@ -470,6 +488,12 @@ extension Aria2Option {
             guard !text.contains("\u{0}") else { throw fail("holds a NUL") }
         }
     }
+
+    /// Whether the option's value is a password or a secret: never repeated in a message or a log.
+    var isSecret: Bool { name.hasSuffix("passwd") || name == "rpc-secret" }
+
+    /// A value as a message may repeat it: quoted, or `(hidden)` for a secret.
+    func shown(_ text: String) -> String { isSecret ? Aria2RPC.hidden : text.debugDescription }
 
     static func describe(_ range: ClosedRange<Int64>) -> String {
         range.upperBound == .max ? "\(range.lowerBound) or more" : "\(range.lowerBound)…\(range.upperBound)"

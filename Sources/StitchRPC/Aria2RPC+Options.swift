@@ -31,7 +31,8 @@ extension Aria2RPC {
         for (name, value) in members { try Self.apply(name, value, to: &options, base: base) }
         let user = members.first { $0.0 == "http-user" }?.1.string.flatMap { $0.isEmpty ? nil : $0 }
         let password = members.first { $0.0 == "http-passwd" }?.1.string.flatMap { $0.isEmpty ? nil : $0 }
-        if user != nil || password != nil {
+        // getOption's placeholder is not the password: credentials copied from it are left out.
+        if password != Self.hidden, user != nil || password != nil {
             let pair = Array("\(user ?? ""):\(password ?? "")".utf8)
             options.headers.add(name: "Authorization", value: "Basic " + Data(pair).base64EncodedString())
         }
@@ -53,17 +54,35 @@ extension Aria2RPC {
                 throw Failure.aria2("option out: \(out.debugDescription) leads outside the served folder \(base)")
             }
         }
-        // Made here, inside the served folder (checked by `apply` and above), as aria2 makes its `dir`.
-        for made in folders { try? DownloadPaths.createFolder(made) }
+        // Read before anything is made: a bad position adds nothing. The add and the move are one step of the
+        // manager.
+        if params.count > 2 { options.position = .fromStart(try Self.int(params, 2, "position")) }
         if let out = options.out {
             for path in [folder + "/" + out, folder + "/" + out + ".part"] { try Self.checkNotALink(path) }
         }
+        // Made here, inside the served folder (checked by `apply` and above), as aria2 makes its `dir`; the ones
+        // made are removed again if the add fails (when still empty), so a refused add leaves nothing.
+        var made: [String] = []
+        for wanted in folders {
+            var missing: [String] = []
+            var path = wanted
+            while path.count > 1, !FileManager.default.fileExists(atPath: path) {
+                missing.append(path)
+                path = (path as NSString).deletingLastPathComponent
+            }
+            try? DownloadPaths.createFolder(wanted)
+            made += missing
+        }
         // Several URIs are mirrors of one file, as in aria2: kept with the download and tried in turn.
         if urls.count > 1 { options.mirrors = urls }
-        // Read before the add: a bad position adds nothing. The add and the move are one step of the manager.
-        if params.count > 2 { options.position = .fromStart(try Self.int(params, 2, "position")) }
-        let id = try await manager.add(urls[0], options: options)
-        return .string("\(id)")
+        do {
+            let id = try await manager.add(urls[0], options: options)
+            return .string("\(id)")
+        } catch {
+            // Deepest first; a folder something else has filled meanwhile stays.
+            for path in made.sorted(by: { $0.count > $1.count }) { rmdir(path) }
+            throw error
+        }
     }
 
     /// aria2's option `name` (values are strings in aria2; numbers and booleans are taken too). An empty value
@@ -132,6 +151,8 @@ extension Aria2RPC {
                 guard let (field, content) = Downloader.parseHeaderLine(line) else {
                     throw Failure.aria2("option header: \(line.debugDescription) is not a header")
                 }
+                // getOption's placeholder for a hidden value is not a value: a header copied from it is left out.
+                if hiddenHeaders.contains(field.lowercased()), content == hidden { continue }
                 options.headers.add(name: field, value: content)
             }
         case "max-download-limit":
@@ -166,7 +187,7 @@ extension Aria2RPC {
             guard option.scope == .download, option.handling == .fixed else { return }
             let shown: String? = if case .value(let value) = option.shown { value } else { nil }
             guard option.same(text, shown) else {
-                throw Failure.aria2("option \(name): Stitch cannot do \(text.debugDescription): \(option.why)")
+                throw Failure.aria2("option \(name): Stitch cannot do \(option.shown(text)): \(option.why)")
             }
         }
     }

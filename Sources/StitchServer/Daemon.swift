@@ -24,9 +24,10 @@ public enum Daemon {
         public var downloadDefaults: [String: String] = [:]
         /// Lines for the log about the configuration file (the options it names that Stitch ignores).
         public var notes: [String] = []
-        /// The settings that came from a configuration file, not the command line: options set over RPC before
-        /// a restart win over these (`max-concurrent-downloads`, `max-overall-download-limit`, `split`).
-        public var fromFile: Set<String> = []
+        /// The settings the command line gave, by aria2's names (`max-concurrent-downloads`,
+        /// `max-overall-download-limit`, `split`, `max-connection-per-server`): they win over what was set over RPC
+        /// before a restart, which wins over a configuration file's.
+        public var commandLine: Set<String> = []
         public init(directory: String) { self.directory = directory }
     }
 
@@ -107,15 +108,10 @@ public enum Daemon {
             stop.yield("an RPC shutdown")
         }
         // What a client set over RPC before the restart, unless the command line says otherwise.
-        var given: Set<String> = []
-        if options.maxConcurrentDownloads != nil { given.insert("max-concurrent-downloads") }
-        if options.rateLimit != nil { given.insert("max-overall-download-limit") }
-        if options.connections != nil { given.formUnion(["split", "max-connection-per-server"]) }
-        given.subtract(options.fromFile)
         if options.maxConnectionsPerHost == nil { rpc.hostCapFollowsConcurrency() }
         for note in options.notes { log.info(note) }
         rpc.setConfigDefaults(options.downloadDefaults)
-        for problem in await rpc.restoreKeptOptions(overriddenBy: given) { log.warning(problem) }
+        for problem in await rpc.restoreKeptOptions(overriddenBy: options.commandLine) { log.warning(problem) }
         let server: RPCServer
         do {
             server = try startServer(rpc, options, log: log)

@@ -80,13 +80,19 @@ public final class Nginx: Sendable {
             let command = try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8),
             command.contains(dir + "/nginx.conf")  // the master of this folder's nginx, not a reused pid
         {
+            // Alive: not gone, and not a zombie its parent has yet to reap (state Z in /proc/PID/stat).
+            func alive() -> Bool {
+                guard Glibc.kill(pid, 0) == 0 else { return false }
+                let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+                return !(stat.split(separator: ")").last?.trimmingCharacters(in: .whitespaces).hasPrefix("Z") ?? false)
+            }
             Glibc.kill(pid, SIGTERM)
             var waited = 0
-            while Glibc.kill(pid, 0) == 0, waited < 100 {
+            while alive(), waited < 100 {
                 usleep(50_000)
                 waited += 1
             }
-            if Glibc.kill(pid, 0) == 0 { Glibc.kill(pid, SIGKILL) }
+            if alive() { Glibc.kill(pid, SIGKILL) }
         }
         try? FileManager.default.removeItem(atPath: dir)
         try? FileManager.default.removeItem(atPath: dir + ".log")

@@ -54,9 +54,12 @@ import StitchServer
         #expect(options.maxConcurrentDownloads == 2, "the command line wins")
         #expect(options.rateLimit == 4 << 20 && options.connections == 8 && options.verbose)
         #expect(options.downloadDefaults == ["max-tries": "3", "user-agent": "conf/1"])
-        #expect(options.fromFile == ["max-overall-download-limit", "split", "max-connection-per-server"])
+        #expect(options.commandLine == ["max-concurrent-downloads"], "only -j came from the command line")
         let note = options.notes.first ?? ""
         #expect(options.notes.count == 1 && note.contains("seed-ratio") && note.contains("daemon"), "\(note)")
+        // "No limit" on the command line wins over the file's limit.
+        let unlimited = try Serve.parse(["--conf-path", path, "--max-overall-download-limit", "0"], environment: [:])
+        #expect(unlimited.rateLimit == nil && unlimited.commandLine == ["max-overall-download-limit"])
         // The command line's folder and listening address win too.
         let overridden = try Serve.parse(["--conf-path", path, "--dir", "/other", "--rpc-listen", "127.0.0.1:7000"], environment: [:])
         #expect(overridden.directory == "/other" && overridden.server.addresses == ["127.0.0.1:7000"])

@@ -299,6 +299,49 @@ import Testing
         await manager.close()
     }
 
+    /// getOption's placeholders are not values: copied into an addUri (a client re-adding a download from its
+    /// options) they are left out, never sent as credentials; credentials are never a default for new downloads,
+    /// so getGlobalOption has none to show; a refused add leaves no folder behind.
+    @Test func placeholdersAndCredentialDefaults() async throws {
+        let f = try ManagerFixture()
+        let manager = try f.open()
+        let rpc = Aria2RPC(manager: manager, secret: nil)
+        let gid = try await Self.paused(f, rpc, "h.bin", [
+            ("header", .array([.string("Authorization: (hidden)"), .string("X-A: 1")])), ("http-user", .string("ann")),
+            ("http-passwd", .string("(hidden)")),
+        ])
+        let id = try #require(DownloadID(gid))
+        let snapshot = try #require(await manager.download(id))
+        #expect(snapshot.headers["Authorization"] == nil && snapshot.headers["X-A"] == "1", "\(snapshot.headers)")
+        // A new hidden line with the placeholder and no value to keep is left out too.
+        _ = try await Self.result(rpc, "aria2.changeOption", [.string(gid), .object([("header", .string("X-A: 1\nCookie: (hidden)"))])])
+        #expect(try #require(await manager.download(id)).headers["Cookie"] == nil)
+        for header in ["Authorization: Bearer t", "X-A: 1\nCookie: s=1"] {
+            let refused = try await Self.error(rpc, "aria2.changeGlobalOption", [.object([("header", .string(header))])])
+            #expect(refused.message.contains("credentials"), "\(refused.message)")
+        }
+        #expect(Self.strings(try await Self.result(rpc, "aria2.getGlobalOption"))["header"] == nil)
+        let secret = try await Self.error(rpc, "aria2.addUri", [.array([.string(f.server.url("/h.bin"))]), .object([("all-proxy-passwd", .string("hunter2"))])])
+        #expect(!secret.message.contains("hunter2"), "a password is never repeated: \(secret.message)")
+        // A bad position refuses the add before any folder is made.
+        let bad = try await Self.call(rpc, "aria2.addUri", [.array([.string(f.server.url("/h.bin"))]), .object([("out", .string("made/deeper/h.bin"))]), .string("x")])
+        #expect(bad["error"] != nil && !FileManager.default.fileExists(atPath: f.path("made")))
+        // An add the manager refuses removes the folders it made.
+        let taken = try await Self.call(rpc, "aria2.addUri", [.array([.string("http://")]), .object([("dir", .string("d1")), ("out", .string("e/h.bin"))])])
+        #expect(taken["error"] != nil && !FileManager.default.fileExists(atPath: f.path("d1")))
+        await manager.close()
+    }
+
+    /// A length near the largest a server can announce is no crash: no piece map is drawn for it.
+    @Test func hugeLengthsDrawNoPieces() {
+        let progress = TransferProgress(total: .max, writtenRanges: [0..<(1 << 20)], pieceLength: 1 << 51)
+        #expect(progress.writtenPieces?.count == 4_096)
+        let crafted = TransferProgress(total: .max - 1, writtenRanges: [0..<(.max - 1)], pieceLength: 1 << 20)
+        #expect(crafted.writtenPieces == nil)
+        let last = TransferProgress(total: .max, writtenRanges: [(.max - 10)..<(.max)], pieceLength: 1 << 51)
+        #expect(last.writtenPieces?.last == false, "\(String(describing: last.writtenPieces?.suffix(1)))")
+    }
+
     // MARK: The table
 
     /// The table is aria2's option set, and docs/rpc.md's table is the table: one row per option with what Stitch

@@ -245,17 +245,23 @@ public struct TransferProgress: Sendable, Hashable {
     /// unknown).
     public var writtenPieces: [Bool]? {
         guard let total, let pieceLength, pieceLength > 0, total >= 0 else { return nil }
-        let count = Int((total + pieceLength - 1) / pieceLength)
-        var pieces = [Bool](repeating: false, count: count)
-        for range in writtenRanges {
+        // Divisions that cannot overflow, whatever length a server announced.
+        func pieces(_ bytes: Int64) -> Int64 { bytes / pieceLength + (bytes % pieceLength == 0 ? 0 : 1) }
+        // At most a million: a state's pieces are far fewer (4,096), a crafted one is not drawn.
+        guard pieces(total) <= 1 << 20 else { return nil }
+        let count = Int(pieces(total))
+        var map = [Bool](repeating: false, count: count)
+        for range in writtenRanges where range.lowerBound >= 0 {
             // Pieces whose every byte lies in the range (the last piece ends at the file's end).
-            var piece = Int((range.lowerBound + pieceLength - 1) / pieceLength)
-            while piece < count, min(Int64(piece + 1) * pieceLength, total) <= range.upperBound {
-                pieces[piece] = true
+            var piece = Int(pieces(range.lowerBound))
+            while piece < count {
+                let start = Int64(piece) * pieceLength  // below total: no overflow
+                guard start + min(pieceLength, total - start) <= range.upperBound else { break }
+                map[piece] = true
                 piece += 1
             }
         }
-        return pieces
+        return map
     }
 
     /// The share of the file done, from 0 to 1 (`bytes / total`, clamped): nil while the length is unknown, 1 for
