@@ -71,6 +71,20 @@ extension RecordedRequest {
     }
 }
 
+extension TestBackend {
+    /// The most one TCP connection over loopback can hold between the server's writes and the client's reads: the
+    /// largest send buffer plus the largest receive buffer the kernel grows a socket to. What a server counts as
+    /// sent on a connection the client cut can exceed what the client used by this much.
+    public static let loopbackSocketLimit: Int64 = {
+        func maximum(_ name: String) -> Int64 {
+            let handle = FileHandle(forReadingAtPath: "/proc/sys/net/ipv4/\(name)")
+            let text = (try? handle?.readToEnd()).flatMap { $0.flatMap { String(decoding: $0, as: UTF8.self) } } ?? ""
+            return text.split(whereSeparator: \.isWhitespace).last.flatMap { Int64($0) } ?? 64 << 20
+        }
+        return maximum("tcp_wmem") + maximum("tcp_rmem")
+    }()
+}
+
 extension TransportBackend {
     /// The most body bytes the backend's shared transport reads from a connection before its sink has them: libcurl's
     /// receive buffer, or what ``URLSessionTransport`` holds for a sink that cannot ask for its rest.

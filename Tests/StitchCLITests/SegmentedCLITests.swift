@@ -175,7 +175,16 @@ struct SegmentedCLITests {
         Self.expectRequests(requests, after: trusted, size: size, lanes: 4, etag: file.etag!, run: 1)
         let saved = try #require(readBytes(destination))
         #expect(sha256Hex(saved) == sha256Hex(file.data))
-        #expect(server.bodyBytesSent(for: path) - sentBefore == size - Self.bytes(trusted))
+        // The server's count: exactly the bytes not trusted, unless the rerun's end game cut connections (a steal:
+        // a request beyond one per rest), each of which may have had its sockets' and transport's buffers and the
+        // steal slack (4 MiB) in flight when cut — how much depends on how fast the client read (a sanitized,
+        // loaded run reads slowly), not on the engine. That no trusted byte is fetched again is checked above.
+        let sent = Int64(server.bodyBytesSent(for: path) - sentBefore)
+        let needed = Int64(size - Self.bytes(trusted))
+        let cuts = Int64(max(0, requests.count - max(1, trusted.filter { $0.durable < $0.end }.count)))
+        let slack = TestBackend.loopbackSocketLimit + TestBackend.selected.transportBufferLimit + (4 << 20)
+        #expect(sent >= needed && sent <= needed + cuts * slack, "sent \(sent) for \(needed) with \(cuts) cut(s)")
+        if cuts == 0 { #expect(sent == needed, "without a cut every byte is sent once") }
         #expect(early.items.isEmpty, "\(early.items)")
         print(
             "SegmentedCLITests.early: state had \(segmentsAtKill) segment(s) at the kill; the rerun with -c 4 made "

@@ -1065,24 +1065,13 @@ extension SegmentedTests {
             result.bytesDiscarded <= LaneTiming.stealSlack * cuts,
             "\(result.bytesDiscarded) bytes dropped past split points over \(cuts) cut request(s)",
             sourceLocation: sourceLocation)
-        let buffered = cuts * (socketBufferLimit + TestBackend.selected.transportBufferLimit)
+        let buffered = cuts * (TestBackend.loopbackSocketLimit + TestBackend.selected.transportBufferLimit)
         #expect(
             sent >= needed && sent <= needed + result.bytesDiscarded + buffered,
             "sent \(sent) for \(needed) needed, \(result.bytesDiscarded) dropped, \(cuts) cut request(s)",
             sourceLocation: sourceLocation)
         if cuts == 0 { #expect(sent == needed, "without a cut every byte is sent once", sourceLocation: sourceLocation) }
     }
-
-    /// The most one TCP connection over loopback can hold between the server's writes and the client's reads: the
-    /// largest send buffer plus the largest receive buffer the kernel grows a socket to.
-    static let socketBufferLimit: Int64 = {
-        func maximum(_ name: String) -> Int64 {
-            let handle = FileHandle(forReadingAtPath: "/proc/sys/net/ipv4/\(name)")
-            let text = (try? handle?.readToEnd()).flatMap { $0.flatMap { String(decoding: $0, as: UTF8.self) } } ?? ""
-            return text.split(whereSeparator: \.isWhitespace).last.flatMap { Int64($0) } ?? 64 << 20
-        }
-        return maximum("tcp_wmem") + maximum("tcp_rmem")
-    }()
 
     static func settle(_ server: TestHTTPServer) async -> Bool {
         await blocking { server.waitUntilIdle(timeout: .seconds(30)) }
