@@ -71,7 +71,9 @@ extension Aria2RPC {
         let done = snapshot.progress.bytes
         let path = snapshot.path ?? ""
         let directory = Self.directory(of: snapshot)
-        let pieces = snapshot.progress.writtenPieces
+        // The piece map only when asked for: a list poll with keys (AriaNg's) draws none.
+        let drawsPieces = keys.map { $0.contains("bitfield") || $0.contains("numPieces") } ?? true
+        let pieces = drawsPieces ? snapshot.progress.writtenPieces : nil
         let connections = snapshot.status == .running ? String(snapshot.progress.connections) : "0"
         let pieceLength: Int64 = snapshot.progress.pieceLength ?? defaultPieceLength
         var members: [(String, JSON)] = [

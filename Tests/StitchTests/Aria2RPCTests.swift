@@ -168,6 +168,8 @@ import Testing
         let done = try await Self.call(rpc, #"{"id":1,"method":"aria2.tellStatus","params":["\#(gids[0])"]}"#)
         #expect(done["result"]?["numPieces"] == .string("1") && done["result"]?["bitfield"] == .string("80"), "\(Self.text(done))")
         #expect(done["result"]?["pieceLength"] == .string("1048576") && done["result"]?["connections"] == .string("0"))
+        let asked = try await Self.call(rpc, #"{"id":1,"method":"aria2.tellStatus","params":["\#(gids[0])",["numPieces","bitfield"]]}"#)
+        #expect(asked["result"]?.members?.map(\.0) == ["numPieces", "bitfield"], "\(Self.text(asked))")
         #expect(Set(entries.compactMap { $0["completedLength"]?.string }) == Set(files.map { String($0.data.count) }))
         for (index, file) in files.enumerated() { expectFile(f.path("f\(index).bin"), file.data) }
         let stat = try await Self.call(rpc, #"{"id":1,"method":"aria2.getGlobalStat"}"#)
