@@ -77,6 +77,15 @@ enum Serve {
         options.downloadDefaults = file.downloadDefaults
         options.notes = file.notes
         options.commandLine = command.rpcSettings
+        if let path = given.confPath {
+            // SIGHUP: the same reading again (the command line still wins over the file).
+            options.configPath = path
+            options.reread = {
+                do { return try parse(arguments, environment: environment) } catch let error as UsageError {
+                    throw Daemon.StartError(description: error.message, isUsage: true)
+                }
+            }
+        }
         if !given.listen.isEmpty {
             // A bare port listens on both loopback addresses, as the default does.
             options.server.addresses = given.listen.flatMap { address -> [String] in

@@ -99,6 +99,16 @@ extension Aria2RPC {
         return (defaults, ignored, problems)
     }
 
+    /// Forgets every global option set over RPC (kept in the catalog by `changeGlobalOption`), as reading the
+    /// configuration file again does: from then on the file's values (and the command line's) are the daemon's.
+    /// Returns the names forgotten.
+    public func forgetKeptOptions() async throws -> [String] {
+        let kept = try await manager.keptSettings().keys.filter { $0.hasPrefix(Self.keptPrefix) }
+        guard !kept.isEmpty else { return [] }
+        try await manager.keepSettings(Dictionary(uniqueKeysWithValues: kept.map { ($0, String?.none) }))
+        return kept.map { String($0.dropFirst(Self.keptPrefix.count)) }.sorted()
+    }
+
     /// Sets the defaults for new downloads that a configuration file gives (``configDefaults(_:)``): before
     /// ``restoreKeptOptions(overriddenBy:)``, whose values, set over RPC, win over the file's.
     public func setConfigDefaults(_ defaults: [String: String]) {

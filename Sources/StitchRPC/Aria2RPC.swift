@@ -75,8 +75,8 @@ public final class Aria2RPC: Sendable {
     /// Makes a change of `max-concurrent-downloads` set the manager's cap on connections to one host to at least
     /// as many (16 at the least), so that that many downloads from one server can run at once: what a daemon does
     /// when it was given no cap of its own.
-    public func hostCapFollowsConcurrency() {
-        settings.withLock { $0.hostCapFollows = true }
+    public func hostCapFollowsConcurrency(_ follows: Bool = true) {
+        settings.withLock { $0.hostCapFollows = follows }
     }
     /// `aria2.getSessionInfo`'s id: new for each server that runs.
     let sessionID: String

@@ -1,5 +1,6 @@
 import Foundation
 import Stitch
+import StitchLocks
 import StitchRPC
 
 /// `stitch serve`: a ``DownloadManager`` on one folder, driven over aria2's JSON-RPC, until SIGTERM, SIGINT or an
@@ -28,6 +29,9 @@ public enum Daemon {
         /// `max-overall-download-limit`, `split`, `max-connection-per-server`): they win over what was set over RPC
         /// before a restart, which wins over a configuration file's.
         public var commandLine: Set<String> = []
+        /// The configuration file (`--conf-path`), and how to read the command line and it again: what SIGHUP does.
+        public var configPath: String?
+        public var reread: (@Sendable () throws -> Options)?
         public init(directory: String) { self.directory = directory }
     }
 
@@ -38,6 +42,10 @@ public enum Daemon {
     public struct StartError: Error, CustomStringConvertible {
         public var description: String
         public var isUsage: Bool
+        public init(description: String, isUsage: Bool) {
+            self.description = description
+            self.isUsage = isUsage
+        }
     }
 
     /// Checks what a user asked for before anything starts.
@@ -68,8 +76,7 @@ public enum Daemon {
             log.error(error.description)
             return 64
         }
-        let folder = options.directory.hasPrefix("/")
-            ? options.directory : FileManager.default.currentDirectoryPath + "/" + options.directory
+        let folder = absolute(options.directory)
         let state = folder + "/" + stateFolder
         do {
             try DownloadPaths.createFolder(state)
@@ -132,10 +139,20 @@ public enum Daemon {
         }
 
         let notifier = Task { await notify(manager, rpc, server, log: log) }
-        let signals = [SIGTERM, SIGINT].map { number -> any DispatchSourceSignal in
+        // SIGHUP reads the configuration file again, one reload after another.
+        let (reloads, reload) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+        let reloader = Task {
+            var running = options
+            for await _ in reloads {
+                running = await Self.reload(running, rpc: rpc, server: server, log: log)
+            }
+        }
+        let signals = [SIGTERM, SIGINT, SIGHUP].map { number -> any DispatchSourceSignal in
             signal(number, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: number)
-            source.setEventHandler { stop.yield(number == SIGTERM ? "SIGTERM" : "SIGINT") }
+            source.setEventHandler {
+                if number == SIGHUP { reload.yield() } else { stop.yield(number == SIGTERM ? "SIGTERM" : "SIGINT") }
+            }
             source.resume()
             return source
         }
@@ -145,6 +162,8 @@ public enum Daemon {
             break
         }
         log.info("stopping (\(why)): saving every download's state")
+        reload.finish()
+        await reloader.value
         await server.stop()
         await manager.close()
         notifier.cancel()
@@ -153,7 +172,79 @@ public enum Daemon {
         return 0
     }
 
-    /// Binds every address; the default pair tolerates a machine without IPv6.
+    /// SIGHUP: reads the command line and the configuration file again and applies what can change while the daemon
+    /// runs (concurrency, limits, connections, the defaults for new downloads, allowed host names, the log level).
+    /// The global options set over RPC are forgotten: from now on the file's values are the daemon's, under the
+    /// command line's. What cannot change while running (the folder, addresses, secret, TLS files, …) is named in
+    /// a warning and stays as it is; a file that cannot be read or has a bad line changes nothing. Returns the
+    /// options in force.
+    static func reload(_ running: Options, rpc: Aria2RPC, server: RPCServer, log: Log) async -> Options {
+        guard let reread = running.reread, let path = running.configPath else {
+            log.warning("SIGHUP: there is no configuration file to read again (stitch serve --conf-path FILE)")
+            return running
+        }
+        let new: Options
+        do { new = try reread() } catch {
+            log.error("SIGHUP: \(error); nothing changed")
+            return running
+        }
+        let manager = rpc.manager
+        var fixed: [String] = []
+        if absolute(new.directory) != absolute(running.directory) { fixed.append("dir") }
+        if new.server.addresses != running.server.addresses { fixed.append("rpc-listen") }
+        if new.secret != running.secret { fixed.append("rpc-secret") }
+        if new.server.tls?.key != running.server.tls?.key || new.server.tls?.certificate != running.server.tls?.certificate {
+            fixed.append("rpc-certificate and rpc-private-key")
+        }
+        if new.server.policy.allowOriginAll != running.server.policy.allowOriginAll { fixed.append("rpc-allow-origin-all") }
+        if new.server.maxRequestSize != running.server.maxRequestSize { fixed.append("rpc-max-request-size") }
+        if new.server.maxWebSocketClients != running.server.maxWebSocketClients {
+            fixed.append("rpc-max-websocket-clients")
+        }
+        if new.logFile != running.logFile { fixed.append("log") }
+
+        var applied = running
+        applied.maxConcurrentDownloads = new.maxConcurrentDownloads
+        applied.rateLimit = new.rateLimit
+        applied.maxConnectionsPerHost = new.maxConnectionsPerHost
+        applied.connections = new.connections
+        applied.downloadDefaults = new.downloadDefaults
+        applied.commandLine = new.commandLine
+        applied.verbose = new.verbose
+        applied.server.policy.allowedHosts = new.server.policy.allowedHosts
+        let concurrency = new.maxConcurrentDownloads ?? DownloadManager.Configuration(downloadDirectory: "/").maxConcurrentDownloads
+        let forgotten: [String]
+        do {
+            forgotten = try await rpc.forgetKeptOptions()
+            try await manager.setMaxConcurrentDownloads(concurrency)
+            try await manager.setRateLimit(new.rateLimit)
+            rpc.hostCapFollowsConcurrency(new.maxConnectionsPerHost == nil)
+            try await manager.setMaxConnectionsPerHost(new.maxConnectionsPerHost ?? max(16, concurrency))
+            try await manager.setConnections(new.connections)
+        } catch {
+            log.error("SIGHUP: \(error)")
+            return running
+        }
+        rpc.setConfigDefaults(new.downloadDefaults)
+        server.setAllowedHosts(Array(new.server.policy.allowedHosts))
+        log.setVerbose(new.verbose)
+        rpc.reportDaemonOptions(reportedOptions(applied, boundAddresses: server.boundAddresses))
+        for note in new.notes { log.info(note) }
+        var line = "SIGHUP: read \(path) again and applied it (under the command line's options)"
+        if !forgotten.isEmpty { line += "; the options set over RPC are forgotten: \(forgotten.joined(separator: ", "))" }
+        log.info(line)
+        if !fixed.isEmpty {
+            log.warning(
+                "SIGHUP: \(fixed.joined(separator: ", ")) cannot change while stitch serve runs: restart it to apply")
+        }
+        return applied
+    }
+
+    /// A folder as an absolute path (relative ones from the working directory).
+    static func absolute(_ path: String) -> String {
+        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+    }
+
     /// The daemon's start-up settings by aria2's option names, as `getGlobalOption` reports them.
     static func reportedOptions(_ options: Options, boundAddresses: [String]) -> [String: String] {
         let port = boundAddresses.first.flatMap { $0.split(separator: ":").last }.map(String.init) ?? ""
@@ -169,6 +260,7 @@ public enum Daemon {
         return reported
     }
 
+    /// Binds every address; the default pair tolerates a machine without IPv6.
     private static func startServer(_ rpc: Aria2RPC, _ options: Options, log: Log) throws -> RPCServer {
         let logLine: @Sendable (String) -> Void = { log.info($0) }
         do {
@@ -211,11 +303,11 @@ public enum Daemon {
 /// The daemon's log: one line per event, to standard error and, when given, appended to a file.
 public final class Log: Sendable {
     private let file: Int32?
-    private let verbose: Bool
+    private let verbose: Locked<Bool>
 
     /// - Throws: when `path` cannot be opened for appending.
     public init(path: String?, verbose: Bool) throws(Daemon.StartError) {
-        self.verbose = verbose
+        self.verbose = Locked(verbose)
         if let path {
             let descriptor = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
             guard descriptor >= 0 else {
@@ -231,7 +323,9 @@ public final class Log: Sendable {
     public func error(_ message: String) { write("error", message) }
     public func warning(_ message: String) { write("warning", message) }
     public func info(_ message: String) { write("info", message) }
-    public func debug(_ message: String) { if verbose { write("debug", message) } }
+    public func debug(_ message: String) { if verbose.withLock({ $0 }) { write("debug", message) } }
+    /// Whether debug lines are written (a configuration reload may change it).
+    public func setVerbose(_ verbose: Bool) { self.verbose.withLock { $0 = verbose } }
 
     private func write(_ level: String, _ message: String) {
         let stamp = Date().formatted(.iso8601)

@@ -71,6 +71,13 @@ public final class RPCServer: Sendable {
         self.boundAddresses = bound
     }
 
+    /// Changes the names `Host` may carry besides IP addresses and `localhost` (`--rpc-allow-host`), for the
+    /// requests that arrive from now on.
+    public func setAllowedHosts(_ names: [String]) {
+        let allowed = AccessPolicy(allowedHosts: names).allowedHosts
+        core.policy.withLock { $0.allowedHosts = allowed }
+    }
+
     /// Sends a notification to every WebSocket client.
     public func broadcast(_ message: [UInt8]) { hub.broadcast(message) }
 
@@ -112,6 +119,8 @@ final class Core: @unchecked Sendable {
     private var addresses: [UnsafeMutableRawPointer] = []
     private var keys: [UnsafeMutablePointer<CChar>] = []
     let configuration: RPCServer.Configuration
+    /// The access policy: its allowed host names change on a configuration reload (``RPCServer/setAllowedHosts(_:)``).
+    let policy: Locked<AccessPolicy>
     let rpc: Aria2RPC
     let hub: WebSocketHub
     let throttle: AuthThrottle
@@ -130,6 +139,7 @@ final class Core: @unchecked Sendable {
         log: @escaping @Sendable (String) -> Void
     ) {
         self.configuration = configuration
+        self.policy = Locked(configuration.policy)
         self.rpc = rpc
         self.hub = hub
         self.throttle = throttle
@@ -353,7 +363,7 @@ final class Core: @unchecked Sendable {
             host: header(connection, "Host"), origin: header(connection, "Origin"),
             fetchSite: header(connection, "Sec-Fetch-Site"))
         if url != "/jsonrpc", let asset = WebPage.asset(for: url) {
-            if case .refuse(let status, let reason) = configuration.policy.checkHost(request) {
+            if case .refuse(let status, let reason) = policy.withLock({ $0.checkHost(request) }) {
                 log("refused a request for \(url) from \(exchange.peer): \(reason)")
                 exchange.refusal = .refusal(status, reason)
             } else if method != "GET" && method != "HEAD" {
@@ -369,7 +379,7 @@ final class Core: @unchecked Sendable {
             exchange.refusal = .refusal(404, "not found: the page is at /, the RPC at /jsonrpc")
             return .YES
         }
-        if case .refuse(let status, let reason) = configuration.policy.check(request) {
+        if case .refuse(let status, let reason) = policy.withLock({ $0.check(request) }) {
             log("refused a request from \(exchange.peer): \(reason)")
             exchange.refusal = .refusal(status, reason)
             return .YES

@@ -89,6 +89,18 @@ final class ServedDaemon: Sendable {
         throw DaemonTestError("timed out waiting for \(gid): last \(last)")
     }
 
+    /// Waits until the daemon's log has said `text` at least `count` times (the log is the daemon's answer to a
+    /// signal), or throws after `timeout`.
+    func waitForLog(_ text: String, count: Int = 1, timeout: Duration = .seconds(60)) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while process.stderrSoFar.components(separatedBy: text).count - 1 < count {
+            guard ContinuousClock.now < deadline, process.isRunning else {
+                throw DaemonTestError("the log did not say '\(text)' \(count) times: \(process.stderrSoFar)")
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
     /// Whether the process still runs (a TLS listener cannot be asked in plain HTTP).
     func processIsServing() throws -> Bool { process.isRunning }
 

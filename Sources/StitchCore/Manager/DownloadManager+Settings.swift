@@ -119,6 +119,16 @@ extension DownloadManager {
         do { try catalog.setSettings(changes) } catch { throw DownloadManagerError(.catalog(error.description)) }
     }
 
+    /// Changes the connections a download opens when it was given no number of its own (nil: chosen per file, as
+    /// ``Configuration/connections``); downloads that start from now on follow it.
+    public func setConnections(_ count: Int?) throws(DownloadManagerError) {
+        try checkOpen()
+        if let count, !DownloadOptions.connectionRange.contains(count) {
+            throw DownloadManagerError(.invalidRequest(Self.connectionsRefusal(count)))
+        }
+        configuration.connections = count
+    }
+
     /// Changes how many connections all running downloads may hold to one host (at least 1). Lowered, running
     /// downloads keep the connections they have; new ones are granted once the host is below the cap.
     public func setMaxConnectionsPerHost(_ count: Int) throws(DownloadManagerError) {
