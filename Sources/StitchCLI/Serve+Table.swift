@@ -87,6 +87,10 @@ extension Serve {
         },
         .value(["--log"], "FILE", help: "also append the log to FILE") { given, use in given.logFile = use.value },
         .value(
+            ["-i", "--input-file"], "FILE",
+            help: "import an aria2 session file (aria2c --save-session's) once: its downloads join the queue"
+        ) { given, use in given.inputFile = use.value },
+        .value(
             ["--conf-path"], "FILE",
             help: "read settings from FILE in aria2.conf's syntax (name=value lines); the command line wins"
         ) { given, use in given.confPath = use.value },

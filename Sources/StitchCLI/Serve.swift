@@ -40,6 +40,7 @@ enum Serve {
         var logFile: String?
         var verbose = false
         var confPath: String?
+        var inputFile: String?
 
         /// The settings given that RPC can change too, by aria2's names.
         var rpcSettings: Set<String> {
@@ -133,6 +134,7 @@ enum Serve {
         options.maxConnectionsPerHost = given.perHost
         options.connections = given.connections
         options.logFile = given.logFile
+        options.inputFile = given.inputFile.map { ($0 as NSString).expandingTildeInPath }
         options.verbose = given.verbose
         return options
     }
@@ -230,6 +232,7 @@ enum Serve {
         merged.perHost = command.perHost ?? file.perHost
         merged.connections = command.connections ?? file.connections
         merged.logFile = command.logFile ?? file.logFile
+        merged.inputFile = command.inputFile ?? file.inputFile
         merged.verbose = command.verbose || file.verbose
         merged.secret = file.secret
         merged.listenAll = command.listen.isEmpty && file.listenAll

@@ -308,7 +308,9 @@ struct Aria2Option: Sendable {
             "ftp-type", .download, .choice(["binary", "ascii"]), .ignored, .value("binary"),
             "FTP: Stitch downloads over HTTP and HTTPS only"),
         Aria2Option("ftp-user", .download, .text, .ignored, .none, "FTP: Stitch downloads over HTTP and HTTPS only"),
-        Aria2Option("gid", .download, .text, .fixed, .none, "Stitch chooses the GID"),
+        Aria2Option(
+            "gid", .download, .text, .addOnly, .none,
+            "16 hex digits, refused when another download has it; Stitch chooses one otherwise"),
         Aria2Option(
             "hash-check-only", .download, .bool, .fixed, .value("false"),
             "a download with a checksum is downloaded and checked; `stitch verify` checks a file alone"),
@@ -357,7 +359,7 @@ struct Aria2Option: Sendable {
             "BitTorrent: Stitch downloads over HTTP and HTTPS only"),
         Aria2Option(
             "input-file", .startup, .text, .fixed, .none,
-            "the catalog restores every download; nothing is read at start"),
+            "`stitch serve --input-file` (or `input-file=` in the configuration file) imports an aria2 session once, at start"),
         Aria2Option("interface", .startup, .text, .fixed, .none, "connections follow the system's routing"),
         Aria2Option(
             "keep-unfinished-download-result", .global, .bool, .ignored, .value("true"),

@@ -5,7 +5,9 @@ import Stitch
 extension Aria2RPC {
     // MARK: addUri
 
-    func addUri(_ params: [JSON]) async throws -> JSON {
+    /// - Parameter importing: an entry of an aria2 session (``importSession(_:source:)``): a URL the manager holds
+    ///   for the same place is that download, and a partial aria2c left (`FILE` with `FILE.aria2`) is adopted.
+    func addUri(_ params: [JSON], importing: Bool = false) async throws -> JSON {
         guard let uris = params.first?.array, !uris.isEmpty else {
             throw Failure(code: -32602, message: "Invalid params: addUri takes an array of URIs")
         }
@@ -15,7 +17,8 @@ extension Aria2RPC {
         }
         for url in urls { try Self.checkScheme(url) }
         var options = DownloadManager.AddOptions()
-        options.reuseExisting = false  // aria2 adds a new download (a new GID, `NAME.1.EXT`) for a URL it holds
+        // aria2 adds a new download (a new GID, `NAME.1.EXT`) for a URL it holds; an import finds it.
+        options.reuseExisting = importing
         var members: [(String, JSON)] = []
         if params.count > 1 {
             guard let given = params[1].members else {
@@ -37,6 +40,14 @@ extension Aria2RPC {
             options.headers.add(name: "Authorization", value: "Basic " + Data(pair).base64EncodedString())
         }
         let folder = options.directory ?? base
+        if importing {
+            // aria2c's partial: FILE and its control file FILE.aria2, named by `out` or by the URI as aria2c names it.
+            let name = options.out ?? Self.aria2Name(urls[0])
+            if let name, FileManager.default.fileExists(atPath: folder + "/" + name + ".aria2") {
+                options.out = name
+                options.adopt = true
+            }
+        }
         if let reservedFolder {
             // Compared with links resolved: `dir` may name the folder through another path to it.
             let target = Confinement.resolvedPath(folder + (options.out.map { "/" + $0 } ?? ""))
@@ -83,6 +94,17 @@ extension Aria2RPC {
             for path in made.sorted(by: { $0.count > $1.count }) { rmdir(path) }
             throw error
         }
+    }
+
+    /// The file name aria2c gives a download of `uri` without `out`: the last segment of its path, percent-decoded
+    /// (nil when there is none, or it is no plain file name).
+    static func aria2Name(_ uri: String) -> String? {
+        guard let components = URLComponents(string: uri) else { return nil }
+        let name = (components.percentEncodedPath.split(separator: "/").last.map(String.init) ?? "").removingPercentEncoding
+        guard let name, !name.isEmpty, name != ".", name != "..", !name.contains("/"), !name.contains("\u{0}") else {
+            return nil
+        }
+        return name
     }
 
     /// aria2's option `name` (values are strings in aria2; numbers and booleans are taken too). An empty value
@@ -164,6 +186,12 @@ extension Aria2RPC {
             }
         case "pause":
             options.paused = try flag()
+        case "gid":
+            // aria2's rule: exactly 16 hex digits, not all zero.
+            guard text.utf8.count == 16, let id = DownloadID(text), id.rawValue != 0 else {
+                throw Failure.aria2("option gid: \(text.debugDescription) is not 16 hex digits")
+            }
+            options.id = id
         case "allow-overwrite":
             options.overwrite = try flag()
         case "continue":

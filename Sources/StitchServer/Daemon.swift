@@ -32,8 +32,13 @@ public enum Daemon {
         /// The configuration file (`--conf-path`), and how to read the command line and it again: what SIGHUP does.
         public var configPath: String?
         public var reread: (@Sendable () throws -> Options)?
+        /// An aria2 session file to import once at start (`--input-file`).
+        public var inputFile: String?
         public init(directory: String) { self.directory = directory }
     }
+
+    /// The largest session file `--input-file` reads (aria2's for 100,000 downloads is about 20 MiB).
+    static let maxSessionFileSize = 64 << 20
 
     /// The folder inside the served one that holds the catalog and the daemon's lock.
     public static let stateFolder = ".stitch"
@@ -77,6 +82,18 @@ public enum Daemon {
             return 64
         }
         let folder = absolute(options.directory)
+        // Read before anything starts: a session file that cannot be read stops the start, as a bad option does.
+        var session: Aria2Session?
+        if let path = options.inputFile {
+            let size = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? nil
+            guard let size, size <= maxSessionFileSize, let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+                log.error(
+                    "cannot read the session file \(path)"
+                        + ((size ?? 0) > maxSessionFileSize ? " (larger than \(maxSessionFileSize >> 20) MiB)" : ""))
+                return 64
+            }
+            session = Aria2Session(text: text)
+        }
         let state = folder + "/" + stateFolder
         do {
             try DownloadPaths.createFolder(state)
@@ -119,6 +136,14 @@ public enum Daemon {
         for note in options.notes { log.info(note) }
         rpc.setConfigDefaults(options.downloadDefaults)
         for problem in await rpc.restoreKeptOptions(overriddenBy: options.commandLine) { log.warning(problem) }
+        if let session, let path = options.inputFile {
+            let result = await rpc.importSession(session, source: path)
+            for line in result.skipped { log.warning(line) }
+            log.info(
+                "\(path): \(result.imported.count) download\(result.imported.count == 1 ? "" : "s") imported"
+                    + (result.already > 0 ? ", \(result.already) imported at an earlier start" : "")
+                    + (result.skipped.isEmpty ? "" : ", \(result.skipped.count) not imported (above)"))
+        }
         let server: RPCServer
         do {
             server = try startServer(rpc, options, log: log)

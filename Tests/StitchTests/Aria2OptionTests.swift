@@ -299,6 +299,25 @@ import Testing
         await manager.close()
     }
 
+    /// aria2's `gid` option: a download added with it has that GID; one that another download has, or that is not
+    /// 16 hex digits, is refused and nothing is added.
+    @Test func aGivenGIDIsKeptOrRefused() async throws {
+        let f = try ManagerFixture()
+        let manager = try f.open()
+        let rpc = Aria2RPC(manager: manager, secret: nil)
+        let gid = try await Self.paused(f, rpc, "g.bin", [("gid", .string("2089B05ECCA3D829"))])
+        #expect(gid == "2089b05ecca3d829")
+        #expect(try await Self.result(rpc, "aria2.tellStatus", [.string(gid)])["status"]?.string == "paused")
+        for bad in ["2089b05ecca3d829", "12345", "0000000000000000", "zz89b05ecca3d829"] {
+            let refused = try await Self.error(rpc, "aria2.addUri", [
+                .array([.string(f.server.url("/g.bin"))]), .object([("gid", .string(bad)), ("pause", .string("true"))]),
+            ])
+            #expect(refused.code == 1 && refused.message.contains(bad.count == 16 && bad != "0000000000000000" && !bad.hasPrefix("zz") ? "another download" : "16 hex digits"), "\(bad): \(refused.message)")
+        }
+        #expect(await manager.downloads().count == 1)
+        await manager.close()
+    }
+
     /// getOption's placeholders are not values: copied into an addUri (a client re-adding a download from its
     /// options) they are left out, never sent as credentials; credentials are never a default for new downloads,
     /// so getGlobalOption has none to show; a refused add leaves no folder behind.

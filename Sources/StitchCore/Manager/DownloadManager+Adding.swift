@@ -74,7 +74,11 @@ extension DownloadManager {
                 rollBack()
                 throw DownloadManagerError(.invalidRequest("the rate limit must be positive, not \(rate)"))
             }
-            var id = DownloadID.random()
+            var id = options.id ?? DownloadID.random()
+            if let wanted = options.id, table[wanted] != nil || batchIDs.contains(wanted) {
+                rollBack()
+                throw DownloadManagerError(.invalidRequest("the id \(wanted) is another download's"))
+            }
             while table[id] != nil || batchIDs.contains(id) { id = DownloadID.random() }
             batchIDs.insert(id)
             let folder = absolutePath(options.directory ?? configuration.downloadDirectory)

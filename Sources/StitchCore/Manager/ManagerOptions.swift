@@ -66,6 +66,9 @@ extension DownloadManager {
         public var position: QueuePosition?
         /// Add without starting (status ``DownloadStatus/paused``).
         public var paused = false
+        /// The id to give the download (aria2's `gid` option; an imported download keeps its GID); nil chooses one.
+        /// A download of the manager that has it already refuses the add (`.invalidRequest`).
+        public var id: DownloadID?
         /// Whether adding a URL the manager already holds for the same place — the same file for an `out`, else
         /// the same folder — returns that download instead of adding another. On by default, so that an app that
         /// adds its downloads again at every launch gets the ones it has, not a second copy as `NAME.1.EXT`.
