@@ -237,9 +237,18 @@ extension Aria2RPC {
         }
     }
 
+    /// A download's URIs as aria2 lists them: the one in use (`used`) first once the download has started, then the
+    /// others in their order (`waiting`); before it starts, all `waiting` in their order.
     static func uris(_ snapshot: DownloadSnapshot) -> JSON {
         let all = snapshot.mirrors.isEmpty ? [snapshot.url] : snapshot.mirrors
-        return .array(all.map { .object([("uri", .string($0)), ("status", .string($0 == snapshot.url ? "used" : "waiting"))]) })
+        let started: Bool
+        switch snapshot.status {
+        case .queued, .paused: started = snapshot.progress.bytes > 0
+        case .running, .completed, .failed, .removed: started = true
+        }
+        func entry(_ uri: String, _ status: String) -> JSON { .object([("uri", .string(uri)), ("status", .string(status))]) }
+        guard started, let used = all.firstIndex(of: snapshot.url) else { return .array(all.map { entry($0, "waiting") }) }
+        return .array([entry(all[used], "used")] + all.indices.filter { $0 != used }.map { entry(all[$0], "waiting") })
     }
 
     static func files(_ snapshot: DownloadSnapshot) -> JSON {

@@ -675,7 +675,7 @@ struct DaemonTests {
         try await daemon.waitFor(gid, Self.isComplete)
         #expect(FileManager.default.contents(atPath: sandbox.path("dl/m.bin")).map(Array.init) == bytes)
         let uris = try daemon.result("aria2.getUris", [.string(gid)]).array ?? []
-        #expect(uris.map { "\($0.text("uri") ?? "") \($0.text("status") ?? "")" } == ["\(missing) waiting", "\(good) used"])
+        #expect(uris.map { "\($0.text("uri") ?? "") \($0.text("status") ?? "")" } == ["\(good) used", "\(missing) waiting"], "as aria2: the one used first")
         let seen = nginx.accessLogLines(containing: "serve-mirror")
         #expect(seen.contains { $0.contains("/serve-mirror-missing.bin") && $0.contains(" 404 ") && $0.contains(agent) }, "\(seen)")
         // The whole file from the good mirror (over URLSession asked as a window, which a 206 answers).
@@ -694,7 +694,7 @@ struct DaemonTests {
         let changed = try daemon.result("aria2.changeUri", [.string(paused), .integer(1), .array([.string(missing)]), .array([.string(other), .string(good)]), .integer(0)])
         #expect(changed == .array([.integer(1), .integer(1)]), "a URI already listed is not added twice: \(changed)")
         let after = try daemon.result("aria2.getUris", [.string(paused)]).array ?? []
-        #expect(after.map { "\($0.text("uri") ?? "") \($0.text("status") ?? "")" } == ["\(other) used", "\(good) waiting"], "the deleted current URI gives way to the first")
+        #expect(after.map { "\($0.text("uri") ?? "") \($0.text("status") ?? "")" } == ["\(other) waiting", "\(good) waiting"], "the deleted current URI gives way to the first; not started, none is used yet (as aria2)")
         #expect(try daemon.error("aria2.changeUri", [.string(gid), .integer(1), .array([]), .array([.string(other)])]).message.contains("final"))
         #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("max-tries", .string("-1"))])]).message.contains("max-tries"))
         #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("all-proxy", .string("http://p:1"))])]).message.contains("all-proxy"), "ignoring a proxy would not be harmless")

@@ -162,7 +162,7 @@ async def drive(port, secret, folder):
         check(await ws.changePosition(queued[2], 1, "POS_CUR") == 1, "changePosition POS_CUR")
         check(await ws.changePosition(queued[0], 0, "POS_END") == 2, "changePosition POS_END")
         waiting = [d["gid"] for d in await ws.tellWaiting(0, 10, ["gid"])]
-        check(waiting == [queued[1], queued[2], queued[0]], f"order {waiting}")
+        check(waiting == [queued[2], queued[1], queued[0]], f"order {waiting}")
         statuses = [s async for s in ws.get_statuses(queued)]
         check(statuses == ["paused"] * 3, f"get_statuses {statuses}")
         results = await ws.multicall([{"methodName": "aria2.tellStatus", "params": [g, ["gid"]]} for g in queued])

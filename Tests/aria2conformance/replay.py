@@ -905,7 +905,7 @@ def build_scenario():
     call("forceShutdown", "aria2.forceShutdown")
     action("exit after forceShutdown", check_exit)
     action("restart both", restart)
-    call("shutdown", "aria2.shutdown")
+    raw("shutdown over the WebSocket", body_of(("aria2.shutdown", [], "s1")), via="ws", timeout=10)
     action("exit after shutdown", check_exit)
 
 
