@@ -736,6 +736,40 @@ struct DaemonTests {
         _ = await daemon.stop()
     }
 
+    /// `-j 50` with fifty downloads from one server: all fifty transfer at once (each holds a connection), as in
+    /// aria2 — the cap on connections to one host follows the concurrency asked for (it was 16, silently).
+    @Test func fiftyDownloadsFromOneServerAllRun() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        let nginx = try await sharedNginx()
+        _ = try Self.publish(nginx, "serve-fifty.bin", size: 1 << 20, seed: 50)
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), ["-j", "50"], sandbox: sandbox)
+        // 100 KiB/s each: ten seconds a download, so all are still running when the fiftieth starts.
+        let options: [(String, JSON)] = [("split", .string("1")), ("max-download-limit", .string("100K"))]
+        for index in 0..<50 {
+            let add = try daemon.result("aria2.addUri", [
+                .array([.string(nginx.httpURL("serve-fifty.bin"))]), .object(options + [("out", .string("f\(index).bin"))]),
+            ])
+            #expect(add.string?.count == 16)
+        }
+        let deadline = ContinuousClock.now + .seconds(60)
+        var transferring = 0
+        var last: JSON = .null
+        while ContinuousClock.now < deadline {
+            last = try daemon.result("aria2.tellActive", [.array([.string("gid"), .string("connections"), .string("completedLength")])])
+            transferring = last.array?.count { Int($0.text("connections") ?? "0") ?? 0 >= 1 } ?? 0
+            if transferring == 50 { break }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(transferring == 50, "\(transferring) of 50 transferring at once: \(last)")
+        let stat = try daemon.result("aria2.getGlobalStat")
+        #expect(stat.text("numActive") == "50" && stat.text("numWaiting") == "0", "\(stat)")
+        #expect(try daemon.result("aria2.getGlobalOption").text("max-concurrent-downloads") == "50")
+        #expect(try daemon.result("aria2.pauseAll") == .string("OK"))
+        let stop = await daemon.stop()
+        #expect(stop.status == 0, "\(stop)")
+    }
+
     /// `kill -9` mid-download, several times at seeded byte counts, and a restart on the same folder each time:
     /// every download comes back in its state and order, the active ones continue, and all end byte-exact.
     @Test func killedDaemonRestoresEveryDownload() async throws {
