@@ -7,6 +7,14 @@ local bodies = {
     '{"jsonrpc":"2.0","id":2,"method":"aria2.getGlobalStat","params":["token:' .. token .. '"]}',
 }
 local headers = { ["Content-Type"] = "application/json" }
+-- DELAY_MS > 0: each connection waits that long before each request (a fixed offered load, about
+-- connections * 1000 / (DELAY_MS + latency) requests per second) instead of sending the next at once (flat out).
+local pause = tonumber(os.getenv("DELAY_MS") or "0")
+if pause > 0 then
+    function delay()
+        return pause
+    end
+end
 local threads = {}
 
 function setup(thread)

@@ -3,7 +3,10 @@ adds DOWNLOADS downloads of URL (one connection each), measures their throughput
 then for DURATION seconds while wrk (-t2 -c100, bench/rpc.lua) alternates aria2.tellActive and
 aria2.getGlobalStat and WS_CLIENTS WebSocket clients listen for notifications; prints one JSON line.
 
-python rpc_driver.py NAME PORT SECRET URL DOWNLOADS QUIET DURATION WS_CLIENTS LUA
+then again for DURATION seconds at a fixed offered load of FIXED_RPS (each of wrk's 100 connections waits before
+each request: bench/rpc.lua's DELAY_MS).
+
+python rpc_driver.py NAME PORT SECRET URL DOWNLOADS QUIET DURATION WS_CLIENTS LUA [FIXED_RPS]
 """
 import json
 import subprocess
@@ -17,6 +20,7 @@ import websocket
 name, port, secret, url = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 downloads, quiet, duration, ws_clients, lua = (int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]),
                                                 int(sys.argv[8]), sys.argv[9])
+fixed_rps = float(sys.argv[10]) if len(sys.argv) > 10 else 1000.0
 endpoint = f"http://127.0.0.1:{port}/jsonrpc"
 
 
@@ -68,20 +72,36 @@ def listen(slot):
 listeners = [threading.Thread(target=listen, args=(slot,), daemon=True) for slot in range(ws_clients)]
 for thread in listeners:
     thread.start()
-before, _ = completed()
-start = time.monotonic()
-wrk = subprocess.run(
-    ["wrk", "-t2", "-c100", f"-d{int(duration)}s", "--latency", "-s", lua, f"http://127.0.0.1:{port}/jsonrpc"],
-    capture_output=True, text=True, env={"TOKEN": secret, "PATH": "/usr/bin:/bin"})
-after, still = completed()
-polled = (after - before) / (time.monotonic() - start)
+
+
+def load(delay_ms):
+    """wrk -t2 -c100 for DURATION seconds (each connection waiting delay_ms before each request when > 0);
+    returns wrk's figures and the downloads' throughput meanwhile."""
+    before, _ = completed()
+    start = time.monotonic()
+    wrk = subprocess.run(
+        ["wrk", "-t2", "-c100", f"-d{int(duration)}s", "--latency", "-s", lua, f"http://127.0.0.1:{port}/jsonrpc"],
+        capture_output=True, text=True,
+        env={"TOKEN": secret, "DELAY_MS": str(delay_ms), "PATH": "/usr/bin:/bin"})
+    after, still = completed()
+    polled = (after - before) / (time.monotonic() - start)
+    result = next((line for line in wrk.stdout.splitlines() if line.startswith("RESULT ")), None)
+    if result is None:
+        raise SystemExit(f"wrk printed no RESULT line:\n{wrk.stdout}\n{wrk.stderr}")
+    fields = dict(item.split("=", 1) for item in result.split()[1:])
+    return fields, polled, still
+
+
+# Flat out, then at a fixed offered load (FIXED_RPS over the 100 connections), where latency is compared at the
+# same load for both servers rather than at each one's own saturation.
+flat, polled, still = load(0)
+fixed, fixed_polled, fixed_still = load(max(1, round(100 * 1000 / fixed_rps)))
 stop.set()
-result = next((line for line in wrk.stdout.splitlines() if line.startswith("RESULT ")), None)
-if result is None:
-    raise SystemExit(f"wrk printed no RESULT line:\n{wrk.stdout}\n{wrk.stderr}")
-fields = dict(item.split("=", 1) for item in result.split()[1:])
 print(json.dumps({
-    "server": name, "rps": float(fields["rps"]), "p50_ms": float(fields["p50"]), "p99_ms": float(fields["p99"]),
-    "errors": int(fields["errors"]) + int(fields["socket_errors"]), "active": active, "active_after": still,
+    "server": name, "rps": float(flat["rps"]), "p50_ms": float(flat["p50"]), "p99_ms": float(flat["p99"]),
+    "errors": int(flat["errors"]) + int(flat["socket_errors"]) + int(fixed["errors"]) + int(fixed["socket_errors"]),
+    "active": active, "active_after": min(still, fixed_still),
     "unpolled_MiBps": unpolled / 2**20, "polled_MiBps": polled / 2**20, "ws_clients": ws_clients,
+    "fixed_rps": float(fixed["rps"]), "fixed_p50_ms": float(fixed["p50"]), "fixed_p99_ms": float(fixed["p99"]),
+    "fixed_polled_MiBps": fixed_polled / 2**20,
 }))

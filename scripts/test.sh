@@ -64,6 +64,9 @@ else
     fi
     # A real aria2 client (aria2p from PyPI, in a virtual environment) drives `stitch serve`.
     bash scripts/aria2p.sh "$nginx_dir"
+    # The same calls to aria2c 1.36 (Debian's aria2) and to stitch serve, answers compared by shape (intended
+    # differences: Tests/aria2conformance/intended.py); then aioaria2 (PyPI) drives stitch serve.
+    bash scripts/bounded.sh 600 bash scripts/conformance.sh "$nginx_dir"
     # The web page in headless Chromium (its logic under Node, a cross-site attack, the page driven by Selenium).
     bash scripts/browser.sh "$nginx_dir"
 fi

@@ -359,7 +359,7 @@ struct Aria2Option: Sendable {
             "BitTorrent: Stitch downloads over HTTP and HTTPS only"),
         Aria2Option(
             "input-file", .startup, .text, .fixed, .none,
-            "`stitch serve --input-file` (or `input-file=` in the configuration file) imports an aria2 session once, at start"),
+            "an aria2 session named at start (input-file in the configuration file, or on the command line) is imported once"),
         Aria2Option("interface", .startup, .text, .fixed, .none, "connections follow the system's routing"),
         Aria2Option(
             "keep-unfinished-download-result", .global, .bool, .ignored, .value("true"),

@@ -201,6 +201,12 @@ extension Aria2RPC {
         var refused: [String] = []
         let read = try Self.read(members, refused: &refused)
         guard let snapshot = await manager.download(id) else { throw Failure.aria2("GID \(id) is not found") }
+        switch snapshot.status {
+        case .queued, .running, .paused: break
+        case .completed, .failed, .removed:
+            // aria2's answer: only a download in the queue has options to change.
+            throw Failure.aria2("Cannot change option for GID#\(id): it has stopped")
+        }
         let context = await optionContext()
         var changes: [String: String] = [:]
         for (option, text) in read {

@@ -8,11 +8,10 @@ extension Aria2RPC {
     /// - Parameter importing: an entry of an aria2 session (``importSession(_:source:)``): a URL the manager holds
     ///   for the same place is that download, and a partial aria2c left (`FILE` with `FILE.aria2`) is adopted.
     func addUri(_ params: [JSON], importing: Bool = false) async throws -> JSON {
-        guard let uris = params.first?.array, !uris.isEmpty else {
-            throw Failure(code: -32602, message: "Invalid params: addUri takes an array of URIs")
-        }
+        guard let uris = params.first?.array else { throw Self.badParameter(params, 0, "an array of URIs") }
+        guard !uris.isEmpty else { throw Failure.aria2("URI is not provided.") }
         let urls = try uris.map { uri -> String in
-            guard let text = uri.string else { throw Failure(code: -32602, message: "Invalid params: a URI is not a string") }
+            guard let text = uri.string else { throw Self.badParameter(params, 0, "a URI is not a string") }
             return text
         }
         for url in urls { try Self.checkScheme(url) }
@@ -21,9 +20,7 @@ extension Aria2RPC {
         options.reuseExisting = importing
         var members: [(String, JSON)] = []
         if params.count > 1 {
-            guard let given = params[1].members else {
-                throw Failure(code: -32602, message: "Invalid params: options must be an object")
-            }
+            guard let given = params[1].members else { throw Self.badParameter(params, 1, "the options are an object") }
             guard given.count <= Self.maxOptionKeys else {
                 throw Failure.aria2("an option object has at most \(Self.maxOptionKeys) keys, not \(given.count)")
             }

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Stitch
 import StitchLocks
 
@@ -55,18 +56,42 @@ extension Aria2RPC {
         }
     }
 
+    /// A view fetched after the last change. One fetch at a time: the readers that find the view stale while a
+    /// fetch made after the last change is under way wait for that one rather than each asking the manager for
+    /// every download (a hundred pollers arriving together asked for a hundred copies).
     func refreshedView() async -> View {
-        let generation = cache.withLock { $0.generation }
-        let view = View(await manager.downloads())
-        cache.withLock { if $0.generation == generation { $0.view = view } }
-        return view
+        await refresh().value
     }
 
-    func cachedView() -> View? {
-        cache.withLock { cache in
-            guard let current = cache.view, ContinuousClock.now - current.fetched < Self.viewAge else { return nil }
-            return current
+    /// The fetch under way for the current generation, or a new one.
+    private func refresh() -> Task<View, Never> {
+        cache.withLock { state in
+            if let fetching = state.fetching, fetching.generation == state.generation { return fetching.task }
+            let generation = state.generation
+            let task = Task { [self] in
+                let view = View(await manager.downloads())
+                cache.withLock { state in
+                    if state.generation == generation { state.view = view }
+                    if state.fetching?.generation == generation { state.fetching = nil }
+                }
+                return view
+            }
+            state.fetching = (generation, task)
+            return task
         }
+    }
+
+    /// The view when it is fresh enough to answer from at once. Past most of its age a fetch starts in the
+    /// background, so that steady polling keeps finding a fresh view instead of waiting for one.
+    func cachedView() -> View? {
+        let (view, stale) = cache.withLock { cache -> (View?, Bool) in
+            guard let current = cache.view else { return (nil, false) }
+            let age = ContinuousClock.now - current.fetched
+            guard age < Self.viewAge else { return (nil, false) }
+            return (current, age >= Self.viewAge * 0.6 && cache.fetching?.generation != cache.generation)
+        }
+        if stale { _ = refresh() }
+        return view
     }
 
     /// Answers `request` on the caller's thread when every call in it only reads (and a fresh view is at hand);
@@ -279,7 +304,8 @@ extension Aria2RPC {
             return .object([
                 ("downloadSpeed", .string(String(Int64(speed)))), ("uploadSpeed", .string("0")),
                 ("numActive", .string(String(active))), ("numWaiting", .string(String(waiting))),
-                ("numStopped", .string(String(stopped))), ("numStoppedTotal", .string(String(stopped))),
+                ("numStopped", .string(String(stopped))),
+                ("numStoppedTotal", .string(String(stopped + droppedResults.load(ordering: .relaxed)))),
             ])
         default:
             throw Failure.aria2("No such method: \(method)")

@@ -20,18 +20,23 @@ extension Aria2RPC {
         return matches[0]
     }
 
+    /// aria2's answer to a parameter that is missing or of the wrong type (code 1, HTTP 400), with what it should
+    /// be.
+    static func badParameter(_ params: [JSON], _ index: Int, _ what: String) -> Failure {
+        Failure.aria2(
+            "The parameter at \(index) \(index < params.count ? "has wrong type" : "is required but missing"): \(what)")
+    }
+
     static func int(_ params: [JSON], _ index: Int, _ name: String) throws -> Int {
         guard index < params.count, let value = params[index].integer, let int = Int(exactly: value) else {
-            throw Failure(code: -32602, message: "Invalid params: \(name) must be an integer")
+            throw badParameter(params, index, "\(name) is an integer")
         }
         return int
     }
 
     static func keys(_ params: [JSON], _ index: Int) throws -> Set<String>? {
         guard index < params.count else { return nil }
-        guard let names = params[index].array else {
-            throw Failure(code: -32602, message: "Invalid params: keys must be an array of strings")
-        }
+        guard let names = params[index].array else { throw badParameter(params, index, "keys is an array of strings") }
         return Set(names.compactMap(\.string))
     }
 
@@ -98,9 +103,17 @@ extension Aria2RPC {
         ]
         // aria2 leaves the bitfield out until the download has pieces.
         if let pieces, !pieces.isEmpty { members.append(("bitfield", .string(bitfield(pieces)))) }
-        if case .failed(let failure) = snapshot.status {
+        // As aria2: a finished download has code 0, a removed one 31 (both with an empty message), a failed one
+        // its code and what went wrong.
+        switch snapshot.status {
+        case .failed(let failure):
             members.append(("errorCode", .string(String(aria2ErrorCode(failure)))))
-            members.append(("errorMessage", .string(failure.message)))
+            members.append(("errorMessage", .string(failure.code == .cancelled ? "" : failure.message)))
+        case .completed, .removed:
+            members.append(("errorCode", .string(snapshot.status == .completed ? "0" : String(removedCode))))
+            members.append(("errorMessage", .string("")))
+        case .queued, .running, .paused:
+            break
         }
         guard let keys else { return .object(members) }
         return .object(members.filter { keys.contains($0.0) })
@@ -130,16 +143,28 @@ extension Aria2RPC {
     /// aria2's exit-status code for a failure, where one fits (1: unknown).
     static func aria2ErrorCode(_ failure: DownloadFailure) -> Int {
         switch failure.code {
-        case .httpStatus: failure.httpStatus == 404 ? 3 : 22
-        case .retriesExhausted: 2
-        case .network: 19
+        case .httpStatus:
+            switch failure.httpStatus {
+            case 404: 3  // resource not found
+            case 401, 407: 24  // authorization failed
+            case 503: 29  // service unavailable
+            default: 22  // HTTP protocol error
+            }
+        case .redirects: 23
+        case .retriesExhausted: 2  // timed out
+        case .network: 6
+        case .unstableSource: 8  // cannot resume: the file changed
         case .checksumMismatch: 32
         case .destinationExists: 13
-        case .io: 16
-        case .cancelled: 5
+        case .io: failure.message.contains("No space left") || failure.message.contains("disk is full") ? 9 : 17
+        case .invalidOption: 28
+        case .cancelled: removedCode
         default: 1
         }
     }
+
+    /// aria2's code for a removed download.
+    static let removedCode = 31
 
     /// Whether `given` equals `secret`, in a time that depends on the secret's length only: every byte of the
     /// secret is compared whatever `given` holds or how long it is, so neither where a guess first differs nor

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 public import Stitch
 import StitchLocks
 
@@ -16,8 +17,9 @@ import StitchLocks
 /// while the view is fresh); Aria2RPC+Options.swift `addUri` and aria2's options; Aria2RPC+Shapes.swift the
 /// shapes of results and parameters.
 ///
-/// Errors: the envelope's own (-32700 parse error, -32600 invalid request, -32601 method not found, -32602
-/// invalid params) as JSON-RPC defines them; a method's failure as aria2 does, code 1 with a message.
+/// Errors: the envelope's own (-32700 parse error, -32600 invalid request, -32602 `params` that is not an array)
+/// as JSON-RPC defines them; an unknown method, a parameter missing or of the wrong type, and a method's failure as
+/// aria2 answers them, code 1 with a message (HTTP 400).
 public final class Aria2RPC: Sendable {
     /// The bounds on what one request may ask.
     public struct Limits: Sendable {
@@ -312,11 +314,15 @@ public final class Aria2RPC: Sendable {
         case "aria2.addUri":
             return try await addUri(params)
         case "aria2.remove", "aria2.forceRemove":
-            // aria2's "removed": stopped for good, listed by tellStopped until its result is removed; the partial
-            // data stays.
-            let id = try await gid(params, 0)
-            try await manager.cancel(id)
-            return .string("\(id)")
+            // As aria2: an active download is stopped for good and listed by tellStopped as removed until its
+            // result is removed; a waiting or paused one is dropped at once (no result is kept). The partial data
+            // stays either way.
+            let snapshot = try await snapshot(params, 0)
+            switch snapshot.status {
+            case .queued, .paused: try await manager.remove(snapshot.id)
+            default: try await manager.cancel(snapshot.id)
+            }
+            return .string("\(snapshot.id)")
         case "aria2.pause", "aria2.forcePause":
             let id = try await gid(params, 0)
             try await manager.pause(id)
@@ -343,9 +349,7 @@ public final class Aria2RPC: Sendable {
             return .string("\(id)")
         case "stitch.updateSource":
             let id = try await gid(params, 0)
-            guard params.count > 1, let url = params[1].string else {
-                throw Failure(code: -32602, message: "Invalid params: stitch.updateSource takes a GID and a URL")
-            }
+            guard params.count > 1, let url = params[1].string else { throw Self.badParameter(params, 1, "a URL") }
             try Self.checkScheme(url)
             var headers: HTTPHeaders?
             if params.count > 2 {
@@ -359,23 +363,26 @@ public final class Aria2RPC: Sendable {
             let id = try await gid(params, 0)
             let position = try Self.int(params, 1, "pos")
             guard let how = params.count > 2 ? params[2].string : nil else {
-                throw Failure(code: -32602, message: "Invalid params: how must be POS_SET, POS_CUR or POS_END")
+                throw Self.badParameter(params, 2, "how is POS_SET, POS_CUR or POS_END")
             }
             let place: DownloadManager.QueuePosition
             switch how {
             case "POS_SET": place = .fromStart(position)
             case "POS_CUR": place = .fromCurrent(position)
             case "POS_END": place = .fromEnd(position)
-            default: throw Failure(code: -32602, message: "Invalid params: how must be POS_SET, POS_CUR or POS_END")
+            default: throw Failure.aria2("Illegal argument: how is POS_SET, POS_CUR or POS_END, not \(how.debugDescription)")
             }
             return .integer(Int64(try await manager.move(id, to: place)))
         case "aria2.changeUri":
             // (gid, fileIndex, delUris, addUris[, position]) → [deleted, added], as aria2.
             let id = try await gid(params, 0)
             guard try Self.int(params, 1, "fileIndex") == 1 else { throw Failure.aria2("fileIndex must be 1") }
-            guard params.count > 3, let remove = params[2].array?.compactMap(\.string),
-                let add = params[3].array?.compactMap(\.string)
-            else { throw Failure(code: -32602, message: "Invalid params: changeUri takes delUris and addUris arrays") }
+            guard params.count > 2, let remove = params[2].array?.compactMap(\.string) else {
+                throw Self.badParameter(params, 2, "delUris is an array of URIs")
+            }
+            guard params.count > 3, let add = params[3].array?.compactMap(\.string) else {
+                throw Self.badParameter(params, 3, "addUris is an array of URIs")
+            }
             for url in add { try Self.checkScheme(url) }
             let position = params.count > 4 ? try Self.int(params, 4, "position") : nil
             // The edit runs inside the manager, on the list as it is then: two clients' edits both stay.
@@ -395,7 +402,7 @@ public final class Aria2RPC: Sendable {
         case "aria2.changeOption":
             let id = try await gid(params, 0)
             guard params.count > 1, let members = params[1].members else {
-                throw Failure(code: -32602, message: "Invalid params: changeOption takes a GID and an object")
+                throw Self.badParameter(params, 1, "the options are an object")
             }
             try await changeOption(id, members)
             return .string("OK")
@@ -405,14 +412,12 @@ public final class Aria2RPC: Sendable {
             let snapshot = try await snapshot(params, 0)
             return Self.options(of: snapshot, await optionContext())
         case "aria2.changeGlobalOption":
-            guard let members = params.first?.members else {
-                throw Failure(code: -32602, message: "Invalid params: changeGlobalOption takes an object")
-            }
+            guard let members = params.first?.members else { throw Self.badParameter(params, 0, "the options are an object") }
             try await changeGlobalOption(members)
             return .string("OK")
         case "aria2.purgeDownloadResult":
             for snapshot in await manager.downloads() where Self.isStopped(snapshot.status) {
-                try? await manager.remove(snapshot.id)
+                if (try? await manager.remove(snapshot.id)) != nil { droppedResults.add(1, ordering: .relaxed) }
             }
             return .string("OK")
         case "aria2.removeDownloadResult":
@@ -421,6 +426,7 @@ public final class Aria2RPC: Sendable {
                 throw Failure.aria2("Could not remove download result of GID \(snapshot.id): it has not stopped")
             }
             try await manager.remove(snapshot.id)
+            droppedResults.add(1, ordering: .relaxed)
             return .string("OK")
         case "aria2.saveSession":
             return .string("OK")  // the catalog is written at every change
@@ -465,5 +471,9 @@ public final class Aria2RPC: Sendable {
     /// The view of the downloads that reads are answered from, and a count of invalidations: a view fetched
     /// across one is not kept (it may predate a change whose answer has already gone out). See
     /// Aria2RPC+Reading.swift.
-    let cache = Locked<(view: View?, generation: UInt64)>((nil, 0))
+    let cache = Locked<(view: View?, generation: UInt64, fetching: (generation: UInt64, task: Task<View, Never>)?)>(
+        (nil, 0, nil))
+    /// Stopped downloads whose results were removed since the daemon started: `getGlobalStat`'s `numStoppedTotal`
+    /// counts them, as aria2's counts every download stopped in its session.
+    let droppedResults = Atomic<Int>(0)
 }

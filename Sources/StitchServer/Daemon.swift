@@ -312,8 +312,9 @@ public enum Daemon {
             case .failed(let failure):
                 method = "aria2.onDownloadError"
                 log.info("download \(id) failed: \(failure.message)")
-            case .removed: method = "aria2.onDownloadStop"
-            case .queued: continue
+            // As aria2: a download dropped from the queue (removed while waiting or paused) or whose result is
+            // removed is not announced; an active one removed is, as it stops (cancelled).
+            case .removed, .queued: continue
             }
             rpc.invalidate()  // a client that reads after the notification sees the change
             let message = JSON.object([

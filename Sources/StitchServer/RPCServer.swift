@@ -103,10 +103,14 @@ struct HTTPAnswer: Sendable, Error {
     /// Call `MHD_resume_connection` after storing it (the connection was suspended for it).
     var resumes = false
 
-    static func refusal(_ status: Int, _ reason: String) -> HTTPAnswer {
+    /// - Parameter code: the JSON-RPC error code (by default -32600 for 413, aria2's 1 otherwise).
+    static func refusal(_ status: Int, _ reason: String, code: Int? = nil) -> HTTPAnswer {
         let body = JSON.object([
             ("id", .null), ("jsonrpc", .string("2.0")),
-            ("error", .object([("code", .integer(status == 413 ? -32600 : 1)), ("message", .string(reason))])),
+            (
+                "error",
+                .object([("code", .integer(Int64(code ?? (status == 413 ? -32600 : 1)))), ("message", .string(reason))])
+            ),
         ])
         return HTTPAnswer(status: UInt32(status), body: body.serialized)
     }
@@ -487,7 +491,7 @@ final class Core: @unchecked Sendable {
             guard let data = Data(base64Encoded: base64, options: .ignoreUnknownCharacters)
                 ?? Data(base64Encoded: Self.padded(base64.replacingOccurrences(of: "-", with: "+")
                     .replacingOccurrences(of: "_", with: "/")))
-            else { return .failure(.refusal(400, "params is not base64")) }
+            else { return .failure(.refusal(400, "params is not base64", code: -32600)) }  // aria2's code
             switch rpc.decode(Array(data)) {
             case .success(let value): params = value
             case .failure(let reply): return .failure(wrap(reply.body ?? [], callback: call.callback, status: reply.status))
@@ -502,7 +506,7 @@ final class Core: @unchecked Sendable {
         } else if let params {
             request = params
         } else {
-            return .failure(.refusal(400, "a GET needs method= (and params=, base64 of a JSON array)"))
+            return .failure(.refusal(400, "a GET needs method= (and params=, base64 of a JSON array)", code: -32600))
         }
         return .success((request, .readOnly, call.callback))
     }

@@ -213,9 +213,13 @@ final class WebSocketHub: Sendable {
 
     // MARK: The polling thread
 
+    /// How long stopping waits for the calls under way to be answered.
+    static let stopGrace: Duration = .seconds(5)
+
     private func run() {
         var clients: [Client] = []
         var descriptors: [pollfd] = []
+        var stopDeadline: ContinuousClock.Instant?
         while true {
             let (adopted, stopping) = state.withLock { state -> ([Client], Bool) in
                 defer { state.adopted = [] }
@@ -231,11 +235,10 @@ final class WebSocketHub: Sendable {
                     clients.removeLast()
                 }
             }
-            if stopping {
-                for client in clients { finish(client, code: 1001) }
-                finished.signal()
-                return
-            }
+            // Stopping: no call is read any more; the calls under way are answered (an `aria2.shutdown` made over
+            // this socket gets its "OK") and their answers sent, for at most `stopGrace`; then every client is
+            // closed (1001: going away).
+            if stopping, stopDeadline == nil { stopDeadline = .now + Self.stopGrace }
             // Move what the tasks queued into each client's wslay context; close those marked.
             clients.removeAll { client in
                 let (messages, closing) = client.shared.withLock { shared -> ([[UInt8]], Bool) in
@@ -268,12 +271,24 @@ final class WebSocketHub: Sendable {
                 }
                 return false
             }
+            if let deadline = stopDeadline {
+                let busy = clients.contains { client in
+                    client.pendingCalls.load(ordering: .relaxed) > 0 || wslay_event_want_write(client.context) != 0
+                        || client.shared.withLock { !$0.outgoing.isEmpty }
+                }
+                if !busy || ContinuousClock.now >= deadline {
+                    for client in clients { finish(client, code: 1001) }
+                    finished.signal()
+                    return
+                }
+            }
             descriptors.removeAll(keepingCapacity: true)
             descriptors.append(pollfd(fd: wake, events: Int16(POLLIN), revents: 0))
             for client in clients {
                 var events: Int16 = 0
-                // Reading waits while the client has many calls unanswered (its own back-pressure).
-                if wslay_event_want_read(client.context) != 0,
+                // Reading waits while the client has many calls unanswered (its own back-pressure), and for good
+                // once the hub stops.
+                if stopDeadline == nil, wslay_event_want_read(client.context) != 0,
                     client.pendingCalls.load(ordering: .relaxed) < Self.maxPendingCalls
                 {
                     events |= Int16(POLLIN)
@@ -281,7 +296,8 @@ final class WebSocketHub: Sendable {
                 if wslay_event_want_write(client.context) != 0 { events |= Int16(POLLOUT) }
                 descriptors.append(pollfd(fd: client.socket, events: events, revents: 0))
             }
-            let ready = poll(&descriptors, nfds_t(descriptors.count), -1)
+            // While stopping, a call's answer arrives through the wake descriptor; the deadline needs a timeout.
+            let ready = poll(&descriptors, nfds_t(descriptors.count), stopDeadline == nil ? -1 : 20)
             if ready < 0 { continue }  // EINTR
             if descriptors[0].revents != 0 {
                 var count: UInt64 = 0

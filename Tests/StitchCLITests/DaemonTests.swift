@@ -63,7 +63,9 @@ struct DaemonTests {
         #expect(try daemon.error("aria2.nosuch") == (1, "No such method: aria2.nosuch"))
         #expect(try daemon.error("aria2.tellStatus", [.string("ffffffffffffffff")]).message.contains("not found"))
         #expect(try daemon.error("aria2.addTorrent", [.string("")]).message.contains("not supported"))
-        #expect(try daemon.error("aria2.tellWaiting", [.string("x"), .integer(1)]).code == -32602)
+        #expect(try daemon.error("aria2.tellWaiting", [.string("x"), .integer(1)]) == (1, "The parameter at 0 has wrong type: offset is an integer"))
+        #expect(try daemon.error("aria2.addUri") == (1, "The parameter at 0 is required but missing: an array of URIs"))
+        #expect(try daemon.error("aria2.addUri", [.array([])]) == (1, "URI is not provided."))
         let malformed = try daemon.post(Array(#"{"jsonrpc":"2.0","id":1,"method":"#.utf8))
         #expect(try JSON.parse(malformed.body)["error"]?["code"]?.integer == -32700)
 
@@ -146,7 +148,7 @@ struct DaemonTests {
         #expect(try daemon.result("aria2.saveSession") == .string("OK"))
         #expect(try daemon.result("aria2.forcePauseAll") == .string("OK"))
         #expect(try daemon.result("aria2.forceRemove", [.string(slow)]) == .string(slow))
-        #expect(try daemon.result("aria2.tellStatus", [.string(slow)]).text("status") == "removed")
+        #expect(try daemon.error("aria2.tellStatus", [.string(slow)]).message.contains("not found"), "paused, so dropped at once, as aria2")
 
         // A download that fails (404), then stitch.updateSource points it at the right file and stitch.retry
         // brings it back; onDownloadError, then onDownloadComplete.
@@ -155,13 +157,13 @@ struct DaemonTests {
         let failed = try daemon.result("aria2.tellStatus", [.string(broken)])
         #expect(failed.text("errorCode") == "3" && failed.text("errorMessage")?.isEmpty == false, "\(failed)")
         #expect(failed.text("stitch.lastProblem")?.contains("404") == true, "in plain words: \(failed)")
-        #expect(try daemon.error("stitch.retry", [.string(slow)]).message.contains("has not failed"), "a removed one is not retried")
+        #expect(try daemon.error("stitch.retry", [.string(slow)]).message.contains("not found"), "a dropped one is gone")
         #expect(try daemon.result("stitch.updateSource", [.string(broken), .string(nginx.httpURL("serve-rest.bin"))]) == .string(broken))
         #expect(try daemon.result("stitch.retry", [.string(broken)]) == .string(broken))
         try await daemon.waitFor(broken, Self.isComplete)
         #expect(FileManager.default.contents(atPath: sandbox.path("dl/fixed.bin")).map(Array.init) == bytes)
         // A finished download's options are final, and a refused change changes nothing (the rate either).
-        #expect(try daemon.error("aria2.changeOption", [.string(broken), .object([("max-download-limit", .string("1M")), ("max-tries", .string("2"))])]).message.contains("final"))
+        #expect(try daemon.error("aria2.changeOption", [.string(broken), .object([("max-download-limit", .string("1M")), ("max-tries", .string("2"))])]).message.contains("Cannot change option for GID#\(broken)"))
         #expect(try daemon.result("aria2.getOption", [.string(broken)]).text("max-download-limit") == "0")
 
         var seen: [String: Set<String>] = [:]
@@ -169,7 +171,8 @@ struct DaemonTests {
             let gid = note["params"]?.array?.first?.text("gid") ?? "?"
             seen[gid, default: []].insert(note.text("method") ?? "?")
         }
-        #expect(seen[slow]?.isSuperset(of: ["aria2.onDownloadStart", "aria2.onDownloadPause", "aria2.onDownloadStop"]) == true, "\(seen)")
+        #expect(seen[slow]?.isSuperset(of: ["aria2.onDownloadStart", "aria2.onDownloadPause"]) == true, "\(seen)")
+        #expect(seen[slow]?.contains("aria2.onDownloadStop") == false, "removed while paused: dropped unannounced, as aria2: \(seen)")
         #expect(seen[broken]?.isSuperset(of: ["aria2.onDownloadError", "aria2.onDownloadComplete"]) == true, "\(seen)")
 
         // shutdown answers OK, then the daemon stops as on SIGTERM.
@@ -207,7 +210,7 @@ struct DaemonTests {
         try await daemon.waitFor(gids[0]) { $0.text("status") == "paused" }
         #expect(try daemon.error("aria2.unpause", [.string(gids[2])]).message.contains("not paused"))
         #expect(try daemon.result("aria2.remove", [.string(gids[2])]) == .string(gids[2]))
-        #expect(try daemon.result("aria2.tellStatus", [.string(gids[2])]).text("status") == "removed")
+        #expect(try daemon.error("aria2.tellStatus", [.string(gids[2])]).message.contains("not found"), "a waiting one is dropped at once, as aria2")
         #expect(try daemon.result("aria2.pauseAll") == .string("OK"))
         let paused = try daemon.result("aria2.tellWaiting", [.integer(0), .integer(10), .array([.string("status")])])
         #expect(paused.array?.allSatisfy { $0.text("status") == "paused" } == true, "\(paused)")
@@ -734,6 +737,31 @@ struct DaemonTests {
         // A cross-site page cannot open the socket either.
         #expect(throws: DaemonTestError.self) { try TestWebSocket(port: daemon.port, headers: [("Origin", "https://evil.example")]) }
         _ = await daemon.stop()
+    }
+
+    /// `aria2.shutdown` over the WebSocket is answered before the socket closes (the hub closed its clients before
+    /// the answer was queued, three times in four with a download in the catalog; aioaria2 waited in vain).
+    @Test func shutdownOverTheWebSocketIsAnswered() async throws {
+        let sandbox = try Sandbox("serve")
+        defer { sandbox.cleanup() }
+        for round in 0..<3 {
+            let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
+            if round == 0 {
+                _ = try daemon.result("aria2.addUri", [.array([.string("http://127.0.0.1:9/x.bin")]), .object([("pause", .string("true"))])])
+            }
+            let socket = try TestWebSocket(port: daemon.port)
+            try socket.send(#"{"jsonrpc":"2.0","id":"bye","method":"aria2.shutdown"}"#)
+            var answer: String?
+            while let message = try socket.receive(timeout: 10_000) {
+                if message.contains(#""id":"bye""#) {
+                    answer = message
+                    break
+                }
+            }
+            #expect(answer?.contains(#""result":"OK""#) == true, "round \(round): \(answer ?? "no answer")")
+            let end = await daemon.process.wait(timeout: .seconds(60))
+            #expect(end.status == 0, "\(end)")
+        }
     }
 
     /// `-j 50` with fifty downloads from one server: all fifty transfer at once (each holds a connection), as in

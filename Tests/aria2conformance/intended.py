@@ -42,11 +42,6 @@ intend("addMetalink", ["http.status", "answer"],
        "Methods: addTorrent and addMetalink answer 'not supported' (aria2c takes garbage Metalink and returns [])")
 
 # -- the envelope (docs/rpc.md Envelope table)
-intend(["addUri a string, not a list", "addUri options not an object", "changeOption options not an object",
-        "changeGlobalOption not an object", "changePosition pos a string", "tellWaiting strings",
-        "tellStatus keys not a list"],
-       ["http.status", "error.code"],
-       "Envelope: a parameter of the wrong type is -32602 (HTTP 500); aria2c says code 1 'has wrong type' (400)")
 intend("body a number", ["http.status", "error.code"],
        "Envelope: JSON that is not a call is -32600 (HTTP 400); aria2c answers -32700 Parse error (500)")
 intend("empty batch", ["http.status", "answer"],
@@ -74,3 +69,14 @@ intend("GET a method that changes (saveSession)", ["http.status", "answer"],
 intend("OPTIONS preflight", ["http.status", "http.content-type", "answer"],
        "Transport/Security: a preflight is answered only with --rpc-allow-origin-all; another Origin is refused "
        "(403, saying why); aria2c answers 200 without CORS headers, which a browser refuses too")
+
+# -- the process
+intend("exit after shutdown", "exit",
+       "docs/rpc.md: aria2.shutdown saves every download's state and exits 0; aria2c exits 7 (unfinished downloads)")
+
+# -- the envelope and paths
+intend("batch with a non-object element", "[[]id=null[]].answer",
+       "Envelope: JSON-RPC 2.0 answers each element that is not a call with -32600 (id null); aria2c drops them")
+intend("POST to another path", ["http.status", "http.content-type", "answer"],
+       "Transport: a path other than /jsonrpc (and the page's) is 404 with a JSON error naming /jsonrpc; aria2c: 400, "
+       "empty body")
