@@ -5,9 +5,12 @@ import Stitch
 extension Aria2RPC {
     // MARK: addUri
 
-    /// - Parameter importing: an entry of an aria2 session (``importSession(_:source:)``): a URL the manager holds
-    ///   for the same place is that download, and a partial aria2c left (`FILE` with `FILE.aria2`) is adopted.
-    func addUri(_ params: [JSON], importing: Bool = false) async throws -> JSON {
+    /// - Parameters:
+    ///   - importing: an entry of an aria2 session (``importSession(_:source:)``): a URL the manager holds for the
+    ///     same place is that download, and a partial aria2c left (`FILE` with `FILE.aria2`) is adopted.
+    ///   - nameFromURI: with `importing` and no `out`, look for aria2c's partial under the name aria2c gives the
+    ///     URI (false when another entry of the session would name the same file).
+    func addUri(_ params: [JSON], importing: Bool = false, nameFromURI: Bool = true) async throws -> JSON {
         guard let uris = params.first?.array else { throw Self.badParameter(params, 0, "an array of URIs") }
         guard !uris.isEmpty else { throw Failure.aria2("URI is not provided.") }
         let urls = try uris.map { uri -> String in
@@ -39,7 +42,7 @@ extension Aria2RPC {
         let folder = options.directory ?? base
         if importing {
             // aria2c's partial: FILE and its control file FILE.aria2, named by `out` or by the URI as aria2c names it.
-            let name = options.out ?? Self.aria2Name(urls[0])
+            let name = options.out ?? (nameFromURI ? Self.aria2Name(urls[0]) : nil)
             if let name, FileManager.default.fileExists(atPath: folder + "/" + name + ".aria2") {
                 options.out = name
                 options.adopt = true

@@ -81,17 +81,12 @@ extension Aria2RPC {
         }
     }
 
-    /// The view when it is fresh enough to answer from at once. Past most of its age a fetch starts in the
-    /// background, so that steady polling keeps finding a fresh view instead of waiting for one.
+    /// The view when it is fresh enough to answer from at once.
     func cachedView() -> View? {
-        let (view, stale) = cache.withLock { cache -> (View?, Bool) in
-            guard let current = cache.view else { return (nil, false) }
-            let age = ContinuousClock.now - current.fetched
-            guard age < Self.viewAge else { return (nil, false) }
-            return (current, age >= Self.viewAge * 0.6 && cache.fetching?.generation != cache.generation)
+        cache.withLock { cache in
+            guard let current = cache.view, ContinuousClock.now - current.fetched < Self.viewAge else { return nil }
+            return current
         }
-        if stale { _ = refresh() }
-        return view
     }
 
     /// Answers `request` on the caller's thread when every call in it only reads (and a fresh view is at hand);

@@ -413,7 +413,7 @@ public final class Aria2RPC: Sendable {
             return Self.options(of: snapshot, await optionContext())
         case "aria2.changeGlobalOption":
             guard let members = params.first?.members else { throw Self.badParameter(params, 0, "the options are an object") }
-            try await changeGlobalOption(members)
+            try await settingsGate.run { try await changeGlobalOption(members) }
             return .string("OK")
         case "aria2.purgeDownloadResult":
             for snapshot in await manager.downloads() where Self.isStopped(snapshot.status) {
@@ -476,4 +476,12 @@ public final class Aria2RPC: Sendable {
     /// Stopped downloads whose results were removed since the daemon started: `getGlobalStat`'s `numStoppedTotal`
     /// counts them, as aria2's counts every download stopped in its session.
     let droppedResults = Atomic<Int>(0)
+    /// One change of the global options at a time: `changeGlobalOption` and a configuration reload each keep, then
+    /// apply, several settings; interleaved, the running daemon and what the catalog keeps would disagree.
+    let settingsGate = AsyncGate()
+
+    /// Runs `body` while no `changeGlobalOption` runs (the daemon's configuration reload).
+    public func changingSettings<T>(_ body: () async throws -> T) async rethrows -> T {
+        try await settingsGate.run(body)
+    }
 }

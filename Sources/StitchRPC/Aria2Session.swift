@@ -83,6 +83,15 @@ extension Aria2RPC {
         public var already = 0
         /// Entries not imported, each with its line and why.
         public var skipped: [String] = []
+        /// What else the log should say (a GID another download has).
+        public var notes: [String] = []
+    }
+
+    /// The file an entry names: its `dir` (as written) and `out`, or the name aria2c gives its first URI.
+    static func fileKey(_ entry: Aria2Session.Entry, fromURI: Bool) -> String {
+        let folder = entry.options.last { $0.name == "dir" }?.value ?? ""
+        let out = entry.options.last { $0.name == "out" }?.value ?? (fromURI ? aria2Name(entry.uris[0]) ?? "" : "")
+        return folder + "\u{0}" + out
     }
 
     /// The catalog's key prefix marking session entries imported.
@@ -100,6 +109,10 @@ extension Aria2RPC {
             result.skipped.append("\(source):\(line): an option line before any URI")
         }
         let kept = (try? await manager.keptSettings()) ?? [:]
+        // The files the entries name (their folder and `out`, or the name aria2c gives the URI): a partial found
+        // under a name two entries would give is nobody's to adopt.
+        var named: [String: Int] = [:]
+        for entry in session.entries { named[Self.fileKey(entry, fromURI: true), default: 0] += 1 }
         for entry in session.entries {
             let marker = Self.importedPrefix + entry.key
             if kept[marker] != nil {
@@ -116,14 +129,27 @@ extension Aria2RPC {
                 if name == "header" { headers.append(value) } else { members.append((name, .string(value))) }
             }
             if !headers.isEmpty { members.append(("header", .array(headers.map(JSON.string)))) }
-            // A GID another download has is not taken (it was imported under another key, or it is a clash).
+            // A GID another download has: the entry's own download when its URL is the entry's (added at an
+            // earlier start that ended before it was marked), else a clash, and the GID is not taken.
             if let gid = members.first(where: { $0.0 == "gid" })?.1.string, let id = DownloadID(gid),
-                await manager.download(id) != nil
+                let held = await manager.download(id)
             {
+                if held.url == entry.uris[0] || held.mirrors.contains(entry.uris[0]) {
+                    do {
+                        try await manager.keepSettings([marker: "\(id)"])
+                        result.already += 1
+                    } catch {
+                        result.skipped.append("\(source):\(entry.line): \(error)")
+                    }
+                    continue
+                }
                 members.removeAll { $0.0 == "gid" }
+                result.notes.append("\(source):\(entry.line): GID \(gid) is another download's; this one gets a new GID")
             }
             do {
-                let id = try await addUri([.array(entry.uris.map(JSON.string)), .object(members)], importing: true)
+                let id = try await addUri(
+                    [.array(entry.uris.map(JSON.string)), .object(members)], importing: true,
+                    nameFromURI: named[Self.fileKey(entry, fromURI: true), default: 0] <= 1)
                 try await manager.keepSettings([marker: id.string ?? ""])
                 result.imported.append(id.string ?? "")
             } catch {

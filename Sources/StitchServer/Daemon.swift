@@ -81,6 +81,21 @@ public enum Daemon {
             log.error(error.description)
             return 64
         }
+        // Signals are taken from the start: a SIGHUP (a log rotation, a reload) while the catalog is restored or a
+        // session imported must not end the daemon, as its default action would; a reload or a stop asked for
+        // then is done once the server runs.
+        let (stops, stop) = AsyncStream<String>.makeStream()
+        let (reloads, reload) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+        let signals = [SIGTERM, SIGINT, SIGHUP].map { number -> any DispatchSourceSignal in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number)
+            source.setEventHandler {
+                if number == SIGHUP { reload.yield() } else { stop.yield(number == SIGTERM ? "SIGTERM" : "SIGINT") }
+            }
+            source.resume()
+            return source
+        }
+        defer { for source in signals { source.cancel() } }
         let folder = absolute(options.directory)
         // Read before anything starts: a session file that cannot be read stops the start, as a bad option does.
         var session: Aria2Session?
@@ -127,7 +142,6 @@ public enum Daemon {
         let report = manager.restoreReport
         if let why = report.rebuiltBecause { log.warning(why) }
 
-        let (stops, stop) = AsyncStream<String>.makeStream()
         let rpc = Aria2RPC(manager: manager, secret: options.secret, reservedFolder: stateFolder) {
             stop.yield("an RPC shutdown")
         }
@@ -138,6 +152,7 @@ public enum Daemon {
         for problem in await rpc.restoreKeptOptions(overriddenBy: options.commandLine) { log.warning(problem) }
         if let session, let path = options.inputFile {
             let result = await rpc.importSession(session, source: path)
+            for line in result.notes { log.info(line) }
             for line in result.skipped { log.warning(line) }
             log.info(
                 "\(path): \(result.imported.count) download\(result.imported.count == 1 ? "" : "s") imported"
@@ -165,21 +180,11 @@ public enum Daemon {
 
         let notifier = Task { await notify(manager, rpc, server, log: log) }
         // SIGHUP reads the configuration file again, one reload after another.
-        let (reloads, reload) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
         let reloader = Task {
             var running = options
             for await _ in reloads {
                 running = await Self.reload(running, rpc: rpc, server: server, log: log)
             }
-        }
-        let signals = [SIGTERM, SIGINT, SIGHUP].map { number -> any DispatchSourceSignal in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number)
-            source.setEventHandler {
-                if number == SIGHUP { reload.yield() } else { stop.yield(number == SIGTERM ? "SIGTERM" : "SIGINT") }
-            }
-            source.resume()
-            return source
         }
         var why = "the end"
         for await reason in stops {
@@ -192,7 +197,6 @@ public enum Daemon {
         await server.stop()
         await manager.close()
         notifier.cancel()
-        for source in signals { source.cancel() }
         log.info("stopped")
         return 0
     }
@@ -238,19 +242,25 @@ public enum Daemon {
         applied.verbose = new.verbose
         applied.server.policy.allowedHosts = new.server.policy.allowedHosts
         let concurrency = new.maxConcurrentDownloads ?? DownloadManager.Configuration(downloadDirectory: "/").maxConcurrentDownloads
+        // Applied first, then the options set over RPC forgotten, all while no changeGlobalOption runs: a change a
+        // client makes meanwhile comes before or after the reload as a whole.
         let forgotten: [String]
         do {
-            forgotten = try await rpc.forgetKeptOptions()
-            try await manager.setMaxConcurrentDownloads(concurrency)
-            try await manager.setRateLimit(new.rateLimit)
-            rpc.hostCapFollowsConcurrency(new.maxConnectionsPerHost == nil)
-            try await manager.setMaxConnectionsPerHost(new.maxConnectionsPerHost ?? max(16, concurrency))
-            try await manager.setConnections(new.connections)
+            forgotten = try await rpc.changingSettings {
+                try await manager.setMaxConcurrentDownloads(concurrency)
+                try await manager.setRateLimit(new.rateLimit)
+                rpc.hostCapFollowsConcurrency(new.maxConnectionsPerHost == nil)
+                try await manager.setMaxConnectionsPerHost(new.maxConnectionsPerHost ?? max(16, concurrency))
+                try await manager.setConnections(new.connections)
+                rpc.setConfigDefaults(new.downloadDefaults)
+                return try await rpc.forgetKeptOptions()
+            }
         } catch {
-            log.error("SIGHUP: \(error)")
+            // Only a closed manager or a catalog that cannot be written gets here (the values were checked when
+            // the file was read).
+            log.error("SIGHUP: \(error); the file's values may be partly applied")
             return running
         }
-        rpc.setConfigDefaults(new.downloadDefaults)
         server.setAllowedHosts(Array(new.server.policy.allowedHosts))
         log.setVerbose(new.verbose)
         rpc.reportDaemonOptions(reportedOptions(applied, boundAddresses: server.boundAddresses))
@@ -301,11 +311,15 @@ public enum Daemon {
 
     /// aria2's notifications to the WebSocket clients, from the manager's events.
     static func notify(_ manager: DownloadManager, _ rpc: Aria2RPC, _ server: RPCServer, log: Log) async {
+        // The downloads announced as started and not yet as stopped.
+        var started: Set<DownloadID> = []
         for await event in await manager.events() {
             guard case .statusChanged(let id, let status) = event else { continue }
             let method: String
             switch status {
-            case .running: method = "aria2.onDownloadStart"
+            case .running:
+                method = "aria2.onDownloadStart"
+                started.insert(id)
             case .paused: method = "aria2.onDownloadPause"
             case .completed: method = "aria2.onDownloadComplete"
             case .failed(let failure) where failure.code == .cancelled: method = "aria2.onDownloadStop"
@@ -313,9 +327,13 @@ public enum Daemon {
                 method = "aria2.onDownloadError"
                 log.info("download \(id) failed: \(failure.message)")
             // As aria2: a download dropped from the queue (removed while waiting or paused) or whose result is
-            // removed is not announced; an active one removed is, as it stops (cancelled).
-            case .removed, .queued: continue
+            // removed is not announced; one removed while running (it had just started) stops as aria2's do.
+            case .removed:
+                guard started.contains(id) else { continue }
+                method = "aria2.onDownloadStop"
+            case .queued: continue
             }
+            if status != .running { started.remove(id) }
             rpc.invalidate()  // a client that reads after the notification sees the change
             let message = JSON.object([
                 ("jsonrpc", .string("2.0")), ("method", .string(method)),

@@ -84,7 +84,14 @@ public final class RPCServer: Sendable {
     /// Stops accepting, closes the WebSocket clients, lets the calls under way answer, and closes every listener.
     public func stop() async {
         core.quiesce()
-        hub.stop()
+        // The hub waits (up to its grace) for the answers of calls under way: on a thread of its own, not one of
+        // the concurrency pool's, which those calls need.
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async { [hub] in
+                hub.stop()
+                continuation.resume()
+            }
+        }
         await core.drain()
         core.stop()
     }
