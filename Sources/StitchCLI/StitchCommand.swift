@@ -50,6 +50,16 @@ struct StitchCommand {
         }
         switch command {
         case "-h", "--help", "help":
+            // The manual pages and completions the package installs, from the same text (scripts/package.sh).
+            if arguments.count == 3, arguments[1] == "--man" || arguments[1] == "--completion" {
+                let text = arguments[1] == "--man" ? Manual.page(arguments[2]) : Manual.completion(arguments[2])
+                guard let text else {
+                    writeAll(STDERR_FILENO, "stitch: no \(arguments[1].dropFirst(2)) '\(arguments[2])' (stitch.1, stitch-serve.8; bash, zsh, fish)\n")
+                    return .usage
+                }
+                Output.stdout(text)
+                return .success
+            }
             if arguments.dropFirst().first == "get" {
                 Output.stdout(Help.get + "\n")
             } else if let topic = arguments.dropFirst().first, topic == "client" || Client.commands.contains(topic) {
