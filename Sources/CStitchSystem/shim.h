@@ -10,6 +10,13 @@
 #include <linux/falloc.h>
 #endif
 
+/* The commit the binary was built from, stamped by scripts/package.sh (-Xcc -DSTITCH_COMMIT='"…"', from
+   `git describe`); "unknown" for a build that was not stamped. */
+#ifndef STITCH_COMMIT
+#define STITCH_COMMIT "unknown"
+#endif
+static inline const char *stitch_build_commit(void) { return STITCH_COMMIT; }
+
 /* Reserves blocks for [offset, offset+length) without changing the file size; -1 with errno ENOTSUP where the
    platform has no such call (the caller then writes without a reservation). */
 static inline int stitch_preallocate(int fd, long long offset, long long length) {

@@ -1,4 +1,5 @@
 import Dispatch
+import CStitchSystem
 import Foundation
 import Stitch
 import Synchronization
@@ -71,7 +72,7 @@ struct StitchCommand {
             }
             return .success
         case "--version", "version":
-            Output.stdout("stitch \(StitchVersion.string)\n")
+            Output.stdout("stitch \(StitchVersion.string) (commit \(String(cString: stitch_build_commit())))\n")
             return .success
         case "get":
             let rest = Array(arguments.dropFirst())
