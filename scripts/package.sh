@@ -73,6 +73,6 @@ sed -e "s/@VERSION@/$version/" -e "s/@SIZE@/$size/" -e "s/@DEPENDS@/$depends/" p
 deb=$out/stitch_${version}_amd64.deb
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$deb" >/dev/null
 echo "package.sh: $deb ($(du -h "$deb" | cut -f1), commit $commit)"
-echo "package.sh: Depends: $depends, adduser"
+echo "package.sh: Depends: $depends, adduser, procps"
 # Errors fail the build; warnings are printed.
 lintian --fail-on error --suppress-tags-from-file packaging/debian/lintian-overrides.txt "$deb"
