@@ -25,7 +25,8 @@ cleanup() {
     [[ -z $serve_pid ]] || kill "$serve_pid" 2>/dev/null || true
     for mount in proc dev/pts dev sys; do umount -l "$rootfs/$mount" 2>/dev/null || true; done
     [[ -n ${own_nginx:-} ]] && bash scripts/nginx.sh stop "$nginx_dir" >/dev/null 2>&1 || true
-    rm -rf "$work"
+    # Never into a mount that is still there (the machine's /dev and /sys are bound into the root).
+    rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 if [[ -z $nginx_dir ]]; then
