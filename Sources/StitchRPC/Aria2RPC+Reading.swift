@@ -56,29 +56,11 @@ extension Aria2RPC {
         }
     }
 
-    /// A view fetched after the last change. One fetch at a time: the readers that find the view stale while a
-    /// fetch made after the last change is under way wait for that one rather than each asking the manager for
-    /// every download (a hundred pollers arriving together asked for a hundred copies).
     func refreshedView() async -> View {
-        await refresh().value
-    }
-
-    /// The fetch under way for the current generation, or a new one.
-    private func refresh() -> Task<View, Never> {
-        cache.withLock { state in
-            if let fetching = state.fetching, fetching.generation == state.generation { return fetching.task }
-            let generation = state.generation
-            let task = Task { [self] in
-                let view = View(await manager.downloads())
-                cache.withLock { state in
-                    if state.generation == generation { state.view = view }
-                    if state.fetching?.generation == generation { state.fetching = nil }
-                }
-                return view
-            }
-            state.fetching = (generation, task)
-            return task
-        }
+        let generation = cache.withLock { $0.generation }
+        let view = View(await manager.downloads())
+        cache.withLock { if $0.generation == generation { $0.view = view } }
+        return view
     }
 
     /// The view when it is fresh enough to answer from at once.

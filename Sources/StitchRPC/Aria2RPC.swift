@@ -471,8 +471,7 @@ public final class Aria2RPC: Sendable {
     /// The view of the downloads that reads are answered from, and a count of invalidations: a view fetched
     /// across one is not kept (it may predate a change whose answer has already gone out). See
     /// Aria2RPC+Reading.swift.
-    let cache = Locked<(view: View?, generation: UInt64, fetching: (generation: UInt64, task: Task<View, Never>)?)>(
-        (nil, 0, nil))
+    let cache = Locked<(view: View?, generation: UInt64)>((nil, 0))
     /// Stopped downloads whose results were removed since the daemon started: `getGlobalStat`'s `numStoppedTotal`
     /// counts them, as aria2's counts every download stopped in its session.
     let droppedResults = Atomic<Int>(0)
