@@ -40,11 +40,9 @@ STITCH_B=${STITCH_B:-}
 servers=(stitch aria2c)
 [[ -z $STITCH_B ]] || servers=(stitch stitch-b aria2c)
 
-venv=$repo/.build/aria2p-venv
-if ! "$venv/bin/python" -c "import websocket" 2>/dev/null; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "aria2p==0.12.3"
-fi
+# shellcheck source=scripts/aria2-venv.sh
+source "$repo/scripts/aria2-venv.sh"
+aria2_venv "$repo"
 
 work=$(mktemp -d /tmp/stitch-bench-rpc.XXXXXX)
 server_pid=""

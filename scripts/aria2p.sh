@@ -4,11 +4,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-venv=.build/aria2p-venv
-if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c "import aria2p" 2>/dev/null; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "aria2p==0.12.3"
-fi
+# shellcheck source=scripts/aria2-venv.sh
+source scripts/aria2-venv.sh
+aria2_venv "$root"
 nginx_dir=${1:-}
 if [[ -z $nginx_dir ]]; then
     nginx_dir=$(mktemp -d /tmp/stitch-aria2p-nginx.XXXXXX)

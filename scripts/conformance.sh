@@ -10,14 +10,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-venv=.build/aria2p-venv
-if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c "import aria2p" 2>/dev/null; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "aria2p==0.12.3"
-fi
-if ! "$venv/bin/python" -c "import aioaria2" 2>/dev/null; then
-    "$venv/bin/pip" install -q --disable-pip-version-check "aioaria2==1.3.7"
-fi
+# shellcheck source=scripts/aria2-venv.sh
+source scripts/aria2-venv.sh
+aria2_venv "$root"
 aria2c=${ARIA2C:-/usr/bin/aria2c}
 [[ -x $aria2c ]] || { echo "conformance.sh: $aria2c not found (apt-get install aria2)" >&2; exit 1; }
 nginx_dir=${1:-}
