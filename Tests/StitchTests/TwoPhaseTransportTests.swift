@@ -7,6 +7,10 @@ import Testing
 @testable import Stitch
 @testable import StitchCore
 
+#if Libcurl
+import StitchCurl
+#endif
+
 /// The two-phase transport: a response head goes to the engine, which decides (and does any disk work) off the
 /// transport's thread while the body waits; every other transfer keeps moving meanwhile.
 @Suite struct TwoPhaseTransportTests {
@@ -148,16 +152,15 @@ import Testing
         #expect(server.requests(for: "/file").count == 1 + windows)
     }
 
-    /// A response cancelled before the engine takes its body (a lane's connection cut off while its head was being
-    /// judged, or a head refused): the body asked for afterwards takes nothing, and returns `.cancelled` only once
-    /// the transfer has ended: over libcurl its connection is closed by then; FoundationNetworking closes it a
-    /// moment later on a queue of its own (`TransportBackend.connectionCloseLag`). On the old code the body failed
-    /// at once, "a response body can be read only once", and the lane took its cut-off connection for a failed
-    /// request (counted, retried after a backoff) and asked again while the old one was still open.
-    /// Client sockets of this machine connected to the loopback `port` and still open (ESTABLISHED in
-    /// /proc/net/tcp and tcp6): a socket leaves that state when its owner closes it.
+    /// Client sockets this process holds that are connected to the loopback `port` (ESTABLISHED in /proc/net/tcp
+    /// and tcp6, and named by one of this process's descriptors in /proc/self/fd).
+    ///
+    /// The descriptors and not only the socket's state: a process another test starts meanwhile (`Process.run`,
+    /// posix_spawn) holds a copy of every descriptor from its fork until it closes them before its exec, and a
+    /// socket closed here in that window stays ESTABLISHED until the child lets go of it (seen once in a whole
+    /// suite's run; here 4 times in 30 with a thread spawning /bin/true beside the test).
     static func establishedSockets(toPort port: Int) -> Int {
-        var count = 0
+        var inodes: [Substring] = []
         for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
             // Read to the end: a /proc file says it is empty (its size is 0).
             guard let data = try? FileHandle(forReadingFrom: URL(fileURLWithPath: table)).readToEnd(),
@@ -165,17 +168,36 @@ import Testing
             else { continue }
             for line in text.split(separator: "\n").dropFirst() {
                 let fields = line.split(separator: " ")
-                guard fields.count > 3, let remotePort = fields[2].split(separator: ":").last.flatMap({ Int($0, radix: 16) })
+                guard fields.count > 9, let remotePort = fields[2].split(separator: ":").last.flatMap({ Int($0, radix: 16) })
                 else { continue }
-                if remotePort == port, fields[3] == "01" { count += 1 }
+                if remotePort == port, fields[3] == "01" { inodes.append(fields[9]) }
             }
         }
-        return count
+        guard !inodes.isEmpty else { return 0 }
+        let held = Set(
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []).compactMap {
+                try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + $0)
+            })
+        return inodes.filter { held.contains("socket:[\($0)]") }.count
     }
 
+    /// A response cancelled before the engine takes its body (a lane's connection cut off while its head was being
+    /// judged, or a head refused): the body asked for afterwards takes nothing, and returns `.cancelled` only once
+    /// the transfer has ended: over libcurl its connection is closed by then; FoundationNetworking closes it a
+    /// moment later on a queue of its own (`TransportBackend.connectionCloseLag`). On the old code the body failed
+    /// at once, "a response body can be read only once", and the lane took its cut-off connection for a failed
+    /// request (counted, retried after a backoff) and asked again while the old one was still open.
     @Test(arguments: TransportBackend.available, [false, true])
     func aBodyAskedForAfterACancelEndsWithTheConnection(backend: TransportBackend, receiving: Bool) async throws {
-        let transport = backend.testTransport
+        // libcurl's loop thread is held below: a transport of its own (its thread ends with it), not the one every
+        // other test shares.
+        let transport: any HTTPTransport
+        #if Libcurl
+        let own = backend == .libcurl ? CurlTransport() : nil
+        transport = own ?? backend.testTransport
+        #else
+        transport = backend.testTransport
+        #endif
         let server = try TestHTTPServer()
         defer { server.stop() }
         let file = ServedFile.random(size: 4 << 20, seed: 74, etag: "\"c\"")
@@ -189,7 +211,6 @@ import Testing
         #expect(server.activeRequests == 1)
         // The check below sees an open connection: this one, before the cancel.
         #expect(Self.establishedSockets(toPort: server.port) == 1)
-        response.cancel()
         final class Refuse: BodySink, @unchecked Sendable {
             var bytes = 0
             func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {
@@ -197,19 +218,59 @@ import Testing
                 return .accepted
             }
         }
+        /// Holds the thread that calls it (libcurl's one loop thread) until the test opens it.
+        final class Hold: BodySink, Sendable {
+            let gate = Gate()
+            let holding = Atomic<Bool>(true)
+            func receive(_ chunk: UnsafeRawBufferPointer) -> ReceiveDecision {
+                gate.pass()
+                return .abort
+            }
+        }
+        // Over libcurl the cancel and the body are handled on the loop thread, which another transfer's sink holds
+        // here: a body that returned before the loop handled the cancel (with the connection still open) returns
+        // while it is held. Without the hold the loop is quick enough to close the socket before the check reads
+        // /proc, and a body returning too early went unseen.
+        let hold = Hold()
+        let other = try TestHTTPServer()
+        defer { other.stop() }
+        let holder = Task<Void, Never> {
+            guard backend.connectionCloseLag == .zero else { return }
+            other.serve("/hold", file: .random(size: 1 << 20, seed: 75))
+            let request = TransportRequest(
+                url: other.url("/hold"), headers: HTTPHeaders(), options: TransportOptions())
+            guard case .success(let response) = await transport.start(request) else { return }
+            _ = await response.receive(into: hold)
+        }
+        if backend.connectionCloseLag == .zero {
+            #expect(await blocking { hold.gate.waitUntilEntered(seconds: 60) }, "the holding transfer never received")
+        }
+        response.cancel()
         let sink = Refuse()
-        let outcome = receiving ? await response.receive(into: sink) : await response.discard()
-        // Closed by then over libcurl; over URLSession a moment later (`TransportBackend.connectionCloseLag`): how
-        // long is not asserted, only that it closes (the wait is a bound). Seen from this process's side: the
-        // client's socket leaves ESTABLISHED when it is closed, while the server notices the hang-up only when its
-        // thread next looks (a loaded machine made that later than the return).
-        let openAtReturn = Self.establishedSockets(toPort: server.port)
+        let ended = Task {
+            let outcome = receiving ? await response.receive(into: sink) : await response.discard()
+            // Closed by then over libcurl; over URLSession a moment later (`TransportBackend.connectionCloseLag`):
+            // how long is not asserted, only that it closes (the wait is a bound). Seen from this process's side:
+            // the client's socket leaves ESTABLISHED when it is closed, while the server notices the hang-up only
+            // when its thread next looks (a loaded machine made that later than the return).
+            return (outcome, Self.establishedSockets(toPort: server.port), hold.holding.load(ordering: .acquiring))
+        }
+        if backend.connectionCloseLag == .zero {
+            // A bound, not a trigger: a body that returns early does so at once; a right one waits for the loop.
+            try await Task.sleep(for: .milliseconds(300))
+            hold.holding.store(false, ordering: .releasing)
+            hold.gate.open()
+        }
+        let (outcome, openAtReturn, returnedWhileHeld) = await ended.value
+        await holder.value
         let closed = await blocking { waitUntil(timeout: 60) { server.activeRequests == 0 } }
         guard case .failure(let error) = outcome else {
             Issue.record("a cancelled response's body ended \(outcome)")
             return
         }
         #expect(error.isCancelled, "\(error)")
+        #expect(backend.connectionCloseLag > .zero || !returnedWhileHeld,
+            "the body returned before the transport's loop handled the cancel")
         #expect(backend.connectionCloseLag > .zero || openAtReturn == 0,
             "the body returned with the cancelled request's connection open")
         #expect(closed, "the cancelled request's connection stayed open")
