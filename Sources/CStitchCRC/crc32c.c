@@ -4,7 +4,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
-#include <nmmintrin.h>
+#include <immintrin.h>
 #endif
 
 #define STITCH_CRC32C_POLY 0x82F63B78u /* 0x1EDC6F41 bit-reversed */
@@ -12,12 +12,20 @@
 /* table[k][b]: the CRC register after byte b followed by k zero bytes (slicing-by-8). */
 static uint32_t crc_table[8][256];
 static int use_hardware;
+/* The AVX-512 carry-less multiply path (see `vpclmul_raw`): set when the CPU and the OS have AVX-512F and
+ * VPCLMULQDQ as well as SSE4.2. */
+static int use_vpclmul;
 static pthread_once_t setup_once = PTHREAD_ONCE_INIT;
 
 /* Block sizes of the three-stream hardware path (see hardware_raw). */
 #define STITCH_CRC_LONG 8192
 #define STITCH_CRC_SHORT 256
 static void shift_tables(uint32_t table[4][256], size_t bytes);
+#if defined(__x86_64__)
+static void fold_constants(uint64_t constants[2], unsigned distance);
+/* Fold constants of the AVX-512 path, for moving a 16-byte block 2048 and 512 bits forward. */
+static uint64_t fold_2048[2], fold_512[2];
+#endif
 static uint32_t shift_long[4][256];
 static uint32_t shift_short[4][256];
 
@@ -39,6 +47,9 @@ static void setup(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     use_hardware = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    use_vpclmul = use_hardware && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
+    fold_constants(fold_2048, 2048);
+    fold_constants(fold_512, 512);
 #else
     use_hardware = 0;
 #endif
@@ -168,6 +179,79 @@ __attribute__((target("sse4.2"))) static uint32_t hardware_raw(uint32_t crc, con
     }
     return crc;
 }
+
+/* Folding with carry-less multiplication (after Intel's "Fast CRC Computation for Generic Polynomials Using
+ * PCLMULQDQ"), 256 bytes a step in four 512-bit registers, for long buffers: about three times the speed of the
+ * three streams of `crc32` above here (which are bound by the instruction's one-per-cycle throughput), so the
+ * piece checksums of a download cost less on the thread that receives it.
+ *
+ * The CRC is linear: the register after a message is the message as a polynomial times x^32, modulo P. A 16-byte
+ * block A followed by D more bits contributes A * x^D to what follows; any F with F = A * x^D (mod P) of at most
+ * 128 bits can replace A in the block D bits further on (xored into it) without changing the CRC. With A split
+ * into its first 8 bytes H and its last 8 bytes L, A = H * x^64 + L, so F = H * (x^(D+64) mod P) + L * (x^D mod P):
+ * two 64 x 32-bit carry-less products. The register's start value is xored into the first four bytes (the same as
+ * starting from it), and what the four registers hold at the end -- 64 bytes standing for everything folded --
+ * goes through the `crc32` instruction from zero, followed by the bytes left over.
+ *
+ * Bit order: bytes are reflected (bit 0 of the first byte is the highest power), so a little-endian 64-bit load
+ * holds x^63 in bit 0. A constant K with x^d in bit 63 - d multiplied with such a word puts x^e in bit 126 - e of
+ * the 128-bit product, one short of the block's own order (x^e in bit 127 - e): so the constants are x^(D+63) and
+ * x^(D-1) mod P, the missing x being the shift. */
+static uint32_t power_of_x_mod_p(unsigned n) {
+    uint64_t r = 1; /* ordinary bit order here: bit d holds x^d */
+    for (unsigned i = 0; i < n; i++) {
+        r <<= 1;
+        if (r & (1ull << 32)) r ^= 0x11EDC6F41ull;
+    }
+    return (uint32_t)r;
+}
+
+static void fold_constants(uint64_t constants[2], unsigned distance) {
+    uint32_t high = power_of_x_mod_p(distance + 63), low = power_of_x_mod_p(distance - 1);
+    constants[0] = constants[1] = 0;
+    for (int d = 0; d < 32; d++) {
+        if (high & (1u << d)) constants[0] |= 1ull << (63 - d);
+        if (low & (1u << d)) constants[1] |= 1ull << (63 - d);
+    }
+}
+
+/* Each 16-byte lane of x moved forward by the constants' distance, xored into `next`. The first 8 bytes of a
+ * lane are its low half (clmul selector 0x00 takes both low halves), multiplied by x^(D+64); the last 8 by x^D. */
+__attribute__((target("avx512f,vpclmulqdq"))) static inline __m512i fold(__m512i x, __m512i k, __m512i next) {
+    __m512i first = _mm512_clmulepi64_epi128(x, k, 0x00);
+    __m512i last = _mm512_clmulepi64_epi128(x, k, 0x11);
+    return _mm512_ternarylogic_epi64(first, last, next, 0x96); /* first ^ last ^ next */
+}
+
+__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t vpclmul_raw(
+    uint32_t crc, const unsigned char *p, size_t n) {
+    if (n < 1024) return hardware_raw(crc, p, n);
+    __m512i x0 = _mm512_loadu_si512((const void *)p), x1 = _mm512_loadu_si512((const void *)(p + 64));
+    __m512i x2 = _mm512_loadu_si512((const void *)(p + 128)), x3 = _mm512_loadu_si512((const void *)(p + 192));
+    x0 = _mm512_xor_si512(x0, _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc)));
+    p += 256;
+    n -= 256;
+    const __m512i k2048 = _mm512_set_epi64((long long)fold_2048[1], (long long)fold_2048[0],
+        (long long)fold_2048[1], (long long)fold_2048[0], (long long)fold_2048[1], (long long)fold_2048[0],
+        (long long)fold_2048[1], (long long)fold_2048[0]);
+    while (n >= 256) {
+        x0 = fold(x0, k2048, _mm512_loadu_si512((const void *)p));
+        x1 = fold(x1, k2048, _mm512_loadu_si512((const void *)(p + 64)));
+        x2 = fold(x2, k2048, _mm512_loadu_si512((const void *)(p + 128)));
+        x3 = fold(x3, k2048, _mm512_loadu_si512((const void *)(p + 192)));
+        p += 256;
+        n -= 256;
+    }
+    const __m512i k512 = _mm512_set_epi64((long long)fold_512[1], (long long)fold_512[0], (long long)fold_512[1],
+        (long long)fold_512[0], (long long)fold_512[1], (long long)fold_512[0], (long long)fold_512[1],
+        (long long)fold_512[0]);
+    x1 = fold(x0, k512, x1);
+    x2 = fold(x1, k512, x2);
+    x3 = fold(x2, k512, x3);
+    unsigned char folded[64];
+    _mm512_storeu_si512((void *)folded, x3);
+    return hardware_raw(hardware_raw(0, folded, 64), p, n);
+}
 #endif
 
 uint32_t stitch_crc32c_update_portable(uint32_t crc, const void *data, size_t length) {
@@ -180,9 +264,30 @@ uint32_t stitch_crc32c_update(uint32_t crc, const void *data, size_t length) {
     if (length == 0) return crc;
     pthread_once(&setup_once, setup);
 #if defined(__x86_64__)
+    if (use_vpclmul) return ~vpclmul_raw(~crc, (const unsigned char *)data, length);
     if (use_hardware) return ~hardware_raw(~crc, (const unsigned char *)data, length);
 #endif
     return ~portable_raw(~crc, (const unsigned char *)data, length);
+}
+
+uint32_t stitch_crc32c_update_with(int implementation, uint32_t crc, const void *data, size_t length) {
+    if (length == 0) return crc;
+    pthread_once(&setup_once, setup);
+#if defined(__x86_64__)
+    if (implementation == 2 && use_vpclmul) return ~vpclmul_raw(~crc, (const unsigned char *)data, length);
+    if (implementation == 1 && use_hardware) return ~hardware_raw(~crc, (const unsigned char *)data, length);
+#endif
+    return ~portable_raw(~crc, (const unsigned char *)data, length);
+}
+
+int stitch_crc32c_implementation_available(int implementation) {
+    pthread_once(&setup_once, setup);
+    switch (implementation) {
+    case 0: return 1;
+    case 1: return use_hardware;
+    case 2: return use_vpclmul;
+    default: return 0;
+    }
 }
 
 /* Polynomials over GF(2) modulo P, reflected as the CRC register is: bit 31 holds x^0, bit 0 holds x^31. */

@@ -72,6 +72,36 @@ import Testing
         }
     }
 
+    /// Every implementation this CPU has gives the tables' value: lengths from 0 to 4 KiB and around the folding
+    /// path's thresholds (1 KiB, steps of 256 bytes), start addresses off by 0 to 63 bytes, random start values,
+    /// and 1 MiB buffers. On a CPU without AVX-512 VPCLMULQDQ (or SSE4.2) that implementation is not run, and the
+    /// test says so.
+    @Test func everyImplementationAgreesWithTheTables() {
+        let seed: UInt64 = 0xC5C3_2C00_0000_0035
+        var rng = SplitMix64(seed: seed)
+        let data = Self.randomBytes(count: (1 << 20) + 64, using: &rng)
+        let implementations = CRC32C.implementations
+        #expect(implementations.contains(0))
+        if !implementations.contains(2) { print("CRC32CTests: this CPU has no AVX-512 VPCLMULQDQ; that path is not run") }
+        var lengths = Array(0...4096) + [(1 << 20) - 1, 1 << 20, (1 << 20) + 1]
+        for base in [1024, 1280, 2048, 65536] { lengths += (base - 17...base + 17).map { $0 } }
+        data.withUnsafeBytes { all in
+            for length in lengths {
+                let offset = Int.random(in: 0...63, using: &rng)
+                let start = UInt32(truncatingIfNeeded: rng.next())
+                let piece = UnsafeRawBufferPointer(rebasing: all[offset..<min(all.count, offset + length)])
+                let expected = CRC32C.portableUpdate(start, piece)
+                for implementation in implementations where implementation != 0 {
+                    let got = CRC32C.update(implementation: implementation, start, piece)
+                    if got != expected {
+                        Issue.record("implementation \(implementation), length \(length), offset \(offset), seed \(seed)")
+                        return
+                    }
+                }
+            }
+        }
+    }
+
     // MARK: Combining without the data
 
     /// `combine(CRC(a), CRC(b), |b|)` is `CRC(a ++ b)` for random splits, empty parts on either side and lengths at

@@ -12,7 +12,8 @@
  * Thread-safe: the tables and the CPU check are set up once (pthread_once).
  */
 
-/* The fastest implementation this CPU has: SSE4.2 `crc32` on x86-64 when available, else slicing-by-8. */
+/* The fastest implementation this CPU has: on x86-64 folding with AVX-512 VPCLMULQDQ (buffers of 1 KiB and more)
+ * or the SSE4.2 `crc32` instruction when available, else slicing-by-8. */
 uint32_t stitch_crc32c_update(uint32_t crc, const void *_Nullable data, size_t length);
 
 /* Always the portable slicing-by-8 table implementation (exposed so tests can compare the two). */
@@ -25,6 +26,12 @@ uint32_t stitch_crc32c_update_portable(uint32_t crc, const void *_Nullable data,
  * a microsecond (a multiplication per set bit of len2).
  */
 uint32_t stitch_crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
+
+/* One implementation by number, for tests that compare them: 0 slicing-by-8, 1 the SSE4.2 instruction (three
+ * streams), 2 AVX-512 VPCLMULQDQ folding. One the CPU lacks falls back to 0: check it first with
+ * `stitch_crc32c_implementation_available`, which says 1 for each this CPU has. */
+uint32_t stitch_crc32c_update_with(int implementation, uint32_t crc, const void *_Nullable data, size_t length);
+int stitch_crc32c_implementation_available(int implementation);
 
 /* 1 when `stitch_crc32c_update` uses the hardware instruction, 0 when it falls back to the tables. */
 int stitch_crc32c_hardware_available(void);

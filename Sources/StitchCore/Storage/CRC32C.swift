@@ -52,4 +52,13 @@ struct CRC32C: Sendable, Hashable {
     static func portableUpdate(_ crc: UInt32, _ buffer: UnsafeRawBufferPointer) -> UInt32 {
         stitch_crc32c_update_portable(crc, buffer.baseAddress, buffer.count)
     }
+
+    /// The implementations this CPU has, by number (0 tables, 1 the SSE4.2 instruction, 2 AVX-512 VPCLMULQDQ
+    /// folding): for tests that compare them.
+    static var implementations: [Int32] { (0...2).filter { stitch_crc32c_implementation_available($0) != 0 } }
+
+    /// `crc` updated over `buffer` by one of ``implementations``.
+    static func update(implementation: Int32, _ crc: UInt32, _ buffer: UnsafeRawBufferPointer) -> UInt32 {
+        stitch_crc32c_update_with(implementation, crc, buffer.baseAddress, buffer.count)
+    }
 }
