@@ -28,6 +28,11 @@
 #   BENCH_TMPDIR=...   where the work directory goes (default $TMPDIR or /tmp)
 #   STITCH_B=...       a second stitch binary, run as stitch-b in the same rounds (an A/B)
 #   KEEP=1             keep the work directory
+#
+# Every run's output stays until the script ends (about FILES x SIZE_KIB x clients x REPEAT on the disk): on ext4
+# without a journal (this project's VM) a file created within a minute of many deletions scans past each deleted
+# inode first (ext4's recently_deleted check), and removing one run's 2,000 files before the next made every
+# client's time swing 2-3x with what the run before it had deleted.
 set -euo pipefail
 export LC_ALL=C
 prog=batch.sh
@@ -148,7 +153,6 @@ for ((run = 1; run <= REPEAT; run++)); do
         rss[$tool]=$(((${rss[$tool]:-0} > run_rss) ? ${rss[$tool]:-0} : run_rss))
         status[$tool]+="$st "
         note "run $run $tool: ${run_wall}s ($st)"
-        rm -rf "$out"
     done
 done
 
