@@ -22,6 +22,8 @@ final class Output: Sendable {
         var meter = SpeedMeter()
         /// The meter has its first sample, from the first response's start (``bodyBegins(at:)``).
         var meterStarted = false
+        /// Where the body began (the meter's first sample), when ``bodyBegins(at:)`` came first.
+        var bodyStartBytes: Int64 = 0
         var lastTime: Double = 0
         var speed: Double = 0
         var lastPlainLine: Double = 0
@@ -227,6 +229,7 @@ final class Output: Sendable {
         state.withLock { state in
             guard state.lastTime == 0, !state.meterStarted else { return }
             state.meterStarted = true
+            state.bodyStartBytes = offset
             state.meter.add(bytes: offset, at: now)
         }
     }
@@ -254,6 +257,11 @@ final class Output: Sendable {
             case .human:
                 let line = ProgressLine(name: state.name, bytes: progress.bytes, total: progress.total, speed: state.speed)
                 if isTTY {
+                    // Bytes came, but too soon after the body began to measure a speed (the meter needs a tenth
+                    // of a second): the line would say "0 B/s, ETA --:--" while they arrive. The next tick draws
+                    // it (and `finishProgress` the final 100% in any case). Seen on a loaded machine, where the
+                    // first tick can follow the body's start by a few milliseconds, or come before its event.
+                    if !state.meter.hasMeasured, progress.bytes > state.bodyStartBytes { return }
                     Self.refreshSize(&state)
                     Self.draw([line.render(width: Self.width(state.size))], in: &state)
                     state.singleLine = true

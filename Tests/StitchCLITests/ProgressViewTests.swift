@@ -173,6 +173,33 @@ struct ProgressViewTests {
         }
     }
 
+    /// The first tick of progress (every quarter of a second from the run's start) a few hundredths of a second
+    /// after the body began, bytes already in: too soon to measure a speed, and that line used to say "0 B/s, ETA
+    /// --:--" (seen once in a loaded suite, where the head came late). The server holds the head until 0.2 s after
+    /// the request so the first tick falls about 0.05 s into the body; a line is drawn only once its speed is
+    /// measured. (The hold only makes the old behaviour likely to show; the view's rule does not depend on it.)
+    @Test func theFirstLineWithBytesHasASpeedWhenATickFollowsTheBodyClosely() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 3 << 20, seed: 143, etag: "\"p\"")
+        server.serve("/f.bin", file: file, faults: .onRequest(0, .stallBeforeHeaders(then: .resume)))
+        let sandbox = try Sandbox("pty")
+        defer { sandbox.cleanup() }
+        let release = Task.detached {
+            guard server.waitForStall(timeout: .seconds(60)) else { return }
+            try? await Task.sleep(for: .milliseconds(200))
+            server.releaseStalls()
+        }
+        let screen = try await Self.screen(
+            ["get", server.url("/f.bin"), "-o", "f.bin", "--limit-rate", "1M"], columns: 120, in: sandbox)
+        await release.value
+        #expect(screen.status == 0, "\(screen.raw)")
+        #expect(readBytes(sandbox.path("f.bin")) == file.data)
+        let first = try #require(screen.firstProgress.first { !$0.contains(" 0%") }, "\(screen.firstProgress)")
+        #expect(!first.contains(" 0 B/s") && first.contains("/s"), "\(screen.firstProgress)")
+        #expect(!first.contains("--:--"), "\(screen.firstProgress)")
+    }
+
     /// Resized from 120 to 40 columns mid-download (SIGWINCH), the view re-measures: later frames fit 40 columns,
     /// drawn on a new row below the old line (which a re-wrapping terminal has made three rows that no erase could
     /// count), so at most one stale copy stays above.

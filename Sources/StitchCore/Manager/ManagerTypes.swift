@@ -356,6 +356,9 @@ public struct SpeedMeter: Sendable {
     public var window: Double
     /// Bytes per second over the window; 0 until samples span a tenth of a second.
     public private(set) var bytesPerSecond: Double = 0
+    /// Whether samples have spanned a tenth of a second since the meter began (or was reset): until then
+    /// ``bytesPerSecond`` is 0 for want of a measurement, not because nothing arrives.
+    public private(set) var hasMeasured = false
     /// (bytes, monotonic seconds), oldest first; the oldest is at or just beyond the window's start.
     private var samples: [(bytes: Int64, time: Double)] = []
 
@@ -377,11 +380,13 @@ public struct SpeedMeter: Sendable {
         while samples.count > 2, time - samples[1].time >= window { samples.removeFirst() }
         guard let first = samples.first, time - first.time >= 0.1 else { return }
         bytesPerSecond = Double(bytes - first.bytes) / (time - first.time)
+        hasMeasured = true
     }
 
     /// Forgets every sample (the download stopped).
     public mutating func reset() {
         bytesPerSecond = 0
+        hasMeasured = false
         samples.removeAll()
     }
 
