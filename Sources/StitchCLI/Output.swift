@@ -22,8 +22,6 @@ final class Output: Sendable {
         var meter = SpeedMeter()
         /// The meter has its first sample, from the first response's start (``bodyBegins(at:)``).
         var meterStarted = false
-        /// Where the body began (the meter's first sample), when ``bodyBegins(at:)`` came first.
-        var bodyStartBytes: Int64 = 0
         var lastTime: Double = 0
         var speed: Double = 0
         var lastPlainLine: Double = 0
@@ -229,7 +227,6 @@ final class Output: Sendable {
         state.withLock { state in
             guard state.lastTime == 0, !state.meterStarted else { return }
             state.meterStarted = true
-            state.bodyStartBytes = offset
             state.meter.add(bytes: offset, at: now)
         }
     }
@@ -257,11 +254,12 @@ final class Output: Sendable {
             case .human:
                 let line = ProgressLine(name: state.name, bytes: progress.bytes, total: progress.total, speed: state.speed)
                 if isTTY {
-                    // Bytes came, but too soon after the body began to measure a speed (the meter needs a tenth
-                    // of a second): the line would say "0 B/s, ETA --:--" while they arrive. The next tick draws
-                    // it (and `finishProgress` the final 100% in any case). Seen on a loaded machine, where the
-                    // first tick can follow the body's start by a few milliseconds, or come before its event.
-                    if !state.meter.hasMeasured, progress.bytes > state.bodyStartBytes { return }
+                    // No speed measured yet (the meter needs a tenth of a second of samples): the line would say
+                    // "0 B/s, ETA --:--" while bytes arrive. The next tick draws it (and `finishProgress` the
+                    // final 100% in any case); a download that stalls is measured at 0 B/s a tenth of a second
+                    // on. Seen on a loaded machine, where the first tick can follow the body's start by a few
+                    // milliseconds, or come before its event.
+                    if !state.meter.hasMeasured { return }
                     Self.refreshSize(&state)
                     Self.draw([line.render(width: Self.width(state.size))], in: &state)
                     state.singleLine = true

@@ -43,8 +43,10 @@ import Testing
         meter.add(bytes: 0, at: 50)
         meter.add(bytes: 1 << 20, at: 50.06)
         #expect(meter.bytesPerSecond == 0)
+        #expect(!meter.hasMeasured)
         meter.add(bytes: 2 << 20, at: 50.125)
         #expect(abs(meter.bytesPerSecond - 16 * Self.mib) < 1)
+        #expect(meter.hasMeasured)
     }
 
     /// Fewer bytes than before (a restart from zero) start afresh: the figure comes from the new bytes only.
@@ -53,10 +55,15 @@ import Testing
         for step in 0...8 { meter.add(bytes: Int64(step) * (8 << 20), at: Double(step)) }
         #expect(abs(meter.bytesPerSecond - 8 * Self.mib) < 1)
         meter.add(bytes: 0, at: 9)
+        // Not the old figure while the new window is too short to measure.
+        #expect(meter.bytesPerSecond == 0)
+        #expect(!meter.hasMeasured)
         meter.add(bytes: 1 << 20, at: 10)
         #expect(abs(meter.bytesPerSecond - Self.mib) < 1)
+        #expect(meter.hasMeasured)
         meter.reset()
         #expect(meter.bytesPerSecond == 0)
+        #expect(!meter.hasMeasured)
         #expect(meter.secondsLeft(bytes: 0, total: 100) == nil)
     }
 }

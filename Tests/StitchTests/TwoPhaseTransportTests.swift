@@ -232,6 +232,8 @@ import StitchCurl
         // while it is held. Without the hold the loop is quick enough to close the socket before the check reads
         // /proc, and a body returning too early went unseen.
         let hold = Hold()
+        // However the test ends (a thrown sleep included), libcurl's loop thread is let go.
+        defer { hold.gate.open() }
         let other = try TestHTTPServer()
         defer { other.stop() }
         let holder = Task<Void, Never> {
@@ -253,7 +255,10 @@ import StitchCurl
             // how long is not asserted, only that it closes (the wait is a bound). Seen from this process's side:
             // the client's socket leaves ESTABLISHED when it is closed, while the server notices the hang-up only
             // when its thread next looks (a loaded machine made that later than the return).
-            return (outcome, Self.establishedSockets(toPort: server.port), hold.holding.load(ordering: .acquiring))
+            // The flag first: the /proc scan takes time, in which a body that returned too early could see the
+            // hold end.
+            let held = hold.holding.load(ordering: .acquiring)
+            return (outcome, Self.establishedSockets(toPort: server.port), held)
         }
         if backend.connectionCloseLag == .zero {
             // A bound, not a trigger: a body that returns early does so at once; a right one waits for the loop.
