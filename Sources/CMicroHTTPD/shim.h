@@ -24,8 +24,9 @@ struct stitch_mhd_config {
 };
 
 static inline struct MHD_Daemon *stitch_mhd_start(
-    const struct stitch_mhd_config *config, MHD_AccessHandlerCallback handler, void *handler_cls,
-    MHD_RequestCompletedCallback completed, void *completed_cls) {
+    const struct stitch_mhd_config *config, MHD_AcceptPolicyCallback accept_policy, void *accept_policy_cls,
+    MHD_AccessHandlerCallback handler, void *handler_cls, MHD_RequestCompletedCallback completed,
+    void *completed_cls) {
     struct MHD_OptionItem options[14];
     int n = 0;
     options[n++] = (struct MHD_OptionItem){MHD_OPTION_SOCK_ADDR, 0, (void *)config->address};
@@ -44,8 +45,8 @@ static inline struct MHD_Daemon *stitch_mhd_start(
         options[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)config->tls_cert};
     }
     options[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
-    return MHD_start_daemon(config->flags, 0, NULL, NULL, handler, handler_cls, MHD_OPTION_ARRAY, options,
-                            MHD_OPTION_END);
+    return MHD_start_daemon(config->flags, 0, accept_policy, accept_policy_cls, handler, handler_cls,
+                            MHD_OPTION_ARRAY, options, MHD_OPTION_END);
 }
 
 /// The port a daemon listens on (useful after binding port 0); 0 when unknown.

@@ -2,6 +2,7 @@ import CMicroHTTPD
 import Foundation
 public import StitchRPC
 import StitchLocks
+import Synchronization
 
 /// The HTTP side of `stitch serve`: libmicrohttpd listens (one daemon per address, each with its own epoll thread)
 /// and hands each `/jsonrpc` request to ``Aria2RPC`` in a task, with the connection suspended meanwhile, so a slow
@@ -139,11 +140,11 @@ final class Core: @unchecked Sendable {
     /// Requests whose connection is suspended while their call runs; stopping waits for them.
     /// Requests suspended for their call (until resumed) and pending (until MHD says they completed: answer
     /// sent or client gone). Once `closed`, no request is suspended any more (keep-alive connections may still
-    /// send some after `MHD_quiesce_daemon`): they get 503 at once, so `MHD_stop_daemon` never meets a suspended
+    /// send some after ``quiesce()``): they get 503 at once, so `MHD_stop_daemon` never meets a suspended
     /// connection.
     private let inFlight = Locked<(suspended: Int, pending: Int, closed: Bool)>((0, 0, false))
-    /// Listening sockets handed back by `MHD_quiesce_daemon`, closed after `MHD_stop_daemon` as MHD requires.
-    private var quiescedSockets: [Int32] = []
+    /// Cleared by ``quiesce()``: from then on MHD's accept policy callback refuses every new connection.
+    let accepting = Atomic<Bool>(true)
 
     init(
         configuration: RPCServer.Configuration, rpc: Aria2RPC, hub: WebSocketHub, throttle: AuthThrottle,
@@ -195,7 +196,9 @@ final class Core: @unchecked Sendable {
             thread_pool_size: UInt32(configuration.threads),
             tls_key: key.map { UnsafePointer($0) }, tls_cert: certificate.map { UnsafePointer($0) })
         let context = Unmanaged.passUnretained(self).toOpaque()
-        guard let daemon = stitch_mhd_start(&config, accessHandler, context, requestCompleted, context) else {
+        guard
+            let daemon = stitch_mhd_start(&config, acceptPolicy, context, accessHandler, context, requestCompleted, context)
+        else {
             let why = errno == EADDRINUSE ? "the address is in use" : String(cString: strerror(errno))
             throw ServerError(description: "cannot listen on \(address): \(why)")
         }
@@ -212,11 +215,16 @@ final class Core: @unchecked Sendable {
         return host.isEmpty ? nil : (host, port)
     }
 
+    /// Stops taking new connections: each is closed as MHD accepts it (its accept policy callback says no), until
+    /// `MHD_stop_daemon` closes the listening sockets.
+    ///
+    /// Not `MHD_quiesce_daemon`: with a thread pool and epoll (libmicrohttpd 0.9.75) it marks the workers quiesced
+    /// before it takes the listening socket out of their epoll sets, and a worker woken in between by a request on a
+    /// kept-alive connection takes it out first; the quiesce's own removal then fails and MHD aborts the process
+    /// ("Failed to remove listen FD from epoll set": `DaemonTests.sigtermUnderKeepAlivePollingExitsCleanly` saw it
+    /// once in a quiet run, SIGTERM ending the daemon with SIGABRT).
     func quiesce() {
-        for daemon in daemons {
-            let socket = MHD_quiesce_daemon(daemon)
-            if socket >= 0 { quiescedSockets.append(socket) }
-        }
+        accepting.store(false, ordering: .releasing)
     }
 
     /// Refuses to suspend any more requests, waits until none is suspended (MHD must not stop with one), and
@@ -234,8 +242,6 @@ final class Core: @unchecked Sendable {
     func stop() {
         for daemon in daemons { MHD_stop_daemon(daemon) }
         daemons.removeAll()
-        for socket in quiescedSockets { close(socket) }
-        quiescedSockets.removeAll()
         for storage in addresses { storage.deallocate() }
         addresses.removeAll()
         for key in keys { free(key) }
@@ -620,6 +626,11 @@ private let accessHandler: MHD_AccessHandlerCallback = {
     guard let context, let connection, let url, let method, let size, let slot else { return .NO }
     let core = Unmanaged<Core>.fromOpaque(context).takeUnretainedValue()
     return core.access(connection, String(cString: url), String(cString: method), upload, size, slot)
+}
+
+private let acceptPolicy: MHD_AcceptPolicyCallback = { context, _, _ in
+    guard let context else { return .NO }
+    return Unmanaged<Core>.fromOpaque(context).takeUnretainedValue().accepting.load(ordering: .acquiring) ? .YES : .NO
 }
 
 private let requestCompleted: MHD_RequestCompletedCallback = { context, _, slot, _ in
