@@ -197,7 +197,8 @@ final class Core: @unchecked Sendable {
             tls_key: key.map { UnsafePointer($0) }, tls_cert: certificate.map { UnsafePointer($0) })
         let context = Unmanaged.passUnretained(self).toOpaque()
         guard
-            let daemon = stitch_mhd_start(&config, acceptPolicy, context, accessHandler, context, requestCompleted, context)
+            let daemon = stitch_mhd_start(
+                &config, acceptPolicy, context, accessHandler, context, requestCompleted, context)
         else {
             let why = errno == EADDRINUSE ? "the address is in use" : String(cString: strerror(errno))
             throw ServerError(description: "cannot listen on \(address): \(why)")
@@ -218,11 +219,11 @@ final class Core: @unchecked Sendable {
     /// Stops taking new connections: each is closed as MHD accepts it (its accept policy callback says no), until
     /// `MHD_stop_daemon` closes the listening sockets.
     ///
-    /// Not `MHD_quiesce_daemon`: with a thread pool and epoll (libmicrohttpd 0.9.75) it marks the workers quiesced
-    /// before it takes the listening socket out of their epoll sets, and a worker woken in between by a request on a
-    /// kept-alive connection takes it out first; the quiesce's own removal then fails and MHD aborts the process
-    /// ("Failed to remove listen FD from epoll set": `DaemonTests.sigtermUnderKeepAlivePollingExitsCleanly` saw it
-    /// once in a quiet run, SIGTERM ending the daemon with SIGABRT).
+    /// Not `MHD_quiesce_daemon`: with a thread pool and epoll (libmicrohttpd 0.9.75) it aborted the process once
+    /// under keep-alive polling ("Failed to remove listen FD from epoll set", in
+    /// `DaemonTests.sigtermUnderKeepAlivePollingExitsCleanly`: SIGTERM ended the daemon with SIGABRT). The likely
+    /// cause, read from the message and not checked against MHD's source: the quiesce marks the workers before it
+    /// removes the listening socket from their epoll sets, and a worker woken in between removes it first.
     func quiesce() {
         accepting.store(false, ordering: .releasing)
     }

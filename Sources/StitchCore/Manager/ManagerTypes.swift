@@ -370,11 +370,7 @@ public struct SpeedMeter: Sendable {
     /// Records that `bytes` were done at `time` (monotonic seconds). Fewer bytes than before (a restart from
     /// zero) start the window afresh, with no speed until it is measured again.
     public mutating func add(bytes: Int64, at time: Double) {
-        if let last = samples.last, bytes < last.bytes || time < last.time {
-            samples.removeAll()
-            bytesPerSecond = 0
-            hasMeasured = false
-        }
+        if let last = samples.last, bytes < last.bytes || time < last.time { reset() }
         if let last = samples.last, time - last.time < 0.05, samples.count > 1 {
             samples[samples.count - 1] = (bytes, time)
         } else {
