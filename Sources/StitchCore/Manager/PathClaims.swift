@@ -4,15 +4,21 @@ import StitchLocks
 /// Which download writes to which path, so two never share a part file. Shared with the engine's threads (a
 /// download into a folder names its file at the first response).
 final class PathClaims: Sendable {
-    private let owners = Locked<[String: DownloadID]>([:])
+    private struct State {
+        var owners: [String: DownloadID] = [:]
+        /// Claims given up so far: a path found taken on disk while nobody here owned it may have been freed
+        /// (removed) by the time it is claimed, and ``choose(_:for:urls:)`` then looks again.
+        var releases: UInt64 = 0
+    }
+    private let state = Locked(State())
 
-    func owner(of path: String) -> DownloadID? { owners.withLock { $0[path] } }
+    func owner(of path: String) -> DownloadID? { state.withLock { $0.owners[path] } }
 
     /// Claims `path` for `id` unless another download has it; returns that download then.
     func claimIfFree(_ path: String, for id: DownloadID) -> DownloadID? {
-        owners.withLock { owners in
-            if let owner = owners[path], owner != id { return owner }
-            owners[path] = id
+        state.withLock { state in
+            if let owner = state.owners[path], owner != id { return owner }
+            state.owners[path] = id
             return nil
         }
     }
@@ -22,25 +28,43 @@ final class PathClaims: Sendable {
     }
 
     func release(_ path: String, for id: DownloadID) {
-        owners.withLock { owners in
-            if owners[path] == id { owners[path] = nil }
+        state.withLock { state in
+            if state.owners[path] == id {
+                state.owners[path] = nil
+                state.releases &+= 1
+            }
         }
     }
 
     /// The path for download `id` (of `url`) named `proposed` by its response: `proposed` unless another
     /// download claims it or a file there belongs to another URL, else `NAME.1.EXT`, `NAME.2.EXT`, … (as aria2
     /// renames). Claims the path for `id`.
+    ///
+    /// The disk is looked at outside the lock (the engine's decision threads all name their files here, and
+    /// holding the lock through a few lookups in a large folder made them queue); the claim then succeeds only
+    /// if nobody claimed the path meanwhile, and a release meanwhile sends the candidate back for another look.
     func choose(_ proposed: String, for id: DownloadID, urls: Set<String>) -> String {
-        owners.withLock { owners in
-            for candidate in Self.candidates(proposed) {
-                if let owner = owners[candidate], owner != id { continue }
-                guard Self.isFree(candidate, for: urls) else { continue }
-                for (path, owner) in owners where owner == id { owners[path] = nil }
-                owners[candidate] = id
-                return candidate
-            }
-            return proposed
+        for candidate in Self.candidates(proposed) {
+            var outcome: Bool?
+            repeat {
+                let seen = state.withLock { state -> UInt64? in
+                    if let owner = state.owners[candidate], owner != id { return nil }
+                    return state.releases
+                }
+                guard let seen else { break }  // another download's
+                let free = Self.isFree(candidate, for: urls)
+                outcome = state.withLock { state -> Bool? in
+                    if let owner = state.owners[candidate], owner != id { return false }
+                    if state.releases != seen { return nil }  // what the disk said may be stale: look again
+                    guard free else { return false }
+                    for (path, owner) in state.owners where owner == id { state.owners[path] = nil }
+                    state.owners[candidate] = id
+                    return true
+                }
+            } while outcome == nil
+            if outcome == true { return candidate }
         }
+        return proposed
     }
 
     /// `proposed`, then numbered variants with the number after the name's stem: `a/b.tar.gz`, `a/b.1.tar.gz`,

@@ -358,6 +358,5 @@ func writeSynced(_ data: Data, to path: String, what: String) throws(DownloadErr
 
 /// fsyncs the directory holding `path`, making a rename or unlink in it durable.
 func syncDirectory(containing path: String) throws(DownloadError) {
-    let directory = (path as NSString).deletingLastPathComponent
-    try syncDirectory(directory)
+    try syncDirectory(parentDirectory(of: path))
 }

@@ -88,12 +88,23 @@ struct CompletionMark: Codable, Hashable {
     /// Sets the mark on the open file `fd`. Best effort: a file system without user xattrs only loses the "already
     /// complete" message and the finish of a part file whose rename a power cut undid.
     func write(fd: Int32) {
-        guard let data = try? JSONEncoder().encode(self) else { return }
-        #if canImport(Darwin)
-        _ = data.withUnsafeBytes { fsetxattr(fd, Self.attributeName, $0.baseAddress, $0.count, 0, 0) }
-        #else
-        _ = data.withUnsafeBytes { fsetxattr(fd, Self.attributeName, $0.baseAddress, $0.count, 0) }
-        #endif
+        var text = json
+        text.withUTF8 { bytes in
+            #if canImport(Darwin)
+            _ = fsetxattr(fd, Self.attributeName, bytes.baseAddress, bytes.count, 0, 0)
+            #else
+            _ = fsetxattr(fd, Self.attributeName, bytes.baseAddress, bytes.count, 0)
+            #endif
+        }
+    }
+
+    /// The mark as the JSON object `read` decodes (the keys `Codable` gives it, sorted; absent optionals left out).
+    var json: String {
+        var text = "{"
+        if let crc32c { text += "\"crc32c\":\(crc32c)," }
+        if let etag { text += "\"etag\":" + JSONText.string(etag) + "," }
+        text += "\"length\":\(length),\"url\":" + JSONText.string(url) + "}"
+        return text
     }
 
     /// Removes the mark from the open file `fd` (best effort).
@@ -454,7 +465,7 @@ final class PartStore: Sendable {
         guard rename(paths.part, paths.destination) == 0 else {
             throw .io("cannot rename into place", path: paths.destination, .current)
         }
-        try DirectorySync.shared.sync((paths.destination as NSString).deletingLastPathComponent)
+        try DirectorySync.shared.sync(parentDirectory(of: paths.destination))
         for sidecar in paths.sidecars { unlink(sidecar) }
         return .finished(mark)
     }
@@ -1025,7 +1036,7 @@ final class PartStore: Sendable {
             guard rename(paths.part, paths.destination) == 0 else {
                 throw .io("cannot rename into place", path: paths.destination, .current)
             }
-            try DirectorySync.shared.sync((paths.destination as NSString).deletingLastPathComponent)
+            try DirectorySync.shared.sync(parentDirectory(of: paths.destination))
             // Unlinking a name that is not there still takes the directory's lock: skip what a small download
             // never created.
             // In `sidecars`' order, the state file last: a cut that keeps only some of these removals leaves the state

@@ -77,10 +77,12 @@ final class Catalog {
     private var connection: OpaquePointer?
     /// Prepared statements, by their SQL text; finalized by ``close()``.
     private var statements: [String: OpaquePointer] = [:]
-    private let encoder: JSONEncoder = {
+    /// Encodes the JSON columns; kept from call to call, so the many rows that share their headers and options
+    /// (a list of URLs added at once, each written again when it ends) encode them once.
+    private var fields: FieldEncoder = {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return encoder
+        return FieldEncoder(encoder: encoder)
     }()
 
     /// Opens the catalog in `directory`, creating the directory and an empty catalog if missing, migrating an
@@ -231,12 +233,11 @@ final class Catalog {
         for entry in entries {
             try Self.validate(entry.status, id: entry.id)
         }
-        var encoded = FieldEncoder(encoder: encoder)
         let now = Date().timeIntervalSince1970
         try transaction("cannot insert downloads") { () throws(CatalogError) in
             for entry in entries {
                 try withStatement(Self.insertSQL) { statement throws(CatalogError) in
-                    try bind(entry, to: statement, encoder: &encoded)
+                    try bind(entry, to: statement, encoder: &fields)
                     _ = try statement.step(or: "cannot insert download \(entry.id)")
                 }
             }
@@ -251,9 +252,8 @@ final class Catalog {
     /// - Throws: `.notFound` if the catalog has no such download.
     func update(_ entry: CatalogEntry) throws(CatalogError) {
         try Self.validate(entry.status, id: entry.id)
-        var encoded = FieldEncoder(encoder: encoder)
         try withStatement(Self.updateSQL) { statement throws(CatalogError) in
-            try bind(entry, to: statement, encoder: &encoded)
+            try bind(entry, to: statement, encoder: &fields)
             _ = try statement.step(or: "cannot update download \(entry.id)")
         }
         try expectOneChange(entry.id)

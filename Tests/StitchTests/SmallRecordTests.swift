@@ -1,0 +1,111 @@
+import Foundation
+import Glibc
+import StitchTestSupport
+import Synchronization
+import Testing
+
+@testable import StitchCore
+
+/// The records a small download writes without Foundation's generic machinery (issue 35): the completion mark's
+/// JSON, the folder of a destination, and the claims on file names the engine's decision threads make at once.
+@Suite struct SmallRecordTests {
+    static let hostile = [
+        "", "plain", "\"quoted\"", "back\\slash", "a/b/c", "tab\there", "line\nbreak\r\n", "nul\u{0}byte",
+        "bell\u{7}esc\u{1B}del\u{7F}", "sep\u{2028}and\u{2029}", "é ü ß 中文", "🧵 stitch", "\u{FEFF}bom",
+        "W/\"weak\"", "\\u0041 not an escape", "}{\",\":",
+    ]
+
+    /// Every mark the hand-written JSON gives decodes back to itself, whatever its strings hold, with the keys the
+    /// `Codable` encoding had.
+    @Test(arguments: hostile)
+    func completionMarkJSONRoundTrips(_ text: String) throws {
+        let marks = [
+            CompletionMark(url: "http://h/" + text, length: 0, etag: text, crc32c: 0),
+            CompletionMark(url: text, length: Int64.max, etag: nil, crc32c: UInt32.max),
+            CompletionMark(url: text, length: 12_345, etag: "\"" + text + "\"", crc32c: nil),
+        ]
+        for mark in marks {
+            let decoded = try JSONDecoder().decode(CompletionMark.self, from: Data(mark.json.utf8))
+            #expect(decoded == mark, "\(mark.json)")
+            // The same keys as the `Codable` encoding (absent optionals left out).
+            let object = try #require(JSONSerialization.jsonObject(with: Data(mark.json.utf8)) as? [String: Any])
+            let reference = try #require(
+                JSONSerialization.jsonObject(with: try JSONEncoder().encode(mark)) as? [String: Any])
+            #expect(Set(object.keys) == Set(reference.keys), "\(mark.json)")
+        }
+    }
+
+    /// The mark set on a file reads back through the extended attribute.
+    @Test func completionMarkReadsBackFromTheFile() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.path + "/f"
+        #expect(FileManager.default.createFile(atPath: path, contents: Data([1, 2, 3])))
+        let mark = CompletionMark(url: "http://h/\"x\"\\y\u{1}", length: 3, etag: "\"e\"", crc32c: 42)
+        let fd = open(path, O_RDWR)
+        try #require(fd >= 0)
+        mark.write(fd: fd)
+        close(fd)
+        let read = CompletionMark.read(at: path)
+        // A file system without user extended attributes keeps no mark (the write is best effort).
+        if read != nil { #expect(read == mark) }
+    }
+
+    /// The folder of a path, as Foundation gives it, for the plain absolute paths the fast path takes and the
+    /// others it hands on.
+    @Test(arguments: [
+        "/a/b", "/a", "/", "/a/b/c.txt", "/a//b", "//a", "/a/b/", "a/b", "/a/./b", "/a/../b", "/é/中/🧵",
+        "/a/b.part", "///", "/a b/c d",
+    ])
+    func parentDirectoryIsFoundationsAnswer(_ path: String) {
+        #expect(parentDirectory(of: path) == (path as NSString).deletingLastPathComponent, "\(path)")
+    }
+
+    /// A name without a slash has no folder (Foundation on Linux traps on it, so it is not asked).
+    @Test func aBareNameHasNoFolder() {
+        #expect(parentDirectory(of: "a") == "")
+        #expect(parentDirectory(of: "") == "")
+    }
+
+    /// Many downloads naming the same file at once each get a name of their own, and a name is given again only
+    /// after its claim is released.
+    @Test func concurrentChoicesNeverShareAName() async throws {
+        let dir = try TemporaryDirectory()
+        let claims = PathClaims()
+        let proposed = dir.path + "/file.tar.gz"
+        let count = 24
+        let names = await withTaskGroup(of: (DownloadID, String).self) { group in
+            for index in 1...count {
+                group.addTask {
+                    let id = DownloadID(rawValue: UInt64(index))
+                    return (id, claims.choose(proposed, for: id, urls: ["http://h/\(index)"]))
+                }
+            }
+            var names: [DownloadID: String] = [:]
+            for await (id, name) in group { names[id] = name }
+            return names
+        }
+        #expect(Set(names.values).count == count)
+        #expect(Set(names.values).contains(proposed))
+        #expect(Set(names.values).contains(dir.path + "/file.\(count - 1).tar.gz"))
+        for (id, name) in names { #expect(claims.owner(of: name) == id) }
+        // Released, the first name is free again (nothing is on disk there).
+        let first = try #require(names.first { $0.value == proposed }?.key)
+        claims.release(proposed, for: first)
+        #expect(claims.choose(proposed, for: DownloadID(rawValue: 999), urls: ["http://h/999"]) == proposed)
+    }
+
+    /// A finished file another URL left is not a free name; one this URL left is.
+    @Test func aFileOfAnotherURLIsSkipped() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.path + "/f.bin"
+        #expect(FileManager.default.createFile(atPath: path, contents: Data([1, 2, 3])))
+        let fd = open(path, O_RDWR)
+        try #require(fd >= 0)
+        CompletionMark(url: "http://h/other", length: 3, etag: nil, crc32c: nil).write(fd: fd)
+        close(fd)
+        let claims = PathClaims()
+        #expect(claims.choose(path, for: DownloadID(rawValue: 1), urls: ["http://h/mine"]) == dir.path + "/f.1.bin")
+        guard CompletionMark.read(at: path) != nil else { return }  // no user xattrs here: the rest needs them
+        #expect(claims.choose(path, for: DownloadID(rawValue: 2), urls: ["http://h/other"]) == path)
+    }
+}
