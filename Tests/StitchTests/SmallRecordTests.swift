@@ -1,7 +1,6 @@
 import Foundation
 import Glibc
 import StitchTestSupport
-import Synchronization
 import Testing
 
 @testable import StitchCore
@@ -45,9 +44,7 @@ import Testing
         try #require(fd >= 0)
         mark.write(fd: fd)
         close(fd)
-        let read = CompletionMark.read(at: path)
-        // A file system without user extended attributes keeps no mark (the write is best effort).
-        if read != nil { #expect(read == mark) }
+        #expect(try #require(CompletionMark.read(at: path)) == mark)
     }
 
     /// The folder of a path, as Foundation gives it, for the plain absolute paths the fast path takes and the
@@ -107,5 +104,21 @@ import Testing
         #expect(claims.choose(path, for: DownloadID(rawValue: 1), urls: ["http://h/mine"]) == dir.path + "/f.1.bin")
         guard CompletionMark.read(at: path) != nil else { return }  // no user xattrs here: the rest needs them
         #expect(claims.choose(path, for: DownloadID(rawValue: 2), urls: ["http://h/other"]) == path)
+    }
+
+    /// A part file without a state file is a free name unless another run holds it (its lock is all that shows a
+    /// small download in progress); held, the next name is given.
+    @Test func aPartFileAnotherRunHoldsIsSkipped() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.path + "/g.bin"
+        #expect(FileManager.default.createFile(atPath: path + ".part", contents: Data([1])))
+        let holder = open(path + ".part", O_RDONLY)
+        try #require(holder >= 0)
+        defer { close(holder) }
+        try #require(flock(holder, LOCK_EX | LOCK_NB) == 0)
+        let claims = PathClaims()
+        #expect(claims.choose(path, for: DownloadID(rawValue: 1), urls: ["http://h/g"]) == dir.path + "/g.1.bin")
+        _ = flock(holder, LOCK_UN)
+        #expect(claims.choose(path, for: DownloadID(rawValue: 2), urls: ["http://h/g"]) == path)
     }
 }

@@ -42,22 +42,34 @@ final class PathClaims: Sendable {
     ///
     /// The disk is looked at outside the lock (the engine's decision threads all name their files here, and
     /// holding the lock through a few lookups in a large folder made them queue); the claim then succeeds only
-    /// if nobody claimed the path meanwhile, and a release meanwhile sends the candidate back for another look.
+    /// if nobody claimed the path meanwhile and nothing was released (else the path is looked at again; after a
+    /// few tries, under the lock). The one look that takes a lock of its own — whether another process holds the
+    /// part file — is made under the lock, where no download of this process can be creating that file.
     func choose(_ proposed: String, for id: DownloadID, urls: Set<String>) -> String {
         for candidate in Self.candidates(proposed) {
             var outcome: Bool?
+            var tries = 0
             repeat {
+                tries += 1
                 let seen = state.withLock { state -> UInt64? in
                     if let owner = state.owners[candidate], owner != id { return nil }
                     return state.releases
                 }
                 guard let seen else { break }  // another download's
-                let free = Self.isFree(candidate, for: urls)
+                let underLock = tries > 3
+                let look = underLock ? nil : Self.look(candidate, for: urls)
                 outcome = state.withLock { state -> Bool? in
                     if let owner = state.owners[candidate], owner != id { return false }
                     if state.releases != seen { return nil }  // what the disk said may be stale: look again
-                    guard free else { return false }
-                    for (path, owner) in state.owners where owner == id { state.owners[path] = nil }
+                    switch look ?? Self.look(candidate, for: urls) {
+                    case .taken: return false
+                    case .freeUnlessHeld(let partial): if partial.partIsHeldByAnotherRun { return false }
+                    case .free: break
+                    }
+                    for (path, owner) in state.owners where owner == id && path != candidate {
+                        state.owners[path] = nil
+                        state.releases &+= 1
+                    }
                     state.owners[candidate] = id
                     return true
                 }
@@ -79,23 +91,30 @@ final class PathClaims: Sendable {
         return (0..<10_000).lazy.map { $0 == 0 ? proposed : "\(folder)\(stem).\($0)\(suffix)" }
     }
 
+    private enum Look {
+        case free
+        case taken
+        /// Free unless another process holds its part file (a lock taken and let go to find out).
+        case freeUnlessHeld(PartialDownload)
+    }
+
     /// Nothing at `path`, or only what a download of `url` left there (its partial, or its finished file). A
     /// part file without a state file is free: it holds nothing resumable (a small download interrupted before
-    /// its first checkpoint), and the engine starts it over.
-    private static func isFree(_ path: String, for urls: Set<String>) -> Bool {
+    /// its first checkpoint), and the engine starts it over — unless another run holds it.
+    private static func look(_ path: String, for urls: Set<String>) -> Look {
         let partial = PartialDownload(DownloadPaths(destination: path))
         if case .none = partial.saved {
             if partial.destinationExists {
-                return partial.completion.map { urls.contains($0.url) } ?? false
+                return partial.completion.map { urls.contains($0.url) } ?? false ? .free : .taken
             }
             // A part file another download finished writing (its completion mark set) is that download's: its next
             // run moves it into place.
-            if let mark = partial.partCompletion { return urls.contains(mark.url) }
+            if let mark = partial.partCompletion { return urls.contains(mark.url) ? .free : .taken }
             // A part file another run holds (a small download has no state file yet) is taken.
-            return !partial.partIsHeldByAnotherRun
+            return .freeUnlessHeld(partial)
         }
         // A damaged state is judged by the previous generation the engine would fall back on.
-        return partial.state.map { urls.contains($0.url) } ?? false
+        return partial.state.map { urls.contains($0.url) } ?? false ? .free : .taken
     }
 }
 

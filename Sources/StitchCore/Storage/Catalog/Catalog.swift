@@ -784,7 +784,9 @@ private struct Statement {
     }
 }
 
-/// Encodes the JSON columns, remembering the last texts: most downloads share their headers and options.
+/// Encodes the JSON columns, remembering the last texts: most downloads share their headers and options. A text is
+/// reused only for values identical byte for byte: Swift's `==` on strings is canonical equivalence, and a URL or
+/// header in another normalization form is another request.
 private struct FieldEncoder {
     let encoder: JSONEncoder
     private var lastHeaders: ([String], String)?
@@ -796,17 +798,31 @@ private struct FieldEncoder {
 
     mutating func headers(_ headers: [String], id: DownloadID) throws(CatalogError) -> String {
         if headers.isEmpty { return "[]" }
-        if let lastHeaders, lastHeaders.0 == headers { return lastHeaders.1 }
+        if let lastHeaders, Self.identical(lastHeaders.0, headers) { return lastHeaders.1 }
         let text = try encode(headers, id: id)
         lastHeaders = (headers, text)
         return text
     }
 
     mutating func options(_ options: StoredOptions, id: DownloadID) throws(CatalogError) -> String {
-        if let lastOptions, lastOptions.0 == options { return lastOptions.1 }
+        if let lastOptions, Self.identical(lastOptions.0, options) { return lastOptions.1 }
         let text = try encode(options, id: id)
         lastOptions = (options, text)
         return text
+    }
+
+    private static func identical(_ a: [String], _ b: [String]) -> Bool {
+        a.count == b.count && zip(a, b).allSatisfy { $0.utf8.elementsEqual($1.utf8) }
+    }
+
+    private static func identical(_ a: Double?, _ b: Double?) -> Bool { a?.bitPattern == b?.bitPattern }
+
+    /// Equal, with the strings equal byte for byte and the numbers bit for bit (`-0.0` encodes apart from `0.0`).
+    private static func identical(_ a: StoredOptions, _ b: StoredOptions) -> Bool {
+        a == b && identical(a.formerURLs, b.formerURLs) && identical(a.mirrors, b.mirrors)
+            && identical(a.tuning.retryDelay, b.tuning.retryDelay)
+            && identical(a.tuning.stallTimeout, b.tuning.stallTimeout)
+            && identical(a.tuning.connectTimeout, b.tuning.connectTimeout)
     }
 
     private func encode(_ value: some Encodable, id: DownloadID) throws(CatalogError) -> String {
