@@ -11,12 +11,15 @@
 #           the progress view's tests read the screen a pty shows, Tests/pty/screen.py), wget + aria2 (--adopt's
 #           tests take over partials that real wget -c, curl -C - and aria2c runs leave), fuse3 + libfuse3-dev (the
 #           power-cut tests' file system, Tests/PowerLoss/plfs.c, built by the tests with cc and pkg-config), man-db +
-#           zsh + fish (ManualTests: the generated manual pages render, each shell reads its completion)
+#           zsh + fish (ManualTests: the generated manual pages render, each shell reads its completion),
+#           tinyproxy + microsocks (ProxyTests: downloads through a real HTTP proxy, CONNECT and SOCKS5; started by
+#           the tests on loopback, the packages' own services never used)
 #   package: dpkg-dev (dpkg-shlibdeps) + lintian (scripts/package.sh), mmdebstrap + bubblewrap + systemd (the
 #           install test's bare Debian root, the unit's sandbox, systemd-analyze)
 set -euo pipefail
 packages=(libcurl4-openssl-dev libssl-dev libsqlite3-dev libmicrohttpd-dev libwslay-dev pkg-config ca-certificates nginx-light openssl curl time gcc
     libc6-dev chromium chromium-driver python3-venv nodejs gdb iproute2 python3-pyte wget aria2 fuse3 libfuse3-dev man-db zsh fish
+    tinyproxy microsocks
     dpkg-dev lintian mmdebstrap bubblewrap systemd)
 missing=()
 for p in "${packages[@]}"; do

@@ -41,6 +41,12 @@ struct GetOptions {
     var user: (name: String, password: String?)?
     /// `--netrc` / `--netrc-file FILE`: credentials from a netrc file (`file` nil: ~/.netrc).
     var netrc: TransportOptions.Netrc?
+    /// `--proxy URL`: the proxy for every request (``TransportOptions/Proxy/direct`` for `--proxy ''`).
+    var proxy: TransportOptions.Proxy?
+    /// `--proxy-user USER`: the proxy's user; the password comes from `STITCH_PROXY_PASSWORD` or the terminal.
+    var proxyUser: String?
+    /// `--noproxy LIST`: hosts reached directly.
+    var noProxy: String?
     /// `--transport NAME`: the HTTP backend (libcurl, or URLSession; the build's default unless given).
     var transport = TransportBackend.default
 
@@ -108,6 +114,9 @@ struct GetOptions {
                     : "--adopt needs -o FILE: the partial download to take over")
         }
         if let caCert, caCert.isEmpty { throw UsageError("--ca-cert needs a file path") }
+        if proxyUser != nil, proxy == nil || proxy == .direct {
+            throw UsageError("--proxy-user needs --proxy URL: the proxy it is for")
+        }
         if quiet && json { throw UsageError("--quiet and --json cannot be used together") }
     }
 }

@@ -154,6 +154,61 @@ extension GetOptions {
             options.netrc = TransportOptions.Netrc(file: use.value)
             options.libcurlOnlyOption = options.libcurlOnlyOption ?? use.name
         },
+        .value(
+            ["-x", "--proxy"], "URL",
+            help: """
+                send every request through the proxy at URL: http://, https://, socks5://
+                (names resolved here) or socks5h:// (by the proxy), HOST:PORT; '' for
+                none (the default is the environment's: http_proxy, https_proxy, ALL_PROXY,
+                NO_PROXY); no credentials in URL: see --proxy-user
+                """
+        ) { options, use in
+            if use.name == "-x", !use.value.isEmpty, use.value.allSatisfy(\.isASCII), Int(use.value) != nil {
+                throw UsageError("-x is the proxy here, as curl's; for aria2c's -x N (connections) give -c N")
+            }
+            if TransportOptions.Proxy.hasCredentials(use.value) {
+                // Not the value: it holds a password.
+                throw UsageError(
+                    "--proxy takes no credentials in its URL (other users can read a command line); "
+                        + "give --proxy-user USER, with the password in STITCH_PROXY_PASSWORD or typed on the terminal")
+            }
+            do { options.proxy = try TransportOptions.Proxy(parsing: use.value) } catch {
+                throw UsageError("--proxy: \(error)")
+            }
+            options.libcurlOnlyOption = options.libcurlOnlyOption ?? use.name
+        },
+        .value(
+            ["--proxy-user"], "USER",
+            help: """
+                the proxy's user name; the password is read from STITCH_PROXY_PASSWORD, or
+                asked for on the terminal (never on the command line, never saved)
+                """
+        ) { options, use in
+            let name = use.value
+            guard !name.isEmpty, !name.contains(":"),
+                !name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
+            else {
+                // Not the value itself: it may hold a password.
+                throw UsageError(
+                    "--proxy-user takes a user name only (no ':' or control characters); the password goes in "
+                        + "STITCH_PROXY_PASSWORD or is typed on the terminal")
+            }
+            options.proxyUser = name
+            options.libcurlOnlyOption = options.libcurlOnlyOption ?? use.name
+        },
+        .value(
+            ["--noproxy"], "LIST",
+            help: """
+                hosts reached directly, not through a proxy: comma-separated names (each
+                with its subdomains), addresses, CIDR ranges, or '*' (instead of NO_PROXY)
+                """
+        ) { options, use in
+            guard !use.value.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+                throw UsageError("--noproxy takes host names separated by commas, without control characters")
+            }
+            options.noProxy = use.value
+            options.libcurlOnlyOption = options.libcurlOnlyOption ?? use.name
+        },
         .flag(
             ["--overwrite"], help: "replace an existing DEST, or a partial download that cannot be resumed"
         ) { options, _ in options.overwrite = true },

@@ -375,7 +375,8 @@ extension TransportBackend {
 
 extension GetOptions {
     /// Sets what the command line says of connections on `transport` (one download, a list, a stream): timeouts,
-    /// TLS, netrc, and `-u`'s credentials for `urls`' origins, the password from the option or asked for on the
+    /// TLS, netrc, the proxy (its password from `STITCH_PROXY_PASSWORD` or the terminal), and `-u`'s credentials
+    /// for `urls`' origins, the password from the option or asked for on the
     /// terminal (never echoed), as curl asks. Returns the usage error when there is no password and no terminal.
     func configure(_ transport: inout TransportOptions, for urls: [String]) -> UsageError? {
         transport.stallTimeout = timeout
@@ -383,6 +384,23 @@ extension GetOptions {
         transport.caCertificatePath = caCert
         transport.tlsVerification = insecure ? .insecure : .verify
         transport.netrc = netrc
+        transport.noProxy = noProxy
+        transport.proxy = proxy
+        if let proxyUser, var proxy {
+            var password = ProcessInfo.processInfo.environment["STITCH_PROXY_PASSWORD"]
+            if password == nil {
+                guard isatty(STDIN_FILENO) == 1, let typed = getpass("Enter proxy password for user '\(proxyUser)': ")
+                else {
+                    return UsageError(
+                        "--proxy-user \(proxyUser) needs a password: set STITCH_PROXY_PASSWORD, or run it on a "
+                            + "terminal")
+                }
+                password = String(cString: typed)
+            }
+            proxy.user = proxyUser
+            proxy.password = password
+            transport.proxy = proxy
+        }
         guard let user else { return nil }
         var password = user.password
         if password == nil {

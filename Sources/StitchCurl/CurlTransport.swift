@@ -252,6 +252,25 @@ final class CurlTransfer: @unchecked Sendable {
             set(stitch_easy_setopt_string(easy, CURLOPT_CAINFO, ca))
             set(stitch_easy_setopt_string(easy, CURLOPT_CAPATH, nil))
         }
+        if let proxy = options.proxy {
+            // Set, even empty, it replaces the environment's proxy: the option wins, and "" means none.
+            set(stitch_easy_setopt_string(easy, CURLOPT_PROXY, proxy.url))
+            if let user = proxy.user {
+                set(stitch_easy_setopt_string(easy, CURLOPT_PROXYUSERNAME, user))
+                set(stitch_easy_setopt_string(easy, CURLOPT_PROXYPASSWORD, proxy.password ?? ""))
+            }
+            if proxy.url.hasPrefix("https:") {
+                // TLS to the proxy is checked as TLS to servers is: the same trust and the same -k.
+                let verify = options.tlsVerification == .verify
+                set(stitch_easy_setopt_long(easy, CURLOPT_PROXY_SSL_VERIFYPEER, verify ? 1 : 0))
+                set(stitch_easy_setopt_long(easy, CURLOPT_PROXY_SSL_VERIFYHOST, verify ? 2 : 0))
+                if let ca = options.caCertificatePath {
+                    set(stitch_easy_setopt_string(easy, CURLOPT_PROXY_CAINFO, ca))
+                    set(stitch_easy_setopt_string(easy, CURLOPT_PROXY_CAPATH, nil))
+                }
+            }
+        }
+        if let noProxy = options.noProxy { set(stitch_easy_setopt_string(easy, CURLOPT_NOPROXY, noProxy)) }
         if let credentials = options.credentials,
             let origin = TransportOptions.Credentials.origin(of: request.url), credentials.origins.contains(origin)
         {
@@ -438,7 +457,7 @@ final class CurlTransfer: @unchecked Sendable {
         }
         let detail = String(cString: errorBuffer)
         var message = detail.isEmpty ? String(cString: curl_easy_strerror(code)) : detail
-        let kind: TransportError.Code
+        var kind: TransportError.Code
         switch code {
         case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY: kind = .resolve
         case CURLE_COULDNT_CONNECT:
@@ -469,11 +488,45 @@ final class CurlTransfer: @unchecked Sendable {
         case CURLE_ABORTED_BY_CALLBACK: kind = .cancelled
         default: kind = .other
         }
+        if let proxy = request.options.proxy, !proxy.url.isEmpty, !headDelivered {
+            (kind, message) = proxyFailure(code, kind: kind, message: message, proxy: proxy.url)
+        }
         if kind == .tls, let server = URLComponents(string: request.url).flatMap(Self.serverName) {
             // After redirects the failing server is not the one the user named.
             message += " (server \(server))"
         }
         return .failure(TransportError(kind, message, underlyingCode: Int(code.rawValue)))
+    }
+
+    /// A failure before any response through `proxy` (the option's, not the environment's), said as the proxy's:
+    /// one that cannot be reached or resolved, a tunnel it refuses (`CONNECT` answered with an error: 407 wants
+    /// credentials and is not retried, nor 403; a 5xx is the proxy failing to reach the server, retried as a
+    /// connection), a SOCKS handshake it fails (credentials refused: not retried; the server unreachable from it:
+    /// retried as a connection).
+    private func proxyFailure(
+        _ code: CURLcode, kind: TransportError.Code, message: String, proxy: String
+    ) -> (TransportError.Code, String) {
+        guard let easy else { return (kind, message) }
+        var connectCode = 0
+        if stitch_easy_getinfo_long(easy, CURLINFO_HTTP_CONNECTCODE, &connectCode) == CURLE_OK, connectCode >= 300 {
+            let words = connectCode == 407 ? "Proxy Authentication Required" : connectCode == 403 ? "Forbidden" : ""
+            let said = "the proxy \(proxy) refused the tunnel: HTTP \(connectCode)" + (words.isEmpty ? "" : " \(words)")
+            if connectCode == 407 { return (.other, said + "; it asks for credentials") }
+            return ((500...599).contains(connectCode) ? .connect : .other, said)
+        }
+        switch code {
+        case CURLE_COULDNT_CONNECT, CURLE_COULDNT_RESOLVE_PROXY, CURLE_OPERATION_TIMEDOUT:
+            return (kind, "proxy \(proxy): \(message)")
+        case CURLE_PROXY:
+            var detail = 0
+            _ = stitch_easy_getinfo_long(easy, CURLINFO_PROXY_ERROR, &detail)
+            let refusedCredentials = [CURLPX_USER_REJECTED, CURLPX_NO_AUTH, CURLPX_RECV_AUTH, CURLPX_SEND_AUTH]
+                .contains { Int($0.rawValue) == detail }
+            if refusedCredentials { return (.other, "the proxy \(proxy) refused the credentials: \(message)") }
+            return (.connect, "proxy \(proxy): \(message)")
+        default:
+            return (kind, message)
+        }
     }
 
     /// `host:port` (or the host alone) of a URL, for error messages.

@@ -103,6 +103,15 @@ public struct TransportOptions: Sendable, Hashable {
     /// Credentials from a netrc file for each request's own host (`--netrc`, `--netrc-file`), as libcurl reads
     /// it; ``credentials`` win for their origin. Nil: no netrc.
     public var netrc: Netrc?
+    /// The proxy every request goes through (`--proxy`). Nil: the environment's, as libcurl reads it
+    /// (`http_proxy` for http URLs — lower case only —, `https_proxy` or `HTTPS_PROXY` for https, then
+    /// `ALL_PROXY`/`all_proxy`; `NO_PROXY`/`no_proxy` lists hosts reached directly). ``Proxy/direct``: none at
+    /// all, whatever the environment says.
+    public var proxy: Proxy?
+    /// Hosts reached directly, not through the proxy (`--noproxy`): curl's list, comma-separated host names
+    /// (a name matches itself and its subdomains), IP addresses, CIDR ranges, or `*` for every host. Nil: the
+    /// environment's `NO_PROXY` or `no_proxy`.
+    public var noProxy: String?
 
     /// A user name and password for the origins (scheme, host and port) of the URLs they were given with: a
     /// redirect to another origin does not get them, as curl does not send `-u` credentials to another host
@@ -138,6 +147,91 @@ public struct TransportOptions: Sendable, Hashable {
 
         /// Never the password (descriptions end up in logs and failure messages).
         public var description: String { "Credentials(user: \(user), password: <hidden>, origins: \(origins.sorted()))" }
+    }
+
+    /// A proxy: its URL (`http://`, `https://`, `socks5://` or `socks5h://`, a host and a port; nothing else) and
+    /// the credentials it asks for, kept apart from the URL so that the URL can be shown.
+    public struct Proxy: Sendable, Hashable, CustomStringConvertible {
+        /// The schemes a proxy may have: HTTP (plain, or TLS to the proxy), SOCKS5 with names resolved here
+        /// (`socks5`) or by the proxy (`socks5h`).
+        public static let schemes = ["http", "https", "socks5", "socks5h"]
+
+        /// `scheme://host:port`, without credentials; empty for ``direct``.
+        public let url: String
+        /// The user name the proxy is given, if any.
+        public var user: String?
+        /// The password; never in ``description``.
+        public var password: String?
+
+        /// No proxy, whatever the environment says (`--proxy ''`, as curl).
+        public static let direct = Proxy(checkedURL: "")
+
+        private init(checkedURL: String) { url = checkedURL }
+
+        /// The proxy at `text`: `[SCHEME://][USER[:PASSWORD]@]HOST[:PORT][/]` (no scheme: `http://`, as curl and
+        /// aria2 take it; no port: 1080, libcurl's default, for SOCKS; 80 or 443 for HTTP and HTTPS, what a user
+        /// of aria2 expects). Credentials in `text` are moved to ``user`` and ``password`` (a caller that must not
+        /// take them from there, the command line, refuses them first: see ``hasCredentials(_:)``).
+        /// - Throws: a message naming what is wrong, without the credentials.
+        public init(parsing text: String) throws(ProxyError) {
+            if text.isEmpty {
+                self = .direct
+                return
+            }
+            guard !text.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value == 0x7F }) else {
+                throw ProxyError("a proxy URL has no spaces or control characters")
+            }
+            let full = text.contains("://") ? text : "http://" + text
+            guard let components = URLComponents(string: full), let scheme = components.scheme?.lowercased() else {
+                throw ProxyError("'\(Self.withoutCredentials(text))' is not a proxy URL (e.g. http://HOST:PORT)")
+            }
+            guard Self.schemes.contains(scheme) else {
+                throw ProxyError(
+                    "a proxy is \(Self.schemes.map { $0 + "://" }.joined(separator: ", ")), not \(scheme)://")
+            }
+            guard let host = components.host, !host.isEmpty else {
+                throw ProxyError("'\(Self.withoutCredentials(text))' names no proxy host")
+            }
+            guard components.path.isEmpty || components.path == "/", components.query == nil,
+                components.fragment == nil
+            else {
+                throw ProxyError("a proxy URL is SCHEME://HOST:PORT, with no path or query")
+            }
+            let port = components.port ?? (scheme == "http" ? 80 : scheme == "https" ? 443 : 1080)
+            guard (1...65_535).contains(port) else { throw ProxyError("a proxy's port is 1 to 65535, not \(port)") }
+            let shownHost = host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host
+            self.init(checkedURL: "\(scheme)://\(shownHost):\(port)")
+            user = components.user.map { $0.removingPercentEncoding ?? $0 }
+            password = components.password.map { $0.removingPercentEncoding ?? $0 }
+        }
+
+        /// Whether `text` holds a user name or password (`USER[:PASSWORD]@` before the host).
+        public static func hasCredentials(_ text: String) -> Bool {
+            let afterScheme = text.range(of: "://").map { text[$0.upperBound...] } ?? text[...]
+            let authority = afterScheme.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+            return authority.contains("@")
+        }
+
+        /// `text` with anything before an `@` in its authority replaced by `***`.
+        static func withoutCredentials(_ text: String) -> String {
+            guard hasCredentials(text) else { return text }
+            let schemeEnd = text.range(of: "://")?.upperBound ?? text.startIndex
+            guard let at = text[schemeEnd...].firstIndex(of: "@") else { return text }
+            return String(text[..<schemeEnd]) + "***" + String(text[at...])
+        }
+
+        /// The URL and the user name, never the password.
+        public var description: String {
+            url.isEmpty ? "no proxy" : url + (user.map { " (user \($0), password <hidden>)" } ?? "")
+        }
+    }
+
+    /// Why a proxy URL was refused.
+    public struct ProxyError: Error, Sendable, CustomStringConvertible {
+        /// What is wrong, in one line, without the URL's credentials.
+        public let description: String
+        /// An error saying `description`.
+        public init(_ description: String) { self.description = description }
     }
 
     /// Where credentials for a host may come from besides `-u`.

@@ -136,8 +136,12 @@ struct AttemptStateMachine: Sendable {
         case .complete:
             return .complete
         case .fail(let status):
+            // A 407 is the proxy's, not the server's (a plain http:// URL through an HTTP proxy).
+            let from =
+                status == 407
+                ? "from the proxy for \(url.absoluteString) (it asks for credentials)" : "from \(url.absoluteString)"
             return .fail(DownloadError(
-                .httpStatus, "HTTP \(status) \(statusText(status)) from \(url.absoluteString)", httpStatus: status,
+                .httpStatus, "HTTP \(status) \(statusText(status)) \(from)", httpStatus: status,
                 resumable: report.durable > 0))
         case .retry(let status, let retryAfter):
             return retry(.status(status, retryAfter: retryAfter), report: report, now: now, jitter: jitter)
@@ -280,6 +284,7 @@ func statusText(_ status: Int) -> String {
     case 403: return "Forbidden"
     case 404: return "Not Found"
     case 405: return "Method Not Allowed"
+    case 407: return "Proxy Authentication Required"
     case 408: return "Request Timeout"
     case 410: return "Gone"
     case 416: return "Range Not Satisfiable"

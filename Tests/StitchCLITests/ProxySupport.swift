@@ -1,0 +1,122 @@
+import Foundation
+import Glibc
+import StitchTestSupport
+import Testing
+
+/// A real proxy from Debian on loopback for a test: tinyproxy (HTTP, CONNECT for HTTPS) or microsocks (SOCKS5),
+/// optionally asking for a user name and password. Its log (what it connected to) is a file the test reads.
+final class LoopbackProxy: Sendable {
+    enum Kind: String, Sendable, CaseIterable {
+        case http = "tinyproxy"
+        case socks = "microsocks"
+    }
+
+    let kind: Kind
+    let port: Int
+    let log: String
+    let credentials: (user: String, password: String)?
+    private let process: ChildProcess
+
+    /// Whether the program is installed (`.ci/run` installs both).
+    static func isInstalled(_ kind: Kind) -> Bool {
+        FileManager.default.isExecutableFile(atPath: "/usr/bin/" + kind.rawValue)
+    }
+
+    /// Starts a proxy of `kind` in `folder` on a free port (or `port`), and waits until it accepts connections.
+    init(
+        _ kind: Kind, in folder: String, port: Int? = nil, credentials: (user: String, password: String)? = nil
+    ) throws {
+        self.kind = kind
+        self.credentials = credentials
+        var lastError = "not started"
+        for attempt in 0..<5 {
+            let port = try port ?? Self.freePort()
+            let log = folder + "/\(kind.rawValue)-\(port)-\(attempt).log"
+            var arguments: [String]
+            switch kind {
+            case .http:
+                var config = "Port \(port)\nListen 127.0.0.1\nTimeout 60\nMaxClients 100\nLogLevel Info\n"
+                if let credentials { config += "BasicAuth \(credentials.user) \(credentials.password)\n" }
+                let file = folder + "/tinyproxy-\(port).conf"
+                try Data(config.utf8).write(to: URL(fileURLWithPath: file))
+                arguments = ["-d", "-c", file]
+            case .socks:
+                arguments = ["-i", "127.0.0.1", "-p", String(port)]
+                if let credentials { arguments += ["-u", credentials.user, "-P", credentials.password] }
+            }
+            let process = try ChildProcess(
+                executable: "/usr/bin/" + kind.rawValue, arguments: arguments, environment: [:],
+                standardOutput: .file(log), standardError: .file(log + ".err"))
+            if Self.waitForListener(port: port, process: process) {
+                self.port = port
+                self.log = log
+                self.process = process
+                return
+            }
+            process.send(SIGKILL)
+            _ = process.waitUntilExit()
+            lastError = (try? String(contentsOfFile: log + ".err", encoding: .utf8)) ?? "no output"
+        }
+        throw ProxyStartError(description: "\(kind.rawValue) did not start: \(lastError)")
+    }
+
+    deinit { stop() }
+
+    /// `scheme://127.0.0.1:PORT` for `--proxy`.
+    func url(_ scheme: String? = nil) -> String {
+        "\(scheme ?? (kind == .http ? "http" : "socks5h"))://127.0.0.1:\(port)"
+    }
+
+    /// Everything the proxy logged so far (tinyproxy logs each request and CONNECT; microsocks each connection).
+    var logText: String {
+        ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "")
+            + ((try? String(contentsOfFile: log + ".err", encoding: .utf8)) ?? "")
+    }
+
+    /// Kills the proxy at once (a proxy that dies mid-transfer); idempotent.
+    func kill() {
+        process.send(SIGKILL)
+        _ = process.waitUntilExit()
+    }
+
+    func stop() {
+        process.send(SIGTERM)
+        _ = process.waitUntilExit()
+    }
+
+    /// A port nothing listens on now: bound to 0, read back, closed.
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw ProxyStartError(description: "socket: \(errno)") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = in_addr_t(0x7F00_0001).bigEndian
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+            }
+        }
+        guard bound else { throw ProxyStartError(description: "bind: \(errno)") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// Polls until something accepts on `port` (up to 20 s, the process alive).
+    private static func waitForListener(port: Int, process: ChildProcess) -> Bool {
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline {
+            if let fd = connectToLoopback(port: port) {
+                close(fd)
+                return true
+            }
+            if !process.isRunning { return false }
+            usleep(2_000)
+        }
+        return false
+    }
+}
+
+struct ProxyStartError: Error, CustomStringConvertible {
+    let description: String
+}

@@ -1,0 +1,207 @@
+import Foundation
+import Glibc
+import Stitch
+import StitchTestSupport
+import Testing
+
+/// `stitch get` through real proxies from Debian (issue 36): tinyproxy for HTTP (and CONNECT for HTTPS), microsocks
+/// for SOCKS5, nginx behind them. The proxy's log shows the download went through it; the file is byte-exact; a
+/// proxy that refuses, wants credentials or dies mid-body gives one error line or a resumed, exact file.
+@Suite(
+    "stitch through proxies",
+    .enabled(if: StitchUnderTest.hasLibcurl, StitchUnderTest.libcurlOnly),
+    .enabled(if: LoopbackProxy.Kind.allCases.allSatisfy(LoopbackProxy.isInstalled), "tinyproxy and microsocks"))
+struct ProxyTests {
+    static func start(
+        _ kind: LoopbackProxy.Kind, in sandbox: Sandbox, port: Int? = nil,
+        credentials: (user: String, password: String)? = nil
+    ) async throws -> LoopbackProxy {
+        let folder = sandbox.path("proxy")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        return try await offload { try LoopbackProxy(kind, in: folder, port: port, credentials: credentials) }
+    }
+
+    /// Every proxy kind and scheme, for an http:// and an https:// URL: the file is exact, and the proxy carried it.
+    @Test(arguments: [
+        (LoopbackProxy.Kind.http, "http"), (.socks, "socks5"), (.socks, "socks5h"),
+    ])
+    func downloadsThroughTheProxy(_ kind: LoopbackProxy.Kind, _ scheme: String) async throws {
+        let nginx = try await sharedNginx()
+        let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+        let sandbox = try Sandbox("proxy")
+        defer { sandbox.cleanup() }
+        let proxy = try await Self.start(kind, in: sandbox)
+        defer { proxy.stop() }
+        let plain = try await sandbox.run([
+            "get", nginx.httpURL("small.bin"), "-o", "plain.bin", "--proxy", proxy.url(scheme),
+        ])
+        #expect(plain.status == 0, "\(plain)")
+        #expect(readBytes(sandbox.path("plain.bin")) == expected)
+        let tls = try await sandbox.run([
+            "get", nginx.httpsURL("small.bin"), "-o", "tls.bin", "--ca-cert", nginx.caCertificate, "-x",
+            proxy.url(scheme),
+        ])
+        #expect(tls.status == 0, "\(tls)")
+        #expect(readBytes(sandbox.path("tls.bin")) == expected)
+        let log = proxy.logText
+        #expect(log.contains(":\(nginx.httpPort)"), "the proxy did not carry the http request: \(log)")
+        #expect(log.contains(":\(nginx.httpsPort)"), "the proxy did not carry the https tunnel: \(log)")
+    }
+
+    /// The environment's proxy is used when no --proxy is given; NO_PROXY, --noproxy and --proxy '' go direct.
+    @Test func theEnvironmentsProxyAndTheWaysAroundIt() async throws {
+        let nginx = try await sharedNginx()
+        let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+        let sandbox = try Sandbox("proxy")
+        defer { sandbox.cleanup() }
+        let proxy = try await Self.start(.http, in: sandbox)
+        defer { proxy.stop() }
+        let url = nginx.httpURL("small.bin")
+        func carried() -> Int { proxy.logText.components(separatedBy: "small.bin").count - 1 }
+
+        let viaEnvironment = try await sandbox.run(
+            ["get", url, "-o", "env.bin"], environment: ["http_proxy": proxy.url()])
+        #expect(viaEnvironment.status == 0, "\(viaEnvironment)")
+        #expect(readBytes(sandbox.path("env.bin")) == expected)
+        let afterEnvironment = carried()
+        #expect(afterEnvironment >= 1, "http_proxy was not used: \(proxy.logText)")
+
+        let direct: [([String], [String: String])] = [
+            (["-o", "no-proxy.bin"], ["http_proxy": proxy.url(), "NO_PROXY": "127.0.0.1"]),
+            (["-o", "noproxy.bin", "--noproxy", "127.0.0.1"], ["http_proxy": proxy.url()]),
+            (["-o", "flag-noproxy.bin", "--proxy", proxy.url(), "--noproxy", "*"], [:]),
+            (["-o", "empty.bin", "--proxy", ""], ["http_proxy": proxy.url(), "ALL_PROXY": proxy.url()]),
+        ]
+        for (arguments, environment) in direct {
+            let result = try await sandbox.run(["get", url] + arguments, environment: environment)
+            #expect(result.status == 0, "\(arguments) \(environment): \(result)")
+            #expect(readBytes(sandbox.path(arguments[1])) == expected)
+        }
+        #expect(carried() == afterEnvironment, "a direct download went through the proxy: \(proxy.logText)")
+
+        // The flag wins over the environment: a dead proxy in the environment is not tried.
+        let dead = try LoopbackProxy.freePort()
+        let flagWins = try await sandbox.run(
+            ["get", url, "-o", "flag.bin", "--proxy", proxy.url()],
+            environment: ["http_proxy": "http://127.0.0.1:\(dead)"])
+        #expect(flagWins.status == 0, "\(flagWins)")
+        #expect(carried() == afterEnvironment + 1)
+    }
+
+    /// A proxy nobody listens on: one error line naming the proxy, exit 1, nothing left behind.
+    @Test func aProxyThatRefusesTheConnection() async throws {
+        let nginx = try await sharedNginx()
+        let sandbox = try Sandbox("proxy")
+        defer { sandbox.cleanup() }
+        let dead = try LoopbackProxy.freePort()
+        let result = try await sandbox.run(
+            [
+                "get", nginx.httpURL("small.bin"), "-o", "out.bin", "--proxy", "http://127.0.0.1:\(dead)", "--retries",
+                "0",
+            ])
+        #expect(result.status == 1, "\(result)")
+        let last = try #require(errorLines(result).last)
+        #expect(last.contains("proxy http://127.0.0.1:\(dead)") && last.contains("refused"), "\(result)")
+        #expect(sandbox.entries().filter { $0 != "proxy" }.isEmpty, "\(sandbox.entries())")
+    }
+
+    /// A proxy that asks for credentials: without them, HTTP 407 said as the proxy's (for http:// and for the tunnel
+    /// of https://), exit 1; with --proxy-user and the password from the environment, the exact file. The password
+    /// never appears in the output, and on the command line it is refused before anything starts.
+    @Test(arguments: [LoopbackProxy.Kind.http, .socks])
+    func aProxyThatWantsCredentials(_ kind: LoopbackProxy.Kind) async throws {
+        let nginx = try await sharedNginx()
+        let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+        let sandbox = try Sandbox("proxy")
+        defer { sandbox.cleanup() }
+        let password = "pw-\(UInt32.random(in: 1_000...9_999))"
+        let proxy = try await Self.start(kind, in: sandbox, credentials: ("alice", password))
+        defer { proxy.stop() }
+        let urls = [nginx.httpURL("small.bin"), nginx.httpsURL("small.bin")]
+        for (index, url) in urls.enumerated() {
+            let tls = ["--ca-cert", nginx.caCertificate]
+            let without = try await sandbox.run(["get", url, "-o", "no\(index).bin", "--proxy", proxy.url()] + tls)
+            #expect(without.status == 1, "\(without)")
+            let said = errorLines(without).last ?? ""
+            if kind == .http {
+                #expect(said.contains("407") && said.contains("credentials"), "\(without)")
+            } else {
+                #expect(said.contains("proxy"), "\(without)")
+            }
+            let wrong = try await sandbox.run(
+                ["get", url, "-o", "wrong\(index).bin", "--proxy", proxy.url(), "--proxy-user", "alice"] + tls,
+                environment: ["STITCH_PROXY_PASSWORD": "not-it"])
+            #expect(wrong.status == 1, "\(wrong)")
+            let with = try await sandbox.run(
+                ["get", url, "-o", "yes\(index).bin", "--proxy", proxy.url(), "--proxy-user", "alice"] + tls,
+                environment: ["STITCH_PROXY_PASSWORD": password])
+            #expect(with.status == 0, "\(with)")
+            #expect(readBytes(sandbox.path("yes\(index).bin")) == expected)
+            for result in [without, wrong, with] {
+                #expect(!result.stderr.contains(password) && !result.stdout.contains(password), "\(result)")
+            }
+        }
+        let inURL = try await sandbox.run([
+            "get", urls[0], "-o", "x.bin", "--proxy", "http://alice:\(password)@127.0.0.1:\(proxy.port)",
+        ])
+        #expect(inURL.status == 64 && inURL.stderr.contains("--proxy-user"), "\(inURL)")
+        #expect(!inURL.stderr.contains(password))
+        let inUser = try await sandbox.run([
+            "get", urls[0], "-o", "x.bin", "--proxy", proxy.url(), "--proxy-user", "alice:\(password)",
+        ])
+        #expect(inUser.status == 64 && !inUser.stderr.contains(password), "\(inUser)")
+        let noPassword = try await sandbox.run([
+            "get", urls[0], "-o", "x.bin", "--proxy", proxy.url(), "--proxy-user", "alice",
+        ])
+        #expect(noPassword.status == 64 && noPassword.stderr.contains("STITCH_PROXY_PASSWORD"), "\(noPassword)")
+        #expect(!fileExists(sandbox.path("x.bin")))
+    }
+
+    /// Killed mid-body, the rerun through the proxy resumes with Range and If-Range and ends byte-exact; a proxy that
+    /// dies mid-body and comes back is retried within the run, which resumes and ends byte-exact.
+    @Test(arguments: LoopbackProxy.Kind.allCases)
+    func resumesThroughTheProxy(_ kind: LoopbackProxy.Kind) async throws {
+        let nginx = try await sharedNginx()
+        let name = "proxy-resume-\(UUID().uuidString).bin"
+        let bytes = ServedFile.randomBytes(count: 4 << 20, seed: 36)
+        try nginx.publish(name, bytes: bytes)
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
+        let sandbox = try Sandbox("proxy")
+        defer { sandbox.cleanup() }
+        var proxy = try await Self.start(kind, in: sandbox)
+        defer { proxy.stop() }
+        let arguments = ["get", nginx.slowURL(name), "-o", "out.bin", "--proxy", proxy.url()]
+
+        let first = try sandbox.start(arguments)
+        let written = await waitForBytes(1 << 20, while: first, onReach: { _ in first.kill() }) {
+            fileSize(sandbox.path("out.bin.part"))
+        }
+        first.kill()
+        let killed = await first.wait()
+        try #require(written != nil && killed.signal == SIGKILL, "not killed mid-way: \(killed)")
+        let rerun = try sandbox.start(arguments)
+        // Mid-body again (past what the first run kept), the proxy dies and a new one takes its port.
+        let kept = fileSize(sandbox.path("out.bin.part"))
+        let port = proxy.port
+        let dying = proxy
+        let reached = await waitForBytes(kept + (1 << 20), while: rerun, onReach: { _ in dying.kill() }) {
+            fileSize(sandbox.path("out.bin.part"))
+        }
+        try #require(reached != nil, "the rerun ended before the proxy was killed")
+        dying.kill()
+        proxy = try await Self.start(kind, in: sandbox, port: port)
+        let result = await rerun.wait()
+        #expect(result.status == 0, "\(result)")
+        #expect(result.stderr.contains("resuming at"), "\(result)")
+        #expect(readBytes(sandbox.path("out.bin")) == bytes)
+        var ranged: [String] = []
+        _ = await waitUntil {
+            ranged = nginx.accessLogLines(containing: name).filter { $0.contains("range=\"bytes=") }
+            return ranged.count >= 2
+        }
+        #expect(ranged.count >= 2, "\(nginx.accessLogLines(containing: name))")
+        for line in ranged {
+            #expect(line.contains("if_range=\"\\x22"), "If-Range carries the ETag: \(line)")
+        }
+    }
+}
