@@ -209,6 +209,14 @@ enum Batch {
             add.checksum = entry.checksum
             if let connections = entry.connections { add.connections = connections }
             if let adopt = entry.adopt { add.adopt = adopt }
+            add.proxies = entry.proxies
+            if !entry.proxies.isEmpty, options.transport == .urlSession {
+                items.append(
+                    Item(
+                        url: url, options: add,
+                        problem: "\(inputFile): line \(entry.line): a proxy needs the libcurl transport; not downloaded"))
+                continue
+            }
             if add.adopt && entry.out == nil {
                 items.append(
                     Item(

@@ -204,4 +204,46 @@ struct ProxyTests {
             #expect(line.contains("if_range=\"\\x22"), "If-Range carries the ETag: \(line)")
         }
     }
+
+    /// `-i FILE` names a proxy per download (aria2's `all-proxy` and friends), over the command line's: one download
+    /// through a proxy with credentials from the list, one direct (`all-proxy=` empty) though `--proxy` names a dead
+    /// proxy, one through the command line's. Each file exact, each proxy carrying only its own.
+    @Test func anInputListNamesAProxyPerDownload() async throws {
+        let nginx = try await sharedNginx()
+        let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+        let sandbox = try Sandbox("proxy")
+        defer { sandbox.cleanup() }
+        let password = "pw-\(UInt32.random(in: 1_000...9_999))"
+        let guarded = try await Self.start(.http, in: sandbox, credentials: ("alice", password))
+        defer { guarded.stop() }
+        let socks = try await Self.start(.socks, in: sandbox)
+        defer { socks.stop() }
+        let url = nginx.httpURL("small.bin")
+        let list = """
+            \(url)
+              out=guarded.bin
+              all-proxy=\(guarded.url())
+              all-proxy-user=alice
+              all-proxy-passwd=\(password)
+            \(url)
+              out=direct.bin
+              all-proxy=
+            \(url)
+              out=socks.bin
+              http-proxy=\(socks.url("socks5"))
+
+            """
+        try Data(list.utf8).write(to: URL(fileURLWithPath: sandbox.path("list.txt")))
+        let dead = try LoopbackProxy.freePort()
+        let result = try await sandbox.run([
+            "get", "-i", sandbox.path("list.txt"), "-d", sandbox.path("out"), "--proxy", "http://127.0.0.1:\(dead)",
+        ])
+        #expect(result.status == 0, "\(result)")
+        for name in ["guarded.bin", "direct.bin", "socks.bin"] {
+            #expect(readBytes(sandbox.path("out/" + name)) == expected, "\(name)")
+        }
+        #expect(guarded.logText.components(separatedBy: "small.bin").count - 1 == 1, "\(guarded.logText)")
+        #expect(socks.logText.components(separatedBy: ":\(nginx.httpPort)").count - 1 == 1, "\(socks.logText)")
+        #expect(!result.stderr.contains(password) && !result.stdout.contains(password))
+    }
 }

@@ -199,7 +199,7 @@ import Testing
             http://a
               user-agent=curl
               Out=x
-              all-proxy=http://proxy:3128
+              lowest-speed-limit=10K
             # comment
             http://b
               pause=
@@ -404,7 +404,7 @@ import Testing
                 }
             }
             if Int.random(in: 0..<4, using: &rng) == 0 {
-                let key = ["referer", "user-agent", "continue", "all-proxy"].randomElement(using: &rng)!
+                let key = ["referer", "user-agent", "continue", "lowest-speed-limit"].randomElement(using: &rng)!
                 let line = option(key, "x")
                 let message = "unsupported option \"\(key)\" ignored"
                 expected.warnings.append(InputList.Warning(line: line, message: message))

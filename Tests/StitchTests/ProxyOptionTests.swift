@@ -1,5 +1,7 @@
+import Foundation
 import Testing
 
+@testable import StitchCore
 @testable import StitchTransport
 
 /// `TransportOptions.Proxy(parsing:)`: what `--proxy` and the daemon's `all-proxy` accept, and what they say to the
@@ -52,5 +54,68 @@ import Testing
     @Test func anEmptyURLIsNoProxy() throws {
         #expect(try TransportOptions.Proxy(parsing: "") == .direct)
         #expect(TransportOptions.Proxy.direct.url.isEmpty)
+    }
+}
+
+/// Proxies per download: an input list's `all-proxy` and friends, the choice by scheme, and what the catalog keeps
+/// (the URLs, never the credentials).
+@Suite struct DownloadProxiesTests {
+    @Test func anInputListNamesProxiesWithTheirCredentials() throws {
+        let text = """
+            http://h/a
+              all-proxy-passwd=s3cret
+              all-proxy=http://127.0.0.1:3128
+              all-proxy-user=alice
+              no-proxy=example.com,10.0.0.0/8
+            https://h/b
+              all-proxy=
+              https-proxy=socks5h://u:p%40ss@127.0.0.1:1080
+            http://h/c
+              http-proxy=ftp://127.0.0.1:21
+            http://h/d
+              http-proxy-user=bob
+
+            """
+        let list = try InputList.parse(bytes: Array(text.utf8))
+        #expect(list.warnings.isEmpty, "\(list.warnings)")
+        try #require(list.entries.count == 4)
+        let a = list.entries[0].proxies
+        #expect(a.all?.url == "http://127.0.0.1:3128" && a.all?.user == "alice" && a.all?.password == "s3cret")
+        #expect(a.noProxy == "example.com,10.0.0.0/8")
+        #expect(a.proxy(for: "https://x/") == a.all && a.proxy(for: "http://x/") == a.all)
+        let b = list.entries[1].proxies
+        #expect(b.all == .direct)
+        #expect(b.https?.url == "socks5h://127.0.0.1:1080" && b.https?.user == "u" && b.https?.password == "p@ss")
+        #expect(b.proxy(for: "https://x/")?.url == "socks5h://127.0.0.1:1080")
+        #expect(b.proxy(for: "http://x/") == .direct)
+        let c = list.entries[2]
+        #expect(c.problem?.message.contains("http-proxy") == true && c.problem?.line == 10, "\(String(describing: c.problem))")
+        #expect(list.entries[3].proxies.isEmpty && list.entries[3].problem == nil)
+    }
+
+    @Test func aDownloadsProxiesOverTheManagers() throws {
+        let manager = DownloadManager.Proxies(
+            all: try .init(parsing: "http://m:1"), https: try .init(parsing: "socks5://m:2"), noProxy: "m")
+        let own = DownloadManager.Proxies(http: .direct)
+        let chosen = own.over(manager)
+        #expect(chosen.proxy(for: "http://x/") == .direct)
+        #expect(chosen.proxy(for: "https://x/")?.url == "socks5://m:2")
+        #expect(chosen.proxy(for: "HTTPS://x/")?.url == "socks5://m:2")
+        #expect(chosen.noProxy == "m")
+        #expect(DownloadManager.Proxies().over(DownloadManager.Proxies()).proxy(for: "http://x/") == nil)
+    }
+
+    /// The catalog's JSON for a download's options holds the proxies' URLs and no user or password.
+    @Test func theCatalogKeepsNoCredentials() throws {
+        var stored = StoredOptions()
+        stored.proxies.all = try .init(parsing: "http://alice:s3cret@127.0.0.1:3128")
+        stored.proxies.noProxy = "localhost"
+        let json = String(decoding: try JSONEncoder().encode(stored), as: UTF8.self)
+        #expect(!json.contains("s3cret") && !json.contains("alice"), "\(json)")
+        let read = try JSONDecoder().decode(StoredOptions.self, from: Data(json.utf8))
+        #expect(read.proxies.all?.url == "http://127.0.0.1:3128" && read.proxies.all?.user == nil)
+        #expect(read.proxies.noProxy == "localhost")
+        let old = try JSONDecoder().decode(StoredOptions.self, from: Data(#"{"overwrite":false}"#.utf8))
+        #expect(old.proxies.isEmpty)
     }
 }

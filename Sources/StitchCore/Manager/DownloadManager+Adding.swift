@@ -112,6 +112,7 @@ extension DownloadManager {
                         stored.mirrors = others.isEmpty ? [] : [url] + others
                         stored.tuning = options.tuning
                         stored.adopt = options.adopt && options.out != nil
+                        stored.proxies = options.proxies
                         return stored
                     }(),
                     status: options.paused ? CatalogEntry.Status.paused : CatalogEntry.Status.queued,

@@ -19,8 +19,9 @@
 ///   control character makes that download fail (``Entry/problem``).
 /// - A line that starts with a space or a TAB holds one `key=value` option for the download above it, even across
 ///   blank and comment lines. Supported keys: `out`, `dir`, `checksum`, `header` (repeatable), `split`,
-///   `max-connection-per-server`, `max-download-limit` and Stitch's own `adopt` (`true` or `false`: take over
-///   the partial another program left at `out`). Other keys are recorded in ``warnings`` and ignored;
+///   `max-connection-per-server`, `max-download-limit`, the proxies (`all-proxy`, `http-proxy`, `https-proxy`,
+///   each with `-user` and `-passwd`, and `no-proxy`; an empty proxy is none) and Stitch's own `adopt` (`true` or
+///   `false`: take over the partial another program left at `out`). Other keys are recorded in ``warnings`` and ignored;
 ///   a non-repeatable key given twice keeps its last value, with a warning. A bad value makes that download fail
 ///   alone (``Entry/problem``: the first one found), the rest of the list goes on; `split` and
 ///   `max-connection-per-server` above 16 are capped to 16 with a warning, as aria2c caps them.
@@ -52,6 +53,8 @@ public struct InputList: Sendable, Hashable {
         /// `adopt`: take over the partial download another program left at ``out`` (`true`), or not (`false`);
         /// nil when not given (the command line's choice).
         public var adopt: Bool?
+        /// `all-proxy`, `http-proxy`, `https-proxy` (with their `-user` and `-passwd`) and `no-proxy`.
+        public var proxies = DownloadManager.Proxies()
         /// The 1-based line number of the URI line.
         public var line: Int
         /// Why this download cannot be made (a bad URI or option value), naming the line; `nil` for a good entry.
@@ -107,6 +110,14 @@ public struct InputList: Sendable, Hashable {
     /// The option keys Stitch understands; any other key gives a warning.
     public static let supportedKeys: [String] = [
         "out", "dir", "checksum", "header", "split", "max-connection-per-server", "max-download-limit", "adopt",
+        "all-proxy", "http-proxy", "https-proxy", "no-proxy", "all-proxy-user", "all-proxy-passwd", "http-proxy-user",
+        "http-proxy-passwd", "https-proxy-user", "https-proxy-passwd",
+    ]
+
+    /// Keys whose empty value means something (no proxy, no user).
+    static let emptyAllowed: Set<String> = [
+        "all-proxy", "http-proxy", "https-proxy", "no-proxy", "all-proxy-user", "all-proxy-passwd", "http-proxy-user",
+        "http-proxy-passwd", "https-proxy-user", "https-proxy-passwd",
     ]
 
     /// The allowed values of `split` and `max-connection-per-server`.
@@ -197,6 +208,9 @@ extension InputList {
         var split: Int?
         var maxPerServer: Int?
         var seenKeys: Set<String> = []
+        /// `*-proxy-user` and `*-proxy-passwd` by proxy (`all`, `http`, `https`), applied when the entry closes.
+        var proxyUsers: [String: String] = [:]
+        var proxyPasswords: [String: String] = [:]
 
         mutating func consume(_ line: String, line number: Int) throws(InputListError) {
             guard let first = line.unicodeScalars.first else { return }
@@ -232,11 +246,31 @@ extension InputList {
             case (let a?, nil), (nil, let a?): entry.connections = a
             case (nil, nil): entry.connections = nil
             }
+            for kind in ["all", "http", "https"] {
+                let user = proxyUsers[kind].flatMap { $0.isEmpty ? nil : $0 }
+                let password = proxyPasswords[kind]
+                guard user != nil || password != nil else { continue }
+                switch kind {
+                case "all": Self.setCredentials(&entry.proxies.all, user: user, password: password)
+                case "http": Self.setCredentials(&entry.proxies.http, user: user, password: password)
+                default: Self.setCredentials(&entry.proxies.https, user: user, password: password)
+                }
+            }
             entries.append(entry)
             current = nil
             split = nil
             maxPerServer = nil
             seenKeys = []
+            proxyUsers = [:]
+            proxyPasswords = [:]
+        }
+
+        /// Gives `proxy` the credentials (those given apart win over any in its URL); none without a proxy.
+        private static func setCredentials(_ proxy: inout TransportOptions.Proxy?, user: String?, password: String?) {
+            guard var named = proxy, !named.url.isEmpty else { return }
+            if let user { named.user = user }
+            if let password { named.password = password }
+            proxy = named
         }
 
         private mutating func startEntry(_ line: String, line number: Int) {
@@ -277,7 +311,7 @@ extension InputList {
                 warnings.append(Warning(line: number, message: "unsupported option \(InputList.quoted(key)) ignored"))
                 return
             }
-            guard !value.isEmpty else {
+            guard !value.isEmpty || InputList.emptyAllowed.contains(key) else {
                 throw InputListError(line: number, message: "option '\(key)' has no value")
             }
             if key != "header", !seenKeys.insert(key).inserted {
@@ -350,6 +384,23 @@ extension InputList {
                         "'max-download-limit' must be a rate like 500K, 2M or 1.5M (bytes per second; 0 for none), "
                             + "got \(InputList.quoted(value))")
                 }
+            case "all-proxy", "http-proxy", "https-proxy":
+                let proxy: TransportOptions.Proxy
+                do { proxy = try TransportOptions.Proxy(parsing: value) } catch { throw fail("'\(key)': \(error)") }
+                switch key {
+                case "all-proxy": current?.proxies.all = proxy
+                case "http-proxy": current?.proxies.http = proxy
+                default: current?.proxies.https = proxy
+                }
+            case "no-proxy":
+                if let bad = value.unicodeScalars.first(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+                    throw fail("'no-proxy' contains the character \(InputList.codePoint(bad))")
+                }
+                current?.proxies.noProxy = value
+            case "all-proxy-user", "http-proxy-user", "https-proxy-user":
+                proxyUsers[String(key.prefix { $0 != "-" })] = value
+            case "all-proxy-passwd", "http-proxy-passwd", "https-proxy-passwd":
+                proxyPasswords[String(key.prefix { $0 != "-" })] = value
             case "adopt":
                 switch value.lowercased() {
                 case "true": current?.adopt = true

@@ -21,8 +21,11 @@ extension DownloadManager {
         public var autoResume = true
         /// Connections per download unless added with a number; nil chooses by size.
         public var connections: Int?
-        /// Connection settings for every request: timeouts, TLS, user agent, credentials.
+        /// Connection settings for every request: timeouts, TLS, user agent, credentials, the proxy.
         public var transport = TransportOptions()
+        /// Proxies by URL scheme for every download that names none of its own (the daemon's `all-proxy`,
+        /// `http-proxy`, `https-proxy`, `no-proxy`); where these name none either, ``transport``'s proxy.
+        public var proxies = Proxies()
         /// When downloads split (``DownloadOptions/minimumSplitSize``, ``DownloadOptions/singleConnectionRate``,
         /// ``DownloadOptions/automaticConnectionStep``): the engine's defaults; tests make them small.
         public var minimumSplitSize = DownloadOptions().minimumSplitSize
@@ -57,6 +60,10 @@ extension DownloadManager {
         public var overwrite = false
         /// With ``out``: take over a partial download another program left there (``DownloadRequest/adopt``).
         public var adopt = false
+        /// This download's proxies (aria2's `all-proxy`, `http-proxy`, `https-proxy`, `no-proxy`); what it leaves
+        /// unset comes from the manager's ``Configuration/proxies``. The catalog keeps the proxies' URLs, never their
+        /// credentials: after the manager is opened again, a proxy that wants them must be given them again.
+        public var proxies = Proxies()
         /// Higher starts first; equal priorities start in queue order (the order added, unless moved).
         public var priority = 0
         /// Where in the waiting queue the download goes, counted as ``DownloadManager/move(_:to:)->_``
@@ -147,5 +154,71 @@ extension DownloadManager {
         case fromCurrent(Int)
         /// `n` places from the end (0 is the end, -1 the place before it).
         case fromEnd(Int)
+    }
+}
+
+extension DownloadManager {
+    /// Proxies by URL scheme, as aria2 has them: one for `http://` URLs, one for `https://`, one for all that have
+    /// none of their own, and the hosts reached directly. A proxy of ``TransportOptions/Proxy/direct`` says "none"
+    /// (aria2's empty value), which a fallback's proxy does not replace.
+    public struct Proxies: Sendable, Hashable, Codable {
+        /// For every URL whose scheme has no proxy of its own (aria2's `all-proxy`).
+        public var all: TransportOptions.Proxy?
+        /// For `http://` URLs (`http-proxy`).
+        public var http: TransportOptions.Proxy?
+        /// For `https://` URLs (`https-proxy`).
+        public var https: TransportOptions.Proxy?
+        /// Hosts reached directly (`no-proxy`; curl's list: see ``TransportOptions/noProxy``).
+        public var noProxy: String?
+
+        /// No proxy named.
+        public init(
+            all: TransportOptions.Proxy? = nil, http: TransportOptions.Proxy? = nil,
+            https: TransportOptions.Proxy? = nil, noProxy: String? = nil
+        ) {
+            self.all = all
+            self.http = http
+            self.https = https
+            self.noProxy = noProxy
+        }
+
+        /// Whether it names nothing.
+        public var isEmpty: Bool { all == nil && http == nil && https == nil && noProxy == nil }
+
+        /// The proxy for a request of `url`: its scheme's, else ``all``; nil when neither is named here.
+        public func proxy(for url: String) -> TransportOptions.Proxy? {
+            let scheme = url.prefix { $0 != ":" }.lowercased()
+            return (scheme == "https" ? https : scheme == "http" ? http : nil) ?? all
+        }
+
+        /// These proxies, with `fallback`'s where these name none.
+        public func over(_ fallback: Proxies) -> Proxies {
+            Proxies(
+                all: all ?? fallback.all, http: http ?? fallback.http, https: https ?? fallback.https,
+                noProxy: noProxy ?? fallback.noProxy)
+        }
+
+        private enum CodingKeys: String, CodingKey { case all, http, https, noProxy }
+
+        /// Reads the URLs (a URL that no longer parses reads as none).
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            func proxy(_ key: CodingKeys) -> TransportOptions.Proxy? {
+                ((try? container.decodeIfPresent(String.self, forKey: key)) ?? nil)
+                    .flatMap { try? TransportOptions.Proxy(parsing: $0) }
+            }
+            self.init(
+                all: proxy(.all), http: proxy(.http), https: proxy(.https),
+                noProxy: (try? container.decodeIfPresent(String.self, forKey: .noProxy)) ?? nil)
+        }
+
+        /// Writes the URLs only: never a user name or a password.
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encodeIfPresent(all?.url, forKey: .all)
+            try container.encodeIfPresent(http?.url, forKey: .http)
+            try container.encodeIfPresent(https?.url, forKey: .https)
+            try container.encodeIfPresent(noProxy, forKey: .noProxy)
+        }
     }
 }

@@ -53,6 +53,11 @@ final class ManagerRun: Sendable {
         if let value = tuning.retryDelay { options.retry.baseDelay = value }
         if let value = tuning.stallTimeout { options.transport.stallTimeout = value }
         if let value = tuning.connectTimeout { options.transport.connectTimeout = value }
+        // The download's proxies, else the manager's, else the transport's (the command line's --proxy, or none:
+        // the environment's).
+        let proxies = entry.options.proxies.over(configuration.proxies)
+        if let proxy = proxies.proxy(for: entry.url) { options.transport.proxy = proxy }
+        if let noProxy = proxies.noProxy { options.transport.noProxy = noProxy }
         options.rateLimiter = limiter
         options.connections = entry.options.connections ?? configuration.connections
         options.http2Streams = entry.options.http2Streams

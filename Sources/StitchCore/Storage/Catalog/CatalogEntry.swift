@@ -119,6 +119,8 @@ struct StoredOptions: Codable, Sendable, Hashable {
     var tuning = DownloadManager.Tuning()
     /// Take over another program's partial download at the file (``DownloadManager/AddOptions/adopt``).
     var adopt = false
+    /// This download's proxies: their URLs are stored, never their credentials (``DownloadManager/Proxies``).
+    var proxies = DownloadManager.Proxies()
 
     init(
         connections: Int? = nil, overwrite: Bool = false, rateLimit: Int64? = nil, http2Streams: Bool = false,
@@ -141,6 +143,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         case mirrorsTried
         case tuning
         case adopt
+        case proxies
     }
 
     init(from decoder: any Decoder) throws {
@@ -155,6 +158,8 @@ struct StoredOptions: Codable, Sendable, Hashable {
         mirrorsTried = (try? container.decodeIfPresent(Int.self, forKey: .mirrorsTried)) ?? 0
         tuning = (try? container.decodeIfPresent(DownloadManager.Tuning.self, forKey: .tuning)) ?? DownloadManager.Tuning()
         adopt = (try? container.decodeIfPresent(Bool.self, forKey: .adopt)) ?? false
+        proxies =
+            (try? container.decodeIfPresent(DownloadManager.Proxies.self, forKey: .proxies)) ?? DownloadManager.Proxies()
     }
 
     func encode(to encoder: any Encoder) throws {
@@ -168,5 +173,6 @@ struct StoredOptions: Codable, Sendable, Hashable {
         if mirrorsTried != 0 { try container.encode(mirrorsTried, forKey: .mirrorsTried) }
         if tuning != DownloadManager.Tuning() { try container.encode(tuning, forKey: .tuning) }
         if adopt { try container.encode(adopt, forKey: .adopt) }
+        if !proxies.isEmpty { try container.encode(proxies, forKey: .proxies) }
     }
 }
