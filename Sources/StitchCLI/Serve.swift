@@ -187,6 +187,13 @@ enum Serve {
                 ignored.append("daemon (stitch serve stays in the foreground; a service manager runs it)")
             default:
                 guard let spec = table.spec(named: "--" + entry.name), entry.name != "rpc-secret" else {
+                    if entry.name.hasSuffix("-passwd") || (entry.name.hasSuffix("-proxy") && TransportOptions.Proxy.hasCredentials(value)) {
+                        // A password, as rpc-secret: only from a file no one else can read.
+                        var info = stat()
+                        guard stat(expanded, &info) == 0, info.st_mode & 0o077 == 0 else {
+                            throw fail("\(entry.name) holds a password in a file others can read: chmod 600 \(path)")
+                        }
+                    }
                     rest.append(entry)
                     continue
                 }

@@ -77,14 +77,14 @@ struct Aria2Option: Sendable {
     /// aria2c 1.36's options, sorted by name.
     static let table: [Aria2Option] = [
         Aria2Option(
-            "all-proxy", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "all-proxy", .download, .text, .applied, .computed,
+            "the proxy for every URL without one of its own (http://, https://, socks5://, socks5h://; credentials in the URL are moved to all-proxy-user and all-proxy-passwd)"),
         Aria2Option(
-            "all-proxy-passwd", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "all-proxy-passwd", .download, .text, .applied, .computed,
+            "all-proxy's password; kept in memory only (not in the catalog), shown as (hidden)"),
         Aria2Option(
-            "all-proxy-user", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "all-proxy-user", .download, .text, .applied, .computed,
+            "all-proxy's user name"),
         Aria2Option(
             "allow-overwrite", .download, .bool, .addOnly, .computed,
             "replace a file at the destination that Stitch did not leave; set when the download is added"),
@@ -331,26 +331,26 @@ struct Aria2Option: Sendable {
             "http-passwd", .download, .text, .applied, .computed,
             "with http-user, an Authorization: Basic header; shown as (hidden)"),
         Aria2Option(
-            "http-proxy", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "http-proxy", .download, .text, .applied, .computed,
+            "the proxy for http:// URLs, over all-proxy"),
         Aria2Option(
-            "http-proxy-passwd", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "http-proxy-passwd", .download, .text, .applied, .computed,
+            "http-proxy's password; kept in memory only (not in the catalog), shown as (hidden)"),
         Aria2Option(
-            "http-proxy-user", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "http-proxy-user", .download, .text, .applied, .computed,
+            "http-proxy's user name"),
         Aria2Option(
             "http-user", .download, .text, .applied, .computed,
             "with http-passwd, an Authorization: Basic header"),
         Aria2Option(
-            "https-proxy", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "https-proxy", .download, .text, .applied, .computed,
+            "the proxy for https:// URLs, over all-proxy"),
         Aria2Option(
-            "https-proxy-passwd", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "https-proxy-passwd", .download, .text, .applied, .computed,
+            "https-proxy's password; kept in memory only (not in the catalog), shown as (hidden)"),
         Aria2Option(
-            "https-proxy-user", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "https-proxy-user", .download, .text, .applied, .computed,
+            "https-proxy's user name"),
         Aria2Option(
             "human-readable", .startup, .bool, .ignored, .none,
             "aria2c's console and process; stitch serve's own are its command-line options"),
@@ -439,8 +439,8 @@ struct Aria2Option: Sendable {
             "no-netrc", .download, .bool, .fixed, .value("true"),
             "the daemon reads no .netrc: give credentials with http-user and http-passwd or a header"),
         Aria2Option(
-            "no-proxy", .download, .text, .fixed, .none,
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "no-proxy", .download, .text, .applied, .computed,
+            "hosts reached directly (curl's list: names with their subdomains, addresses, CIDR ranges, *)"),
         Aria2Option(
             "on-bt-download-complete", .startup, .text, .ignored, .none,
             "BitTorrent: Stitch downloads over HTTP and HTTPS only"),
@@ -485,8 +485,8 @@ struct Aria2Option: Sendable {
             "pieces are 1 MiB, the unit of Stitch's checks"),
         Aria2Option("private-key", .startup, .text, .fixed, .none, "client certificates are not supported"),
         Aria2Option(
-            "proxy-method", .download, .choice(["get", "tunnel"]), .ignored, .value("get"),
-            "no proxy yet: a proxy Stitch ignored would send the traffic where the user did not want it"),
+            "proxy-method", .download, .choice(["get", "tunnel"]), .fixed, .value("get"),
+            "an http:// URL goes through an HTTP proxy as a GET, an https:// one through a CONNECT tunnel"),
         Aria2Option(
             "quiet", .startup, .bool, .ignored, .none,
             "aria2c's console and process; stitch serve's own are its command-line options"),

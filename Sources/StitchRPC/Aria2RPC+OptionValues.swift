@@ -116,6 +116,16 @@ extension Aria2RPC {
         case "referer": return snapshot.headers["Referer"]
         case "http-user": return basicCredentials(snapshot.headers)?.user
         case "http-passwd": return basicCredentials(snapshot.headers) == nil ? nil : hidden
+        case "all-proxy": return shownProxy(snapshot.proxies.all)
+        case "http-proxy": return shownProxy(snapshot.proxies.http)
+        case "https-proxy": return shownProxy(snapshot.proxies.https)
+        case "all-proxy-user": return snapshot.proxies.all?.user
+        case "http-proxy-user": return snapshot.proxies.http?.user
+        case "https-proxy-user": return snapshot.proxies.https?.user
+        case "all-proxy-passwd": return snapshot.proxies.all?.password == nil ? nil : hidden
+        case "http-proxy-passwd": return snapshot.proxies.http?.password == nil ? nil : hidden
+        case "https-proxy-passwd": return snapshot.proxies.https?.password == nil ? nil : hidden
+        case "no-proxy": return snapshot.proxies.noProxy
         default: return builtInValue(option.name, configuration)
         }
     }
@@ -134,7 +144,14 @@ extension Aria2RPC {
         case "out", "checksum", "http-user", "http-passwd": return nil  // a download's own, never a default
         default:
             if option.scope == .download {
-                return context.defaults[option.name] ?? builtInValue(option.name, configuration)
+                let value = context.defaults[option.name] ?? builtInValue(option.name, configuration)
+                // A secret is never shown back; a proxy's URL is shown without credentials (a config file's may
+                // hold them).
+                if option.isSecret, value != nil { return hidden }
+                if ["all-proxy", "http-proxy", "https-proxy"].contains(option.name), let value {
+                    return (try? TransportOptions.Proxy(parsing: value)).flatMap { shownProxy($0) }
+                }
+                return value
             }
             return context.daemon[option.name]
         }
@@ -223,10 +240,10 @@ extension Aria2RPC {
         guard refused.isEmpty else { throw Self.refusal(refused) }
         guard !changes.isEmpty else { return }
         let change = try Self.downloadChange(changes, snapshot: snapshot)
-        if change.connections != nil || change.tuning != nil || change.headers != nil {
+        if change.connections != nil || change.tuning != nil || change.headers != nil || change.proxies != nil {
             try await manager.setOptions(
                 id, connections: change.connections, editTuning: change.tuning,
-                editHeaders: change.headers)
+                editHeaders: change.headers, editProxies: change.proxies)
         }
         if let rate = change.rate { try await manager.setRateLimit(id, rate) }
     }
@@ -237,6 +254,7 @@ extension Aria2RPC {
         var rate: Int64??
         var tuning: (@Sendable (inout DownloadManager.Tuning) -> Void)?
         var headers: (@Sendable (inout HTTPHeaders) -> Void)?
+        var proxies: (@Sendable (inout DownloadManager.Proxies) -> Void)?
     }
 
     /// Reads `changes` (option name → its new text, "" to unset) of a download's applied options.
@@ -286,7 +304,55 @@ extension Aria2RPC {
             }
         }
         change.headers = try headerChange(changes, parsed: parsed)
+        change.proxies = try proxyChange(changes)
         return change
+    }
+
+    /// The proxies' change: a URL replaces (empty: unset), `no-proxy` likewise, then the credentials are set on
+    /// their proxies (getOption's placeholder keeps the password).
+    private static func proxyChange(
+        _ changes: [String: String]
+    ) throws -> (@Sendable (inout DownloadManager.Proxies) -> Void)? {
+        let urlNames = ["all-proxy", "http-proxy", "https-proxy"]
+        guard (urlNames + ["no-proxy"]).contains(where: { changes[$0] != nil })
+            || proxyCredentialNames.contains(where: { changes[$0] != nil })
+        else { return nil }
+        var urls: [String: TransportOptions.Proxy?] = [:]
+        for name in urlNames {
+            guard let text = changes[name] else { continue }
+            if text.isEmpty {
+                urls[name] = .some(nil)
+                continue
+            }
+            var scratch = DownloadManager.AddOptions()
+            try apply(name, .string(text), to: &scratch)
+            urls[name] = .some(scratch.proxies.proxy(for: name == "https-proxy" ? "https:" : "http:"))
+        }
+        if let text = changes["no-proxy"], !text.isEmpty {
+            var scratch = DownloadManager.AddOptions()
+            try apply("no-proxy", .string(text), to: &scratch)
+        }
+        let noProxy = changes["no-proxy"].map { $0.isEmpty ? nil : $0 }
+        let credentials = changes.filter { proxyCredentialNames.contains($0.key) }
+        let given = urls
+        return { proxies in
+            if let value = given["all-proxy"] { proxies.all = value }
+            if let value = given["http-proxy"] { proxies.http = value }
+            if let value = given["https-proxy"] { proxies.https = value }
+            if let noProxy { proxies.noProxy = noProxy }
+            // A URL given anew without credentials keeps none; credentials given apart are set on it.
+            applyProxyCredentials(credentials, to: &proxies)
+            for (kind, name) in [("all", "all-proxy"), ("http", "http-proxy"), ("https", "https-proxy")]
+            where credentials[kind + "-proxy-passwd"] == ""
+            {
+                // An emptied password removes it.
+                switch name {
+                case "all-proxy": proxies.all?.password = nil
+                case "http-proxy": proxies.http?.password = nil
+                default: proxies.https?.password = nil
+                }
+            }
+        }
     }
 
     /// The headers' change: `header` replaces the list (a hidden field sent back as shown keeps its value), then
@@ -369,6 +435,11 @@ extension Aria2RPC {
                         refused.append("\(name) (\(field): \(Self.credentialDefault))")
                         continue
                     }
+                    if name.hasSuffix("-proxy"), TransportOptions.Proxy.hasCredentials(text) {
+                        // Kept in the catalog, the URL must hold no password: it goes in NAME-passwd (memory only).
+                        refused.append("\(name) (give its credentials with \(name)-user and \(name)-passwd)")
+                        continue
+                    }
                 }
                 defaults[name] = .some(text.isEmpty ? nil : text)
             case (.applied, _):
@@ -384,7 +455,10 @@ extension Aria2RPC {
         guard refused.isEmpty else { throw Self.refusal(refused) }
         // Kept first, so a restart has what the client was told is set; then made.
         var kept: [String: String?] = [:]
-        for (name, value) in defaults { kept[Self.keptPrefix + name] = .some(value) }
+        // A password is not kept (the catalog is no place for it): after a restart it is given again.
+        for (name, value) in defaults where !(Aria2Option.named[name]?.isSecret ?? false) {
+            kept[Self.keptPrefix + name] = .some(value)
+        }
         for (name, text) in daemonTexts { kept[Self.keptPrefix + name] = .some(text.isEmpty ? nil : text) }
         try await manager.keepSettings(kept)
         for change in changes { try await change(manager) }

@@ -1,5 +1,6 @@
 import Foundation
 import Stitch
+import StitchLocks
 
 // addUri, aria2's options (supported, ignored, refused), changeOption and the global options.
 extension Aria2RPC {
@@ -32,6 +33,12 @@ extension Aria2RPC {
         let base = await manager.configuration.downloadDirectory
         try applyDefaults(to: &options, given: Set(members.map(\.0)), base: base)
         for (name, value) in members { try Self.apply(name, value, to: &options, base: base) }
+        // A proxy's credentials, given apart from its URL: the defaults' unless the call gives its own.
+        var credentialTexts = settings.withLock { $0.defaults }.filter { Self.proxyCredentialNames.contains($0.key) }
+        for (name, value) in members where Self.proxyCredentialNames.contains(name) {
+            credentialTexts[name] = try Self.optionText(name, value)
+        }
+        Self.applyProxyCredentials(credentialTexts, to: &options.proxies)
         let user = members.first { $0.0 == "http-user" }?.1.string.flatMap { $0.isEmpty ? nil : $0 }
         let password = members.first { $0.0 == "http-passwd" }?.1.string.flatMap { $0.isEmpty ? nil : $0 }
         // getOption's placeholder is not the password: credentials copied from it are left out.
@@ -206,6 +213,23 @@ extension Aria2RPC {
             if text != "*" { options.headers.add(name: "Referer", value: text) }  // `*`: aria2's "the URI itself"
         case "http-user", "http-passwd":
             break  // combined into one Authorization header by addUri
+        case "all-proxy", "http-proxy", "https-proxy":
+            let proxy: TransportOptions.Proxy
+            do { proxy = try TransportOptions.Proxy(parsing: text) } catch {
+                throw Failure.aria2("option \(name): \(error)")
+            }
+            switch name {
+            case "all-proxy": options.proxies.all = proxy
+            case "http-proxy": options.proxies.http = proxy
+            default: options.proxies.https = proxy
+            }
+        case "no-proxy":
+            guard !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+                throw Failure.aria2("option no-proxy: host names separated by commas, without control characters")
+            }
+            options.proxies.noProxy = text
+        case _ where proxyCredentialNames.contains(name):
+            break  // set on their proxy by applyProxyCredentials, whatever the order they came in
         default:
             guard let option = Aria2Option.named[name] else {
                 throw Failure.aria2("option \(name) is not an option of aria2 (docs/rpc.md lists them)")
@@ -218,6 +242,36 @@ extension Aria2RPC {
                 throw Failure.aria2("option \(name): Stitch cannot do \(option.shown(text)): \(option.why)")
             }
         }
+    }
+
+    // MARK: Proxies
+
+    /// The options naming a proxy's user or password.
+    static let proxyCredentialNames: Set<String> = [
+        "all-proxy-user", "all-proxy-passwd", "http-proxy-user", "http-proxy-passwd", "https-proxy-user",
+        "https-proxy-passwd",
+    ]
+
+    /// Gives each proxy of `proxies` the user and password `texts` name for it (`all-proxy-user`, …); an empty value
+    /// or getOption's placeholder leaves what it has. Credentials for a proxy not named are dropped.
+    static func applyProxyCredentials(_ texts: [String: String], to proxies: inout DownloadManager.Proxies) {
+        func set(_ proxy: inout TransportOptions.Proxy?, _ kind: String) {
+            let user = texts[kind + "-proxy-user"].flatMap { $0.isEmpty ? nil : $0 }
+            let password = texts[kind + "-proxy-passwd"].flatMap { $0.isEmpty || $0 == hidden ? nil : $0 }
+            guard user != nil || password != nil, var named = proxy, !named.url.isEmpty else { return }
+            if let user { named.user = user }
+            if let password { named.password = password }
+            proxy = named
+        }
+        set(&proxies.all, "all")
+        set(&proxies.http, "http")
+        set(&proxies.https, "https")
+    }
+
+    /// A proxy as getOption shows it: its URL without credentials; nil for none.
+    static func shownProxy(_ proxy: TransportOptions.Proxy?) -> String? {
+        guard let proxy, !proxy.url.isEmpty else { return nil }
+        return proxy.url
     }
 
     // MARK: Options and shapes

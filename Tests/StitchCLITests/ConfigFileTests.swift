@@ -68,7 +68,7 @@ import StitchServer
     /// Every refusal names the file and the line, before anything starts.
     @Test(arguments: [
         ("no-such-option=1", "not an option"), ("split=x", "--split"), ("max-tries=-1", "max-tries"),
-        ("all-proxy=http://127.0.0.1:3128", "all-proxy"), ("check-certificate=false", "check-certificate"),
+        ("all-proxy=ftp://127.0.0.1:21", "all-proxy"), ("check-certificate=false", "check-certificate"),
         ("enable-rpc=false", "enable-rpc"), ("rpc-listen-all=maybe", "rpc-listen-all"), ("log-level=loud", "log-level"),
         ("max-concurrent-downloads=0", "-concurrent-downloads"),
     ])
@@ -81,6 +81,24 @@ import StitchServer
         } catch let error as UsageError {
             #expect(error.message.hasPrefix("\(path):3: ") && error.message.contains(mentions), "\(error.message)")
         }
+    }
+
+    /// A proxy's password (apart, or in its URL) is taken from a file only its owner can read, never from one
+    /// others can, and the proxy is then every new download's default.
+    @Test(arguments: ["all-proxy=http://127.0.0.1:3128\nall-proxy-user=al\nall-proxy-passwd=s3cret\n", "all-proxy=http://al:s3cret@127.0.0.1:3128\n"])
+    func aProxyPasswordNeedsAPrivateFile(_ lines: String) throws {
+        let (open, openPath) = try Self.write("dir=/srv/dl\n" + lines, mode: 0o644)
+        defer { open.cleanup() }
+        do {
+            _ = try Serve.parse(["--conf-path", openPath], environment: [:])
+            Issue.record("a password in a file others can read was taken")
+        } catch let error as UsageError {
+            #expect(error.message.contains("chmod 600") && !error.message.contains("s3cret"), "\(error.message)")
+        }
+        let (closed, closedPath) = try Self.write("dir=/srv/dl\n" + lines, mode: 0o600)
+        defer { closed.cleanup() }
+        let taken = try Serve.parse(["--conf-path", closedPath], environment: [:])
+        #expect(taken.downloadDefaults["all-proxy"] != nil, "\(taken.downloadDefaults.keys.sorted())")
     }
 
     /// The secret is taken from a file only its owner can read, never from one others can.

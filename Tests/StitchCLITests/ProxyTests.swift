@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Stitch
+import StitchRPC
 import StitchTestSupport
 import Testing
 
@@ -245,5 +246,56 @@ struct ProxyTests {
         #expect(guarded.logText.components(separatedBy: "small.bin").count - 1 == 1, "\(guarded.logText)")
         #expect(socks.logText.components(separatedBy: ":\(nginx.httpPort)").count - 1 == 1, "\(socks.logText)")
         #expect(!result.stderr.contains(password) && !result.stdout.contains(password))
+    }
+
+    /// The daemon: aria2's global `all-proxy` with its user and password (the password shown as the placeholder,
+    /// never kept in the catalog), and a download's own `all-proxy` over it; each download byte-exact through its
+    /// proxy.
+    @Test func theDaemonTakesAria2sProxyOptions() async throws {
+        let nginx = try await sharedNginx()
+        let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+        let sandbox = try Sandbox("proxy")
+        defer { sandbox.cleanup() }
+        let password = "pw-\(UInt32.random(in: 1_000...9_999))"
+        let guarded = try await Self.start(.http, in: sandbox, credentials: ("alice", password))
+        defer { guarded.stop() }
+        let socks = try await Self.start(.socks, in: sandbox)
+        defer { socks.stop() }
+        let daemon = try await ServedDaemon(directory: sandbox.path("dl"), sandbox: sandbox)
+        #expect(
+            try daemon.result("aria2.changeGlobalOption", [
+                .object([
+                    ("all-proxy", .string(guarded.url())), ("all-proxy-user", .string("alice")),
+                    ("all-proxy-passwd", .string(password)),
+                ])
+            ]) == .string("OK"))
+        let global = try daemon.result("aria2.getGlobalOption")
+        #expect(global.text("all-proxy") == guarded.url() && global.text("all-proxy-passwd") == "(hidden)")
+        let first = try #require(
+            try daemon.result("aria2.addUri", [.array([.string(nginx.httpURL("small.bin"))]), .object([("out", .string("a.bin"))])]).string)
+        let second = try #require(
+            try daemon.result("aria2.addUri", [
+                .array([.string(nginx.httpURL("small.bin"))]),
+                .object([("out", .string("b.bin")), ("all-proxy", .string(socks.url("socks5")))]),
+            ]).string)
+        for gid in [first, second] {
+            let done = try await daemon.waitFor(gid) { ["complete", "error"].contains($0.text("status")) }
+            #expect(done.text("status") == "complete", "\(done)")
+        }
+        #expect(readBytes(sandbox.path("dl/a.bin")) == expected)
+        #expect(readBytes(sandbox.path("dl/b.bin")) == expected)
+        #expect(guarded.logText.components(separatedBy: "small.bin").count - 1 == 1, "\(guarded.logText)")
+        #expect(socks.logText.contains(":\(nginx.httpPort)"), "\(socks.logText)")
+        let options = try daemon.result("aria2.getOption", [.string(first)])
+        #expect(options.text("all-proxy-passwd") == "(hidden)" && options.text("all-proxy-user") == "alice")
+        let stopped = await daemon.stop()
+        #expect(!stopped.stderr.contains(password) && !stopped.stdout.contains(password))
+        // Nothing the daemon keeps (the catalog and its log, state files) holds the password.
+        let kept = FileManager.default.enumerator(atPath: sandbox.path("dl"))?.compactMap { $0 as? String } ?? []
+        #expect(kept.contains { $0.hasSuffix("catalog.sqlite3") }, "\(kept)")
+        for name in kept {
+            let bytes = FileManager.default.contents(atPath: sandbox.path("dl/" + name)) ?? Data()
+            #expect(!String(decoding: bytes, as: UTF8.self).contains(password), "\(name) holds the password")
+        }
     }
 }

@@ -41,6 +41,12 @@ import Testing
         return try #require(gid.string)
     }
 
+    /// The proxy options: shown only when set.
+    static let proxyNames: Set<String> = [
+        "all-proxy", "all-proxy-user", "all-proxy-passwd", "http-proxy", "http-proxy-user", "http-proxy-passwd",
+        "https-proxy", "https-proxy-user", "https-proxy-passwd", "no-proxy",
+    ]
+
     // MARK: Reading
 
     /// getOption lists every download option of aria2 that has a value, sorted, every value a string, with what
@@ -61,7 +67,8 @@ import Testing
         let values = Self.strings(shown)
         #expect(!values.values.contains("<not a string>"))
         let expected = Aria2Option.table.filter { $0.scope == .download && $0.shown != .none }.map(\.name)
-        #expect(Set(names).isSuperset(of: Set(expected).subtracting(["checksum", "header", "referer", "http-user", "http-passwd"])), "missing: \(Set(expected).subtracting(names).sorted())")
+        let unsetHere = Set(["checksum", "header", "referer", "http-user", "http-passwd"]).union(Self.proxyNames)
+        #expect(Set(names).isSuperset(of: Set(expected).subtracting(unsetHere)), "missing: \(Set(expected).subtracting(names).sorted())")
         #expect(values["split"] == "3" && values["max-connection-per-server"] == "3")
         #expect(values["max-tries"] == "8", "the manager's retries, as aria2 counts tries")
         #expect(values["out"] == "r.bin" && values["dir"] == f.downloads && values["continue"] == "true")
@@ -77,7 +84,7 @@ import Testing
         for option in Aria2Option.table where option.scope != .download {
             if case .value(let value) = option.shown { #expect(globals[option.name] == value, "\(option.name)") }
         }
-        let unset: Set<String> = ["out", "checksum", "header", "referer", "http-user", "http-passwd", "log"]
+        let unset: Set<String> = Set(["out", "checksum", "header", "referer", "http-user", "http-passwd", "log"]).union(Self.proxyNames)
         for option in Aria2Option.table where option.shown == .computed && !unset.contains(option.name) {
             #expect(globals[option.name] != nil, "\(option.name) is shown: \(option.name)")
         }
@@ -125,12 +132,12 @@ import Testing
         let gid = try await Self.paused(f, rpc, "n.bin")
         let before = Self.strings(try await Self.result(rpc, "aria2.getOption", [.string(gid)]))
         let refused = try await Self.error(rpc, "aria2.changeOption", [.string(gid), .object([
-            ("max-download-limit", .string("1M")), ("all-proxy", .string("http://127.0.0.1:3128")),
+            ("max-download-limit", .string("1M")), ("proxy-method", .string("tunnel")),
             ("piece-length", .string("2M")), ("no-such-option", .string("1")), ("out", .string("other.bin")),
             ("check-integrity", .string("false")),
         ])])
         #expect(refused.code == 1)
-        for name in ["all-proxy", "piece-length", "no-such-option", "out"] {
+        for name in ["proxy-method", "piece-length", "no-such-option", "out"] {
             #expect(refused.message.contains(name), "\(name): \(refused.message)")
         }
         #expect(!refused.message.contains("max-download-limit") && !refused.message.contains("check-integrity"))
@@ -340,8 +347,18 @@ import Testing
             #expect(refused.message.contains("credentials"), "\(refused.message)")
         }
         #expect(Self.strings(try await Self.result(rpc, "aria2.getGlobalOption"))["header"] == nil)
-        let secret = try await Self.error(rpc, "aria2.addUri", [.array([.string(f.server.url("/h.bin"))]), .object([("all-proxy-passwd", .string("hunter2"))])])
+        let secret = try await Self.error(rpc, "aria2.addUri", [.array([.string(f.server.url("/h.bin"))]), .object([("all-proxy", .string("ftp://u:hunter2@h:21"))])])
         #expect(!secret.message.contains("hunter2"), "a password is never repeated: \(secret.message)")
+        // A proxy's password is taken, and shown back as the placeholder only.
+        let proxied = try await Self.result(rpc, "aria2.addUri", [.array([.string(f.server.url("/p.bin"))]), .object([
+            ("pause", .string("true")), ("all-proxy", .string("http://127.0.0.1:3128")), ("all-proxy-user", .string("al")),
+            ("all-proxy-passwd", .string("hunter2")),
+        ])])
+        let proxiedOptions = Self.strings(try await Self.result(rpc, "aria2.getOption", [.string(try #require(proxied.string))]))
+        #expect(proxiedOptions["all-proxy"] == "http://127.0.0.1:3128" && proxiedOptions["all-proxy-user"] == "al")
+        #expect(proxiedOptions["all-proxy-passwd"] == "(hidden)")
+        let refusedInURL = try await Self.error(rpc, "aria2.changeGlobalOption", [.object([("all-proxy", .string("http://u:hunter2@h:1"))])])
+        #expect(refusedInURL.message.contains("all-proxy-passwd") && !refusedInURL.message.contains("hunter2"), "\(refusedInURL.message)")
         // A bad position refuses the add before any folder is made.
         let bad = try await Self.call(rpc, "aria2.addUri", [.array([.string(f.server.url("/h.bin"))]), .object([("out", .string("made/deeper/h.bin"))]), .string("x")])
         #expect(bad["error"] != nil && !FileManager.default.fileExists(atPath: f.path("made")))

@@ -181,7 +181,7 @@ import Testing
     /// refused by name; nothing is added.
     @Test(arguments: [
         #"{"out":"../escape.bin"}"#, #"{"out":"sub/../../x.bin"}"#, #"{"out":"a//b.bin"}"#, #"{"out":"/etc/passwd"}"#, #"{"dir":"/tmp"}"#,
-        #"{"split":"99"}"#, #"{"checksum":"crc9=00"}"#, #"{"all-proxy":"http://p:1"}"#, #"{"pause":"maybe"}"#,
+        #"{"split":"99"}"#, #"{"checksum":"crc9=00"}"#, #"{"all-proxy":"ftp://p:1"}"#, #"{"pause":"maybe"}"#,
         #"{"dir":"../up"}"#, #"{"max-tries":"x"}"#, #"{"gid":"0123456789abcdeg"}"#,
     ])
     func unsafeOrUnknownOptionsAreRefused(_ options: String) async throws {

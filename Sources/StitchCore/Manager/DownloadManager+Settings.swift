@@ -60,10 +60,12 @@ extension DownloadManager {
     ///     sets to nil goes back to the manager's.
     ///   - editHeaders: edits the download's headers as they are then (after `headers` and `headerFields`), in the
     ///     same step.
+    ///   - editProxies: edits the download's proxies as they are then, in the same step.
     public func setOptions(
         _ id: DownloadID, connections: Int?? = nil, tuning: Tuning? = nil, headers: HTTPHeaders? = nil,
         headerFields: HTTPHeaders? = nil, editTuning: (@Sendable (inout Tuning) -> Void)? = nil,
-        editHeaders: (@Sendable (inout HTTPHeaders) -> Void)? = nil
+        editHeaders: (@Sendable (inout HTTPHeaders) -> Void)? = nil,
+        editProxies: (@Sendable (inout Proxies) -> Void)? = nil
     ) throws(DownloadManagerError) {
         try checkOpen()
         guard var managed = table[id] else { throw DownloadManagerError(.unknownDownload(id)) }
@@ -98,6 +100,7 @@ extension DownloadManager {
             editHeaders(&edited)
             managed.entry.headers = edited.map { "\($0.name): \($0.value)" }
         }
+        if let editProxies { editProxies(&managed.entry.options.proxies) }
         guard managed.entry != before else { return }  // nothing changed: a running transfer goes on
         managed.entry.updatedAt = Date().timeIntervalSince1970
         do { try catalog.update(managed.entry) } catch { throw DownloadManagerError(.catalog(error.description)) }

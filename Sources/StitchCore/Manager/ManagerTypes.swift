@@ -308,6 +308,9 @@ public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
     /// Whether it may replace a file at its destination that Stitch did not leave
     /// (``DownloadManager/AddOptions/overwrite``).
     public var overwrite = false
+    /// Its own proxies (``DownloadManager/AddOptions/proxies``), credentials included: a caller that shows them
+    /// hides the passwords.
+    public var proxies = DownloadManager.Proxies()
     /// The last problem it met, in plain words: the reason of its last retry or restart from zero, or its
     /// failure; nil when none.
     public var lastProblem: String? = nil
