@@ -9,7 +9,9 @@ import Testing
 /// interruption {none, SIGINT, SIGKILL, then the same command again} × server {nginx, nginx capped at 2 MiB/s per
 /// connection, the test server with a strong ETag, with Last-Modified only, with no validator, ignoring ranges} ×
 /// size {1,500,000 bytes: below every split threshold; 8,000,000 bytes: above} — 432 cases, plus issue 10's own case
-/// (40,000,000 bytes from nginx, automatic connections, `--limit-rate 10M`, default knobs).
+/// (40,000,000 bytes from nginx, automatic connections, `--limit-rate 10M`, default knobs). A proxy dimension {none,
+/// tinyproxy (HTTP), microsocks (SOCKS5)} is combined pairwise with the others (issue 36): 8 proxied cases per server,
+/// each proxy meeting every connection count, rate, interruption and size.
 ///
 /// The knobs make the small files reach every path (MatrixKnobs): a 768 KiB minimum split, a 1 MiB connection step
 /// (so automatic = 4 connections at 8 MB, 1 at 1.5 MB) and a 32 MiB/s probe (loopback nginx keeps one connection;
