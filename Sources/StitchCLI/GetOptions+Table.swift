@@ -180,8 +180,9 @@ extension GetOptions {
         .value(
             ["--proxy-user"], "USER",
             help: """
-                the proxy's user name; the password is read from STITCH_PROXY_PASSWORD, or
-                asked for on the terminal (never on the command line, never saved)
+                the proxy's user name; the password is read from STITCH_PROXY_PASSWORD, the
+                netrc file's entry for the proxy's host (--netrc, --netrc-file), or asked for
+                on the terminal (never on the command line, never saved)
                 """
         ) { options, use in
             let name = use.value

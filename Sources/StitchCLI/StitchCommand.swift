@@ -388,12 +388,20 @@ extension GetOptions {
         transport.proxy = proxy
         if let proxyUser, var proxy {
             var password = ProcessInfo.processInfo.environment["STITCH_PROXY_PASSWORD"]
+            if password == nil, let netrc, let host = URLComponents(string: proxy.url)?.host {
+                // The proxy's host in the netrc file libcurl reads for the servers (it has none for proxies).
+                let path = netrc.file ?? (ProcessInfo.processInfo.environment["HOME"] ?? NSHomeDirectory()) + "/.netrc"
+                if let text = try? String(contentsOfFile: path, encoding: .utf8) {
+                    let bare = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
+                    password = NetrcFile(text: text).password(host: bare, login: proxyUser)
+                }
+            }
             if password == nil {
                 guard isatty(STDIN_FILENO) == 1, let typed = getpass("Enter proxy password for user '\(proxyUser)': ")
                 else {
                     return UsageError(
-                        "--proxy-user \(proxyUser) needs a password: set STITCH_PROXY_PASSWORD, or run it on a "
-                            + "terminal")
+                        "--proxy-user \(proxyUser) needs a password: set STITCH_PROXY_PASSWORD, give a netrc file "
+                            + "with the proxy's host (--netrc-file), or run it on a terminal")
                 }
                 password = String(cString: typed)
             }

@@ -151,6 +151,14 @@ struct ProxyTests {
             "get", urls[0], "-o", "x.bin", "--proxy", proxy.url(), "--proxy-user", "alice:\(password)",
         ])
         #expect(inUser.status == 64 && !inUser.stderr.contains(password), "\(inUser)")
+        // The password from a netrc file's entry for the proxy's host.
+        let netrc = "machine 127.0.0.1\n  login alice\n  password \(password)\n"
+        try Data(netrc.utf8).write(to: URL(fileURLWithPath: sandbox.path("netrc")))
+        let fromNetrc = try await sandbox.run([
+            "get", urls[0], "-o", "netrc.bin", "--proxy", proxy.url(), "--proxy-user", "alice", "--netrc-file",
+            sandbox.path("netrc"),
+        ])
+        #expect(fromNetrc.status == 0 && readBytes(sandbox.path("netrc.bin")) == expected, "\(fromNetrc)")
         let noPassword = try await sandbox.run([
             "get", urls[0], "-o", "x.bin", "--proxy", proxy.url(), "--proxy-user", "alice",
         ])
