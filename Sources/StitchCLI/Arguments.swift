@@ -41,6 +41,8 @@ struct GetOptions {
     var user: (name: String, password: String?)?
     /// `--netrc` / `--netrc-file FILE`: credentials from a netrc file (`file` nil: ~/.netrc).
     var netrc: TransportOptions.Netrc?
+    /// `--load-cookies FILE`: cookies sent where they match.
+    var cookies: CookieJar?
     /// `--proxy URL`: the proxy for every request (``TransportOptions/Proxy/direct`` for `--proxy ''`).
     var proxy: TransportOptions.Proxy?
     /// `--proxy-user USER`: the proxy's user; the password comes from `STITCH_PROXY_PASSWORD` or the terminal.

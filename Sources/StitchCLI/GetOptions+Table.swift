@@ -1,3 +1,4 @@
+import Foundation
 import Stitch
 
 extension GetOptions {
@@ -153,6 +154,34 @@ extension GetOptions {
             guard !use.value.isEmpty else { throw UsageError("--netrc-file needs a file path") }
             options.netrc = TransportOptions.Netrc(file: use.value)
             options.libcurlOnlyOption = options.libcurlOnlyOption ?? use.name
+        },
+        .value(
+            ["--load-cookies"], "FILE", aliases: ["-b"],
+            help: """
+                send the cookies of FILE (Netscape format, as curl -c, wget and aria2 write
+                it) with each request whose domain, path and scheme they match, redirects
+                included; never written anywhere
+                """
+        ) { options, use in
+            let path = use.value
+            guard !path.isEmpty else { throw UsageError("\(use.name) needs a file path") }
+            let limit = 64 << 20
+            guard let handle = FileHandle(forReadingAtPath: path),
+                let data = try? handle.read(upToCount: limit + 1)
+            else {
+                if path.contains("="), !FileManager.default.fileExists(atPath: path) {
+                    // curl's -b also takes the cookies themselves.
+                    throw UsageError("\(use.name) takes a cookie file here; send cookies themselves with -H 'Cookie: NAME=VALUE'")
+                }
+                throw UsageError("cannot read the cookie file \(path)")
+            }
+            guard data.count <= limit else { throw UsageError("the cookie file \(path) is over 64 MiB") }
+            guard let text = String(data: data, encoding: .utf8) else {
+                throw UsageError("the cookie file \(path) is not UTF-8 text")
+            }
+            let jar = CookieJar(text: text)
+            for problem in jar.problems { options.notes.append("\(path): \(problem)") }
+            options.cookies = jar
         },
         .value(
             ["-x", "--proxy"], "URL",

@@ -48,9 +48,10 @@ struct NetrcFile {
     /// Words and quoted strings; a `macdef` body (up to an empty line) is left out.
     static func tokens(_ text: String) -> [String] {
         var tokens: [String] = []
-        var lines = text.split(separator: "\n", omittingEmptySubsequences: false)[...]
+        // By scalars: "\r\n" is one Character.
+        var lines = text.unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false)[...]
         while let line = lines.popFirst() {
-            var scalars = Substring(line).unicodeScalars[...]
+            var scalars = line[...]
             var lineTokens: [String] = []
             while true {
                 while let first = scalars.first, first == " " || first == "\t" || first == "\r" { scalars.removeFirst() }
@@ -76,7 +77,7 @@ struct NetrcFile {
             tokens += lineTokens
             if lineTokens.first == "macdef" {
                 // The macro's body runs to the next empty line.
-                while let next = lines.popFirst(), !next.trimmingCharacters(in: .whitespaces).isEmpty {}
+                while let next = lines.popFirst(), next.contains(where: { $0 != " " && $0 != "\t" && $0 != "\r" }) {}
             }
         }
         return tokens

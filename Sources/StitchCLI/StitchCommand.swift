@@ -386,6 +386,7 @@ extension GetOptions {
         transport.netrc = netrc
         transport.noProxy = noProxy
         transport.proxy = proxy
+        transport.cookies = cookies
         if let proxyUser, var proxy {
             var password = ProcessInfo.processInfo.environment["STITCH_PROXY_PASSWORD"]
             if password == nil, let netrc, let host = URLComponents(string: proxy.url)?.host {

@@ -68,6 +68,10 @@ public struct TransportRequest: Sendable {
     ) {
         self.url = url
         self.headers = headers
+        // The cookies of `options` for this URL (every request, each redirect's too), unless the caller sent its own.
+        if let jar = options.cookies, headers["Cookie"] == nil, let cookie = jar.header(for: url) {
+            self.headers.add(name: "Cookie", value: cookie)
+        }
         self.options = options
         self.lane = lane
         self.clock = clock
@@ -103,6 +107,9 @@ public struct TransportOptions: Sendable, Hashable {
     /// Credentials from a netrc file for each request's own host (`--netrc`, `--netrc-file`), as libcurl reads
     /// it; ``credentials`` win for their origin. Nil: no netrc.
     public var netrc: Netrc?
+    /// Cookies sent with each request whose URL they match (`--load-cookies`); nil: none. The engine adds them
+    /// (``TransportRequest/init(url:headers:options:lane:clock:)``), not the transport, so every backend sends the same.
+    public var cookies: CookieJar?
     /// The proxy every request goes through (`--proxy`). Nil: the environment's, as libcurl reads it
     /// (`http_proxy` for http URLs — lower case only —, `https_proxy` or `HTTPS_PROXY` for https, then
     /// `ALL_PROXY`/`all_proxy`; `NO_PROXY`/`no_proxy` lists hosts reached directly). ``Proxy/direct``: none at

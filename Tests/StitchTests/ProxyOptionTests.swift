@@ -119,3 +119,41 @@ import Testing
         #expect(old.proxies.isEmpty)
     }
 }
+
+/// The Netscape cookie file and RFC 6265's matching.
+@Suite struct CookieJarTests {
+    @Test func readsAndMatches() {
+        let jar = CookieJar(
+            text: [
+                ".example.com\tTRUE\t/\tFALSE\t0\tall\t1",
+                "example.com\tFALSE\t/docs\tTRUE\t0\tdocs\t2\r",
+                "#HttpOnly_www.example.com\tFALSE\t/\tFALSE\t2000000000\thttponly\t3",
+                "example.com\tFALSE\t/\tFALSE\t1000\texpired\t4",
+                "1.2.3.4\tTRUE\t/\tFALSE\t0\tip\t5",
+                "bad\tMAYBE\t/\tFALSE\t0\tx\t6",
+                "example.com\tFALSE\t/\tFALSE\t0\tsemi\ta;b",
+                "only\tthree\tfields",
+                "example.com\tFALSE\t/\tFALSE\t0\tempty",
+            ].joined(separator: "\n"))
+        #expect(jar.problems.map(\.line) == [6, 7, 8], "\(jar.problems)")
+        #expect(jar.header(for: "https://example.com/docs/a", now: 1_500_000_000) == "docs=2; all=1; empty=")
+        #expect(jar.header(for: "http://example.com/docs/a", now: 1_500_000_000) == "all=1; empty=", "secure: https only")
+        #expect(jar.header(for: "http://www.example.com/x", now: 1_500_000_000) == "all=1; httponly=3")
+        #expect(jar.header(for: "http://www.example.com/x", now: 2_100_000_000) == "all=1", "expired by then")
+        #expect(jar.header(for: "http://example.com/docsx", now: 1_500_000_000) == "all=1; empty=")
+        #expect(jar.header(for: "http://badexample.com/", now: 1_500_000_000) == nil)
+        #expect(jar.header(for: "http://5.1.2.3.4/", now: 1_500_000_000) == nil, "no subdomains of an address")
+        #expect(jar.header(for: "http://1.2.3.4/", now: 1_500_000_000) == "ip=5")
+        #expect(jar.header(for: "http://example.com/", now: 999) == "all=1; expired=4; empty=")
+    }
+
+    /// The engine's requests carry the jar's cookies, unless the caller gave its own `Cookie` header.
+    @Test func aRequestCarriesTheJarsCookies() {
+        var options = TransportOptions()
+        options.cookies = CookieJar(text: "h\tFALSE\t/\tFALSE\t0\tk\tv\n")
+        #expect(TransportRequest(url: "http://h/f", headers: HTTPHeaders(), options: options).headers["Cookie"] == "k=v")
+        #expect(TransportRequest(url: "http://g/f", headers: HTTPHeaders(), options: options).headers["Cookie"] == nil)
+        let own = TransportRequest(url: "http://h/f", headers: HTTPHeaders([("Cookie", "mine=1")]), options: options)
+        #expect(own.headers["Cookie"] == "mine=1")
+    }
+}
