@@ -91,6 +91,10 @@ extension Serve {
             help: "import an aria2 session file (aria2c --save-session's) once: its downloads join the queue"
         ) { given, use in given.inputFile = use.value },
         .value(
+            ["--load-cookies"], "FILE",
+            help: "send the cookies of FILE (Netscape format) with every matching request"
+        ) { given, use in given.cookieFile = use.value },
+        .value(
             ["--conf-path"], "FILE",
             help: "read settings from FILE in aria2.conf's syntax (name=value lines); the command line wins"
         ) { given, use in given.confPath = use.value },

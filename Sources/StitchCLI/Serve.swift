@@ -41,6 +41,7 @@ enum Serve {
         var verbose = false
         var confPath: String?
         var inputFile: String?
+        var cookieFile: String?
 
         /// The settings given that RPC can change too, by aria2's names.
         var rpcSettings: Set<String> {
@@ -135,6 +136,15 @@ enum Serve {
         options.connections = given.connections
         options.logFile = given.logFile
         options.inputFile = given.inputFile.map { ($0 as NSString).expandingTildeInPath }
+        if let path = given.cookieFile.map({ ($0 as NSString).expandingTildeInPath }) {
+            let limit = 64 << 20
+            guard let handle = FileHandle(forReadingAtPath: path), let data = try? handle.read(upToCount: limit + 1),
+                data.count <= limit, let text = String(data: data, encoding: .utf8)
+            else { throw UsageError("cannot read the cookie file \(path) (UTF-8 text, at most 64 MiB)") }
+            let jar = CookieJar(text: text)
+            options.notes += jar.problems.map { "\(path): \($0)" }
+            options.cookies = (text, path)
+        }
         options.verbose = given.verbose
         return options
     }
@@ -240,6 +250,7 @@ enum Serve {
         merged.connections = command.connections ?? file.connections
         merged.logFile = command.logFile ?? file.logFile
         merged.inputFile = command.inputFile ?? file.inputFile
+        merged.cookieFile = command.cookieFile ?? file.cookieFile
         merged.verbose = command.verbose || file.verbose
         merged.secret = file.secret
         merged.listenAll = command.listen.isEmpty && file.listenAll

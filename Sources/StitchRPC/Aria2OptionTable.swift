@@ -367,7 +367,9 @@ struct Aria2Option: Sendable {
         Aria2Option(
             "listen-port", .startup, .text, .ignored, .value("6881-6999"),
             "BitTorrent: Stitch downloads over HTTP and HTTPS only"),
-        Aria2Option("load-cookies", .startup, .text, .fixed, .none, "cookies are not read yet"),
+        Aria2Option(
+            "load-cookies", .startup, .text, .fixed, .computed,
+            "read when stitch serve starts (--load-cookies FILE, or in its configuration file); sent where they match"),
         Aria2Option("log", .global, .text, .fixed, .computed, "the daemon's log file, set when it starts"),
         Aria2Option(
             "log-level", .global, .choice(["debug", "info", "notice", "warn", "error"]), .fixed, .computed,

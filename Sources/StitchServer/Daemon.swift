@@ -34,6 +34,9 @@ public enum Daemon {
         public var reread: (@Sendable () throws -> Options)?
         /// An aria2 session file to import once at start (`--input-file`).
         public var inputFile: String?
+        /// `--load-cookies FILE`: the cookie file's text (Netscape format; sent with every download's matching
+        /// requests) and its path, for getGlobalOption. Read when the daemon starts.
+        public var cookies: (text: String, path: String)?
         public init(directory: String) { self.directory = directory }
     }
 
@@ -132,6 +135,7 @@ public enum Daemon {
         configuration.maxConnectionsPerHost =
             options.maxConnectionsPerHost ?? max(16, configuration.maxConcurrentDownloads)
         configuration.connections = options.connections
+        configuration.transport.cookies = options.cookies.map { CookieJar(text: $0.text) }
         let manager: DownloadManager
         do {
             manager = try DownloadManager(directory: state, configuration: configuration)
@@ -292,6 +296,7 @@ public enum Daemon {
             "log-level": options.verbose ? "debug" : "notice",
         ]
         if let file = options.logFile { reported["log"] = file }
+        if let cookies = options.cookies { reported["load-cookies"] = cookies.path }
         return reported
     }
 

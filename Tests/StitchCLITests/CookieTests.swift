@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Stitch
+import StitchRPC
 import StitchTestSupport
 import Testing
 
@@ -80,5 +81,27 @@ struct CookieTests {
         defer { sandbox.cleanup() }
         let result = try await sandbox.run(["get", "http://127.0.0.1:1/f", "-b", "name=value"])
         #expect(result.status == 64 && result.stderr.contains("-H 'Cookie: NAME=VALUE'"), "\(result)")
+    }
+
+    /// `stitch serve --load-cookies FILE`: every download's matching requests carry them; getGlobalOption names the
+    /// file.
+    @Test func theDaemonSendsTheFilesCookies() async throws {
+        let server = try TestHTTPServer()
+        defer { server.stop() }
+        let file = ServedFile.random(size: 100_000, seed: 38)
+        server.serve("/a/f.bin", file: file) { request, _ in
+            (request.header("Cookie") ?? "").contains("session=v1") ? .none : .status(403)
+        }
+        let sandbox = try Sandbox("cookies")
+        defer { sandbox.cleanup() }
+        try Data(Self.jar(server.port).utf8).write(to: URL(fileURLWithPath: sandbox.path("jar.txt")))
+        let daemon = try await ServedDaemon(
+            directory: sandbox.path("dl"), ["--load-cookies", sandbox.path("jar.txt")], sandbox: sandbox)
+        let gid = try #require(try daemon.result("aria2.addUri", [.array([.string(server.url("/a/f.bin"))])]).string)
+        let done = try await daemon.waitFor(gid) { ["complete", "error"].contains($0.text("status")) }
+        #expect(done.text("status") == "complete", "\(done)")
+        #expect(readBytes(sandbox.path("dl/f.bin")) == file.data)
+        #expect(try daemon.result("aria2.getGlobalOption").text("load-cookies") == sandbox.path("jar.txt"))
+        _ = await daemon.stop()
     }
 }

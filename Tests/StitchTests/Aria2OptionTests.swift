@@ -84,7 +84,7 @@ import Testing
         for option in Aria2Option.table where option.scope != .download {
             if case .value(let value) = option.shown { #expect(globals[option.name] == value, "\(option.name)") }
         }
-        let unset: Set<String> = Set(["out", "checksum", "header", "referer", "http-user", "http-passwd", "log"]).union(Self.proxyNames)
+        let unset: Set<String> = Set(["out", "checksum", "header", "referer", "http-user", "http-passwd", "log", "load-cookies"]).union(Self.proxyNames)
         for option in Aria2Option.table where option.shown == .computed && !unset.contains(option.name) {
             #expect(globals[option.name] != nil, "\(option.name) is shown: \(option.name)")
         }
