@@ -48,10 +48,17 @@ struct NetrcFile {
     /// Words and quoted strings; a `macdef` body (up to an empty line) is left out.
     static func tokens(_ text: String) -> [String] {
         var tokens: [String] = []
-        // By scalars: "\r\n" is one Character.
-        var lines = text.unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false)[...]
-        while let line = lines.popFirst() {
-            var scalars = line[...]
+        // Line by line without an array of them, by scalars: "\r\n" is one Character.
+        var rest = text.unicodeScalars[...]
+        func nextLine() -> Substring.UnicodeScalarView? {
+            guard !rest.isEmpty else { return nil }
+            let end = rest.firstIndex(of: "\n") ?? rest.endIndex
+            let line = rest[..<end]
+            rest = end == rest.endIndex ? rest[end...] : rest[rest.index(after: end)...]
+            return line
+        }
+        while let line = nextLine() {
+            var scalars = line
             var lineTokens: [String] = []
             while true {
                 while let first = scalars.first, first == " " || first == "\t" || first == "\r" { scalars.removeFirst() }
@@ -77,7 +84,7 @@ struct NetrcFile {
             tokens += lineTokens
             if lineTokens.first == "macdef" {
                 // The macro's body runs to the next empty line.
-                while let next = lines.popFirst(), next.contains(where: { $0 != " " && $0 != "\t" && $0 != "\r" }) {}
+                while let next = nextLine(), next.contains(where: { $0 != " " && $0 != "\t" && $0 != "\r" }) {}
             }
         }
         return tokens

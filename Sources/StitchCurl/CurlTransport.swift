@@ -260,14 +260,10 @@ final class CurlTransfer: @unchecked Sendable {
                 set(stitch_easy_setopt_string(easy, CURLOPT_PROXYPASSWORD, proxy.password ?? ""))
             }
             if proxy.url.hasPrefix("https:") {
-                // TLS to the proxy is checked as TLS to servers is: the same trust and the same -k.
-                let verify = options.tlsVerification == .verify
-                set(stitch_easy_setopt_long(easy, CURLOPT_PROXY_SSL_VERIFYPEER, verify ? 1 : 0))
-                set(stitch_easy_setopt_long(easy, CURLOPT_PROXY_SSL_VERIFYHOST, verify ? 2 : 0))
-                if let ca = options.caCertificatePath {
-                    set(stitch_easy_setopt_string(easy, CURLOPT_PROXY_CAINFO, ca))
-                    set(stitch_easy_setopt_string(easy, CURLOPT_PROXY_CAPATH, nil))
-                }
+                // TLS to the proxy is always checked against the system's trust store: `-k` and `--ca-cert` are
+                // for servers (curl has --proxy-insecure apart), and the proxy's password travels inside this TLS.
+                set(stitch_easy_setopt_long(easy, CURLOPT_PROXY_SSL_VERIFYPEER, 1))
+                set(stitch_easy_setopt_long(easy, CURLOPT_PROXY_SSL_VERIFYHOST, 2))
             }
         }
         if let noProxy = options.noProxy { set(stitch_easy_setopt_string(easy, CURLOPT_NOPROXY, noProxy)) }

@@ -487,8 +487,8 @@ struct Aria2Option: Sendable {
             "pieces are 1 MiB, the unit of Stitch's checks"),
         Aria2Option("private-key", .startup, .text, .fixed, .none, "client certificates are not supported"),
         Aria2Option(
-            "proxy-method", .download, .choice(["get", "tunnel"]), .fixed, .value("get"),
-            "an http:// URL goes through an HTTP proxy as a GET, an https:// one through a CONNECT tunnel"),
+            "proxy-method", .download, .choice(["get", "tunnel"]), .ignored, .value("get"),
+            "an http:// URL goes through an HTTP proxy as a GET, an https:// one through a CONNECT tunnel; tunnel is taken and not done"),
         Aria2Option(
             "quiet", .startup, .bool, .ignored, .none,
             "aria2c's console and process; stitch serve's own are its command-line options"),

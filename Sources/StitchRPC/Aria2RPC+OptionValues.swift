@@ -116,16 +116,17 @@ extension Aria2RPC {
         case "referer": return snapshot.headers["Referer"]
         case "http-user": return basicCredentials(snapshot.headers)?.user
         case "http-passwd": return basicCredentials(snapshot.headers) == nil ? nil : hidden
-        case "all-proxy": return shownProxy(snapshot.proxies.all)
-        case "http-proxy": return shownProxy(snapshot.proxies.http)
-        case "https-proxy": return shownProxy(snapshot.proxies.https)
-        case "all-proxy-user": return snapshot.proxies.all?.user
-        case "http-proxy-user": return snapshot.proxies.http?.user
-        case "https-proxy-user": return snapshot.proxies.https?.user
-        case "all-proxy-passwd": return snapshot.proxies.all?.password == nil ? nil : hidden
-        case "http-proxy-passwd": return snapshot.proxies.http?.password == nil ? nil : hidden
-        case "https-proxy-passwd": return snapshot.proxies.https?.password == nil ? nil : hidden
-        case "no-proxy": return snapshot.proxies.noProxy
+        case "all-proxy", "http-proxy", "https-proxy", "all-proxy-user", "http-proxy-user", "https-proxy-user",
+            "all-proxy-passwd", "http-proxy-passwd", "https-proxy-passwd", "no-proxy":
+            // The download's own, else the default it runs with.
+            let own = snapshot.proxies
+            let chosen = own.over(configuration.proxies)
+            let kind = String(option.name.prefix { $0 != "-" })
+            let proxy = kind == "all" ? chosen.all : kind == "http" ? chosen.http : kind == "https" ? chosen.https : nil
+            if option.name == "no-proxy" { return chosen.noProxy }
+            if option.name.hasSuffix("-user") { return proxy?.user }
+            if option.name.hasSuffix("-passwd") { return proxy?.password == nil ? nil : hidden }
+            return shownProxy(proxy)
         default: return builtInValue(option.name, configuration)
         }
     }
@@ -421,6 +422,8 @@ extension Aria2RPC {
         for (option, text) in read {
             let name = option.name
             guard !option.same(text, Self.globalValue(of: option, context)) else { continue }
+            // getOption's placeholder for a secret is not a value: sent back, it changes nothing.
+            if option.isSecret, text == Self.hidden { continue }
             switch (option.handling, option.scope) {
             case (.ignored, _): continue
             case (.applied, .global):
@@ -466,6 +469,7 @@ extension Aria2RPC {
             settings.withLock { settings in
                 for (name, value) in defaults { settings.defaults[name] = value }
             }
+            if defaults.keys.contains(where: Self.proxyOptionNames.contains) { await applyProxyDefaults() }
         }
     }
 
@@ -498,6 +502,7 @@ extension Aria2RPC {
             }
         }
         settings.withLock { $0.defaults.merge(defaults) { _, kept in kept } }
+        await applyProxyDefaults()
         return problems
     }
 
@@ -529,7 +534,8 @@ extension Aria2RPC {
         let defaults = settings.withLock { $0.defaults }
         // split and max-connection-per-server are one setting: either given keeps both defaults out.
         let connectionsGiven = given.contains("split") || given.contains("max-connection-per-server")
-        for (name, text) in defaults.sorted(by: { $0.key < $1.key }) where !given.contains(name) {
+        for (name, text) in defaults.sorted(by: { $0.key < $1.key })
+        where !given.contains(name) && !Self.proxyOptionNames.contains(name) {
             if connectionsGiven, name == "split" || name == "max-connection-per-server" { continue }
             try Self.apply(name, .string(text), to: &options, base: base)
         }

@@ -33,8 +33,10 @@ extension Aria2RPC {
         let base = await manager.configuration.downloadDirectory
         try applyDefaults(to: &options, given: Set(members.map(\.0)), base: base)
         for (name, value) in members { try Self.apply(name, value, to: &options, base: base) }
-        // A proxy's credentials, given apart from its URL: the defaults' unless the call gives its own.
-        var credentialTexts = settings.withLock { $0.defaults }.filter { Self.proxyCredentialNames.contains($0.key) }
+        // The call's proxy credentials, given apart from its URLs, go on the call's own proxies only: a default's
+        // credentials stay with the default proxy (the manager's, chosen when the download runs), never sent to a
+        // proxy a caller names.
+        var credentialTexts: [String: String] = [:]
         for (name, value) in members where Self.proxyCredentialNames.contains(name) {
             credentialTexts[name] = try Self.optionText(name, value)
         }
@@ -266,6 +268,32 @@ extension Aria2RPC {
         set(&proxies.all, "all")
         set(&proxies.http, "http")
         set(&proxies.https, "https")
+    }
+
+    /// The proxy options: set as defaults they are the manager's proxies (``DownloadManager/Configuration/proxies``),
+    /// applied when a download runs, not copied into each download.
+    static let proxyOptionNames: Set<String> = proxyCredentialNames.union([
+        "all-proxy", "http-proxy", "https-proxy", "no-proxy",
+    ])
+
+    /// The proxies the defaults name (the configuration file's and changeGlobalOption's), with their credentials.
+    func proxyDefaults() -> DownloadManager.Proxies {
+        let defaults = settings.withLock { $0.defaults }
+        var proxies = DownloadManager.Proxies()
+        for name in ["all-proxy", "http-proxy", "https-proxy"] {
+            guard let text = defaults[name], !text.isEmpty else { continue }
+            var scratch = DownloadManager.AddOptions()
+            guard (try? Self.apply(name, .string(text), to: &scratch)) != nil else { continue }
+            proxies = scratch.proxies.over(proxies)
+        }
+        if let noProxy = defaults["no-proxy"], !noProxy.isEmpty { proxies.noProxy = noProxy }
+        Self.applyProxyCredentials(defaults.filter { Self.proxyCredentialNames.contains($0.key) }, to: &proxies)
+        return proxies
+    }
+
+    /// Gives the manager the proxies the defaults name now.
+    public func applyProxyDefaults() async {
+        try? await manager.setProxies(proxyDefaults())
     }
 
     /// A proxy as getOption shows it: its URL without credentials; nil for none.

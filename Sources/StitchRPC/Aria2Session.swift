@@ -27,7 +27,8 @@ public struct Aria2Session: Sendable {
         var key: String {
             if let gid = options.last(where: { $0.name == "gid" })?.value, !gid.isEmpty { return "gid." + gid }
             var text = uris.joined(separator: "\t")
-            for option in options { text += "\n" + option.name + "=" + option.value }
+            // A password is left out: the key is kept in the catalog, and a digest of a weak one could be guessed.
+            for option in options where !option.name.hasSuffix("passwd") { text += "\n" + option.name + "=" + option.value }
             return "sha256." + Aria2Session.digest(text)
         }
     }

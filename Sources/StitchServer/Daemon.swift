@@ -153,6 +153,7 @@ public enum Daemon {
         if options.maxConnectionsPerHost == nil { rpc.hostCapFollowsConcurrency() }
         for note in options.notes { log.info(note) }
         rpc.setConfigDefaults(options.downloadDefaults)
+        await rpc.applyProxyDefaults()
         for problem in await rpc.restoreKeptOptions(overriddenBy: options.commandLine) { log.warning(problem) }
         if let session, let path = options.inputFile {
             let result = await rpc.importSession(session, source: path)
@@ -235,6 +236,9 @@ public enum Daemon {
             fixed.append("rpc-max-websocket-clients")
         }
         if new.logFile != running.logFile { fixed.append("log") }
+        if new.cookies?.path != running.cookies?.path || new.cookies?.text != running.cookies?.text {
+            fixed.append("load-cookies")  // read when the daemon starts
+        }
 
         var applied = running
         applied.maxConcurrentDownloads = new.maxConcurrentDownloads
@@ -257,7 +261,9 @@ public enum Daemon {
                 try await manager.setMaxConnectionsPerHost(new.maxConnectionsPerHost ?? max(16, concurrency))
                 try await manager.setConnections(new.connections)
                 rpc.setConfigDefaults(new.downloadDefaults)
-                return try await rpc.forgetKeptOptions()
+                let forgotten = try await rpc.forgetKeptOptions()
+                await rpc.applyProxyDefaults()
+                return forgotten
             }
         } catch {
             // Only a closed manager or a catalog that cannot be written gets here (the values were checked when

@@ -11,9 +11,14 @@ import Foundation
 /// empty lines are skipped. Matching follows RFC 6265 §5.4: the domain (the host itself, or with the subdomain flag or
 /// a leading dot a host ending in `.DOMAIN`), the path (equal, or a prefix ending at a `/`), secure, not expired; the
 /// longer paths first.
-public struct CookieJar: Sendable, Hashable {
+public struct CookieJar: Sendable, Hashable, CustomStringConvertible {
+    /// How many cookies; never their values.
+    public var description: String { "CookieJar(\(cookies.count) cookies)" }
+
     /// One cookie of the file.
-    public struct Cookie: Sendable, Hashable {
+    public struct Cookie: Sendable, Hashable, CustomStringConvertible {
+        /// The domain, path and name; never the value.
+        public var description: String { "Cookie(\(domain)\(path) \(name))" }
         /// The host it is for, lowercased, without a leading dot.
         public var domain: String
         /// Whether hosts ending in `.` + ``domain`` match too.
@@ -47,11 +52,18 @@ public struct CookieJar: Sendable, Hashable {
 
     /// Reads `text` (a whole file). Malformed lines are skipped and listed in ``problems``.
     public init(text: String) {
-        // By scalars: "\r\n" is one Character, and a file written on Windows must still split into lines.
-        let lines = text.unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false)
-        for (index, scalars) in lines.enumerated() {
+        // Line by line without an array of them (a file of newlines stays cheap), by scalars: "\r\n" is one
+        // Character, and a file written on Windows must still split into lines.
+        var rest = text.unicodeScalars[...]
+        var index = -1
+        while !rest.isEmpty || index < 0 {
+            index += 1
+            let end = rest.firstIndex(of: "\n") ?? rest.endIndex
+            var scalars = rest[..<end]
+            rest = end == rest.endIndex ? rest[end...] : rest[rest.index(after: end)...]
+            if scalars.last == "\r" { scalars = scalars.dropLast() }
+            if scalars.isEmpty && rest.isEmpty { break }
             var line = Substring(String(String.UnicodeScalarView(scalars)))
-            if line.unicodeScalars.last == "\r" { line = Substring(String(line.unicodeScalars.dropLast())) }
             if line.hasPrefix("#HttpOnly_") {
                 line = line.dropFirst("#HttpOnly_".count)
             } else if line.hasPrefix("#") || line.allSatisfy({ $0 == " " || $0 == "\t" }) {
@@ -65,7 +77,8 @@ public struct CookieJar: Sendable, Hashable {
                 skip("not a cookie: 7 fields separated by TABs expected, \(fields.count) found")
                 continue
             }
-            let domain = fields[0].lowercased()
+            var domain = fields[0].lowercased()
+            if domain.hasPrefix("["), domain.hasSuffix("]") { domain = String(domain.dropFirst().dropLast()) }
             let host = domain.hasPrefix(".") ? String(domain.dropFirst()) : domain
             guard !host.isEmpty, !host.contains(where: { $0 == " " || $0 == "/" }) else {
                 skip("no domain")
@@ -118,7 +131,14 @@ public struct CookieJar: Sendable, Hashable {
         let ordered = matching.sorted { a, b in
             a.element.path.count != b.element.path.count ? a.element.path.count > b.element.path.count : a.offset < b.offset
         }
-        return ordered.map { "\($0.element.name)=\($0.element.value)" }.joined(separator: "; ")
+        // At most 150 cookies and 8 KiB, as curl sends: servers refuse larger headers.
+        var header = ""
+        for (count, cookie) in ordered.enumerated() {
+            let pair = "\(cookie.element.name)=\(cookie.element.value)"
+            if count == 150 || header.utf8.count + pair.utf8.count + 2 > 8 << 10 { break }
+            header += header.isEmpty ? pair : "; " + pair
+        }
+        return header.isEmpty ? nil : header
     }
 
     static func flag(_ text: Substring) -> Bool? {

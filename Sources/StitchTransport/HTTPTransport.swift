@@ -185,20 +185,19 @@ public struct TransportOptions: Sendable, Hashable {
                 self = .direct
                 return
             }
+            // No message repeats `text`: it may hold a password (anything before an `@`, whatever follows it).
             guard !text.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value == 0x7F }) else {
                 throw ProxyError("a proxy URL has no spaces or control characters")
             }
             let full = text.contains("://") ? text : "http://" + text
             guard let components = URLComponents(string: full), let scheme = components.scheme?.lowercased() else {
-                throw ProxyError("'\(Self.withoutCredentials(text))' is not a proxy URL (e.g. http://HOST:PORT)")
+                throw ProxyError("not a proxy URL (SCHEME://HOST:PORT, e.g. http://127.0.0.1:3128)")
             }
             guard Self.schemes.contains(scheme) else {
                 throw ProxyError(
                     "a proxy is \(Self.schemes.map { $0 + "://" }.joined(separator: ", ")), not \(scheme)://")
             }
-            guard let host = components.host, !host.isEmpty else {
-                throw ProxyError("'\(Self.withoutCredentials(text))' names no proxy host")
-            }
+            guard let host = components.host, !host.isEmpty else { throw ProxyError("a proxy URL names a host") }
             guard components.path.isEmpty || components.path == "/", components.query == nil,
                 components.fragment == nil
             else {
@@ -208,24 +207,14 @@ public struct TransportOptions: Sendable, Hashable {
             guard (1...65_535).contains(port) else { throw ProxyError("a proxy's port is 1 to 65535, not \(port)") }
             let shownHost = host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host
             self.init(checkedURL: "\(scheme)://\(shownHost):\(port)")
-            user = components.user.map { $0.removingPercentEncoding ?? $0 }
-            password = components.password.map { $0.removingPercentEncoding ?? $0 }
+            // URLComponents gives them percent-decoded already.
+            user = components.user
+            password = components.password
         }
 
-        /// Whether `text` holds a user name or password (`USER[:PASSWORD]@` before the host).
-        public static func hasCredentials(_ text: String) -> Bool {
-            let afterScheme = text.range(of: "://").map { text[$0.upperBound...] } ?? text[...]
-            let authority = afterScheme.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
-            return authority.contains("@")
-        }
-
-        /// `text` with anything before an `@` in its authority replaced by `***`.
-        static func withoutCredentials(_ text: String) -> String {
-            guard hasCredentials(text) else { return text }
-            let schemeEnd = text.range(of: "://")?.upperBound ?? text.startIndex
-            guard let at = text[schemeEnd...].firstIndex(of: "@") else { return text }
-            return String(text[..<schemeEnd]) + "***" + String(text[at...])
-        }
+        /// Whether `text` may hold a user name or password: any `@` (a password may hold `/`, `?` or `#` unencoded,
+        /// so where the authority ends cannot be trusted to find it).
+        public static func hasCredentials(_ text: String) -> Bool { text.contains("@") }
 
         /// The URL and the user name, never the password.
         public var description: String {

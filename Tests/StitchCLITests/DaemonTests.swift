@@ -700,7 +700,7 @@ struct DaemonTests {
         #expect(after.map { "\($0.text("uri") ?? "") \($0.text("status") ?? "")" } == ["\(other) waiting", "\(good) waiting"], "the deleted current URI gives way to the first; not started, none is used yet (as aria2)")
         #expect(try daemon.error("aria2.changeUri", [.string(gid), .integer(1), .array([]), .array([.string(other)])]).message.contains("final"))
         #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("max-tries", .string("-1"))])]).message.contains("max-tries"))
-        #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("proxy-method", .string("tunnel"))])]).message.contains("proxy-method"), "a tunnel for http:// is not done: said, not ignored")
+        #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("all-proxy", .string("ftp://p:1"))])]).message.contains("all-proxy"), "a proxy Stitch cannot use is refused, not ignored")
         #expect(try daemon.error("aria2.addUri", [.array([.string(good)]), .object([("dry-run", .string("true"))])]).message.contains("dry-run"))
         let ignored = try daemon.result("aria2.addUri", [.array([.string(good)]), .object([("seed-ratio", .string("1")), ("file-allocation", .string("none")), ("out", .string("ignored.bin"))])])
         #expect(ignored.string?.count == 16, "BitTorrent and allocation knobs are taken and ignored")

@@ -79,8 +79,12 @@ final class LoopbackProxy: Sendable {
         _ = process.waitUntilExit()
     }
 
+    /// SIGTERM, then SIGKILL after 5 s: a proxy that does not stop never holds a test.
     func stop() {
         process.send(SIGTERM)
+        let deadline = ContinuousClock.now + .seconds(5)
+        while process.isRunning && ContinuousClock.now < deadline { usleep(2_000) }
+        process.send(SIGKILL)
         _ = process.waitUntilExit()
     }
 

@@ -132,12 +132,12 @@ import Testing
         let gid = try await Self.paused(f, rpc, "n.bin")
         let before = Self.strings(try await Self.result(rpc, "aria2.getOption", [.string(gid)]))
         let refused = try await Self.error(rpc, "aria2.changeOption", [.string(gid), .object([
-            ("max-download-limit", .string("1M")), ("proxy-method", .string("tunnel")),
+            ("max-download-limit", .string("1M")), ("dry-run", .string("true")),
             ("piece-length", .string("2M")), ("no-such-option", .string("1")), ("out", .string("other.bin")),
             ("check-integrity", .string("false")),
         ])])
         #expect(refused.code == 1)
-        for name in ["proxy-method", "piece-length", "no-such-option", "out"] {
+        for name in ["dry-run", "piece-length", "no-such-option", "out"] {
             #expect(refused.message.contains(name), "\(name): \(refused.message)")
         }
         #expect(!refused.message.contains("max-download-limit") && !refused.message.contains("check-integrity"))

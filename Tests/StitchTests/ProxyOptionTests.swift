@@ -23,7 +23,7 @@ import Testing
 
     @Test(arguments: [
         ("ftp://h:21", "not ftp://"), ("socks4://h:1080", "not socks4://"), ("http://h:0", "port"),
-        ("http://h:3128/path", "no path"), ("http://h:3128?x=1", "no path"), ("http://:3128", "no proxy host"),
+        ("http://h:3128/path", "no path"), ("http://h:3128?x=1", "no path"), ("http://:3128", "names a host"),
         ("http://h 1:80", "spaces"), ("http://h:99999", "port"),
     ])
     func refusedURLs(_ text: String, _ said: String) {
@@ -38,16 +38,19 @@ import Testing
     @Test func credentialsAreKeptApartAndHidden() throws {
         let text = "http://al%40ice:p%3Ass@h:3128"
         #expect(TransportOptions.Proxy.hasCredentials(text))
-        #expect(!TransportOptions.Proxy.hasCredentials("http://h:3128/a@b"))
+        #expect(TransportOptions.Proxy.hasCredentials("http://u:p/ss@h:3128"), "a / in the password")
+        #expect(TransportOptions.Proxy.hasCredentials("http://u:p#ss@h:3128"), "a # in the password")
         #expect(!TransportOptions.Proxy.hasCredentials("h:3128"))
         let proxy = try TransportOptions.Proxy(parsing: text)
         #expect(proxy.url == "http://h:3128")
         #expect(proxy.user == "al@ice" && proxy.password == "p:ss")
         #expect(!proxy.description.contains("p:ss") && !proxy.description.contains("p%3Ass"))
-        #expect {
-            try TransportOptions.Proxy(parsing: "ftp://u:secret@h")
-        } throws: { error in
-            !"\(error)".contains("secret")
+        for text in ["ftp://u:secret@h", "http://u:se/cret@h:1", "http://u:sec#ret@h", "u:se@cret@h:x"] {
+            #expect {
+                try TransportOptions.Proxy(parsing: text)
+            } throws: { error in
+                !"\(error)".contains("se") || !"\(error)".contains("cret")
+            }
         }
     }
 

@@ -124,6 +124,13 @@ extension DownloadManager {
 
     /// Changes the connections a download opens when it was given no number of its own (nil: chosen per file, as
     /// ``Configuration/connections``); downloads that start from now on follow it.
+    /// Changes the proxies of every download that names none of its own (``Configuration/proxies``), for the
+    /// downloads that start from now on.
+    public func setProxies(_ proxies: Proxies) throws(DownloadManagerError) {
+        try checkOpen()
+        configuration.proxies = proxies
+    }
+
     public func setConnections(_ count: Int?) throws(DownloadManagerError) {
         try checkOpen()
         if let count, !DownloadOptions.connectionRange.contains(count) {

@@ -300,7 +300,9 @@ extension InputList {
 
         private mutating func option(_ text: String, line number: Int) throws(InputListError) {
             guard let equals = text.unicodeScalars.firstIndex(of: "=") else {
-                throw InputListError(line: number, message: "expected key=value, got \(InputList.quoted(text))")
+                // A line naming a password is not repeated (it goes to stderr and --json).
+                let shown = text.lowercased().contains("passwd") ? "a line naming a password" : InputList.quoted(text)
+                throw InputListError(line: number, message: "expected key=value, got \(shown)")
             }
             let key = InputList.trimmingBlanks(text.unicodeScalars[..<equals])
             let value = InputList.trimmingBlanks(text.unicodeScalars[text.unicodeScalars.index(after: equals)...])
