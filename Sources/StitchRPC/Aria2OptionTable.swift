@@ -369,7 +369,7 @@ struct Aria2Option: Sendable {
             "BitTorrent: Stitch downloads over HTTP and HTTPS only"),
         Aria2Option(
             "load-cookies", .startup, .text, .fixed, .computed,
-            "read when stitch serve starts (--load-cookies FILE, or in its configuration file); sent where they match"),
+            "read when stitch serve starts (from its command line or its configuration file); sent where they match"),
         Aria2Option("log", .global, .text, .fixed, .computed, "the daemon's log file, set when it starts"),
         Aria2Option(
             "log-level", .global, .choice(["debug", "info", "notice", "warn", "error"]), .fixed, .computed,
