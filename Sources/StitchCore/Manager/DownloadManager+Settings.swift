@@ -122,8 +122,6 @@ extension DownloadManager {
         do { try catalog.setSettings(changes) } catch { throw DownloadManagerError(.catalog(error.description)) }
     }
 
-    /// Changes the connections a download opens when it was given no number of its own (nil: chosen per file, as
-    /// ``Configuration/connections``); downloads that start from now on follow it.
     /// Changes the proxies of every download that names none of its own (``Configuration/proxies``), for the
     /// downloads that start from now on.
     public func setProxies(_ proxies: Proxies) throws(DownloadManagerError) {
@@ -131,6 +129,8 @@ extension DownloadManager {
         configuration.proxies = proxies
     }
 
+    /// Changes the connections a download opens when it was given no number of its own (nil: chosen per file, as
+    /// ``Configuration/connections``); downloads that start from now on follow it.
     public func setConnections(_ count: Int?) throws(DownloadManagerError) {
         try checkOpen()
         if let count, !DownloadOptions.connectionRange.contains(count) {
