@@ -28,6 +28,8 @@ struct GetOptions {
     var overwrite = false
     /// `--adopt`: take over a partial that wget, curl or aria2c left at `-o FILE` (or at each list entry's `out=`).
     var adopt = false
+    /// `-N` / `--if-newer`: fetch only if the server's file is newer than DEST (wget -N, curl -z).
+    var ifNewer = false
     var quiet = false
     var json = false
     var connections: Int?
@@ -96,6 +98,7 @@ struct GetOptions {
             if json { throw UsageError("--json writes to standard output, which -o - holds; use -o FILE") }
             if overwrite { throw UsageError("--overwrite has no file to replace with -o -") }
             if adopt { throw UsageError("--adopt takes over a partial FILE; -o - has none") }
+            if ifNewer { throw UsageError("--if-newer compares with a FILE; -o - has none") }
         }
         if transport == .urlSession {
             // What URLSession cannot do is refused before anything starts, not part-way through a batch.
@@ -114,6 +117,12 @@ struct GetOptions {
                 resumePath != nil
                     ? "--resume continues stitch's own partial download; --adopt is for another tool's: use -o FILE"
                     : "--adopt needs -o FILE: the partial download to take over")
+        }
+        if ifNewer && adopt {
+            throw UsageError("--if-newer treats DEST as a complete file, --adopt as a partial one: give one of them")
+        }
+        if ifNewer && resumePath != nil {
+            throw UsageError("--resume continues a partial download; --if-newer is for a complete DEST: drop one")
         }
         if let caCert, caCert.isEmpty { throw UsageError("--ca-cert needs a file path") }
         if proxyUser != nil, proxy == nil || proxy == .direct {

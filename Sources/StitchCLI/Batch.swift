@@ -167,6 +167,7 @@ enum Batch {
             add.connections = options.connections
             add.overwrite = options.overwrite
             add.adopt = options.adopt
+            add.ifNewer = options.ifNewer
             return add
         }
         var items = options.urls.map { Item(url: $0, options: base()) }
@@ -209,12 +210,21 @@ enum Batch {
             add.checksum = entry.checksum
             if let connections = entry.connections { add.connections = connections }
             if let adopt = entry.adopt { add.adopt = adopt }
+            if let ifNewer = entry.ifNewer { add.ifNewer = ifNewer }
             add.proxies = entry.proxies
             if !entry.proxies.isEmpty, options.transport == .urlSession {
                 items.append(
                     Item(
                         url: url, options: add,
                         problem: "\(inputFile): line \(entry.line): a proxy needs the libcurl transport; not downloaded"))
+                continue
+            }
+            if add.adopt && add.ifNewer {
+                items.append(
+                    Item(
+                        url: url, options: add,
+                        problem: "\(inputFile): line \(entry.line): 'adopt' and 'conditional-get' contradict (a partial "
+                            + "file or a complete one); not downloaded"))
                 continue
             }
             if add.adopt && entry.out == nil {

@@ -250,6 +250,13 @@ extension GetOptions {
                 that match); else download it again and replace FILE when complete
                 """
         ) { options, _ in options.adopt = true },
+        .flag(
+            ["-N", "--if-newer"],
+            help: """
+                with DEST there: fetch the file only if the server's is newer (If-None-Match
+                with the ETag DEST came with, If-Modified-Since); else leave DEST as it is
+                """
+        ) { options, _ in options.ifNewer = true },
         .value(
             ["-i", "--input-file"], "FILE",
             help: """

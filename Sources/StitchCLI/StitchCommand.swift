@@ -180,6 +180,7 @@ struct StitchCommand {
                 url: options.url ?? "", destination: destination, headers: options.headers,
                 checksum: options.checksum, overwrite: options.overwrite)
             request.adopt = options.adopt
+            request.ifNewer = options.ifNewer
         }
         if let caCert = options.caCert, access(caCert, R_OK) != 0 {
             output.error("--ca-cert: cannot read \(caCert)")
@@ -225,7 +226,9 @@ struct StitchCommand {
             } else {
                 output.finishProgress(bytes: result.bytes)
             }
-            if result.alreadyComplete {
+            if result.notModified {
+                // The engine's notice said why it is up to date.
+            } else if result.alreadyComplete {
                 output.message("\(result.destination) is already complete (\(result.bytes) bytes)")
             } else {
                 var line = "saved \(result.destination) (\(Output.bytes(result.bytes))"
@@ -237,6 +240,7 @@ struct StitchCommand {
                 var fields: [String: Any] = [
                     "path": result.destination, "bytes": result.bytes, "transferred": result.bytesTransferred,
                     "resumed_from": result.resumedFrom, "already_complete": result.alreadyComplete,
+                    "not_modified": result.notModified,
                 ]
                 if let checksum = result.checksum { fields["checksum"] = checksum.description }
                 output.json("done", fields)

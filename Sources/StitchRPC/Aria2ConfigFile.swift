@@ -71,7 +71,7 @@ extension Aria2RPC {
                 case (.ignored, _):
                     ignored.append(name)
                 case (.applied, .download) where name != "http-user" && name != "http-passwd",
-                    (.addOnly, .download) where name == "allow-overwrite":
+                    (.addOnly, .download) where Aria2RPC.defaultableAtAdd.contains(name):
                     if !text.isEmpty {
                         var scratch = DownloadManager.AddOptions()
                         try apply(name, .string(text), to: &scratch)

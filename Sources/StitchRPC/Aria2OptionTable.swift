@@ -195,8 +195,9 @@ struct Aria2Option: Sendable {
             "checksum", .download, .checksum, .addOnly, .computed,
             "checked before the file is renamed into place; set when the download is added"),
         Aria2Option(
-            "conditional-get", .download, .bool, .fixed, .value("false"),
-            "downloading only when the server's file is newer is not built yet"),
+            "conditional-get", .download, .bool, .addOnly, .computed,
+            "fetch only when the server's file is newer than the one at the destination (If-None-Match with the "
+                + "ETag it came with, If-Modified-Since); set when the download is added"),
         Aria2Option("conf-path", .startup, .text, .fixed, .none, "the daemon's configuration is its command line"),
         Aria2Option("connect-timeout", .download, .number(1...600), .applied, .computed, "seconds allowed to connect"),
         Aria2Option(

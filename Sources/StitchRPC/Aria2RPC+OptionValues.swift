@@ -51,7 +51,7 @@ extension Aria2RPC {
         case "timeout": seconds(configuration.transport.stallTimeout)
         case "connect-timeout": seconds(configuration.transport.connectTimeout)
         case "user-agent": configuration.transport.userAgent
-        case "allow-overwrite": "false"
+        case "allow-overwrite", "conditional-get": "false"
         case "dir": configuration.downloadDirectory
         default: nil
         }
@@ -98,6 +98,7 @@ extension Aria2RPC {
             if case .file(let file) = snapshot.destination { return (file as NSString).lastPathComponent }
             return snapshot.path.map { ($0 as NSString).lastPathComponent }
         case "allow-overwrite": return snapshot.overwrite ? "true" : "false"
+        case "conditional-get": return snapshot.ifNewer ? "true" : "false"
         case "checksum": return snapshot.checksum.map { "\($0)" }
         case "split", "max-connection-per-server":
             return snapshot.connections.map(String.init) ?? builtInValue(option.name, configuration)
@@ -343,15 +344,8 @@ extension Aria2RPC {
             if let noProxy { proxies.noProxy = noProxy }
             // A URL given anew without credentials keeps none; credentials given apart are set on it.
             applyProxyCredentials(credentials, to: &proxies)
-            for (kind, name) in [("all", "all-proxy"), ("http", "http-proxy"), ("https", "https-proxy")]
-            where credentials[kind + "-proxy-passwd"] == ""
-            {
-                // An emptied password removes it.
-                switch name {
-                case "all-proxy": proxies.all?.password = nil
-                case "http-proxy": proxies.http?.password = nil
-                default: proxies.https?.password = nil
-                }
+            for kind in DownloadManager.Proxies.Kind.allCases where credentials[kind.rawValue + "-proxy-passwd"] == "" {
+                proxies.setCredentials(kind, user: nil, password: "")  // an emptied password removes it
             }
         }
     }
@@ -430,7 +424,7 @@ extension Aria2RPC {
                 changes.append(try daemonChange(name, text))
                 daemonTexts[name] = text
             case (.applied, .download) where name != "http-user" && name != "http-passwd",
-                (.addOnly, .download) where name == "allow-overwrite":
+                (.addOnly, .download) where Self.defaultableAtAdd.contains(name):
                 if !text.isEmpty {
                     var scratch = DownloadManager.AddOptions()
                     try Self.apply(name, .string(text), to: &scratch)  // checked as addUri will take it

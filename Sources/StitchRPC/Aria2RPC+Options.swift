@@ -203,6 +203,8 @@ extension Aria2RPC {
             options.id = id
         case "allow-overwrite":
             options.overwrite = try flag()
+        case "conditional-get":
+            options.ifNewer = try flag()
         case "continue":
             _ = try flag()  // always: a partial with proof is resumed
         case "dir":
@@ -254,20 +256,18 @@ extension Aria2RPC {
         "https-proxy-passwd",
     ]
 
+    /// The options set when a download is added whose defaults the configuration file and changeGlobalOption set.
+    static let defaultableAtAdd: Set<String> = ["allow-overwrite", "conditional-get"]
+
     /// Gives each proxy of `proxies` the user and password `texts` name for it (`all-proxy-user`, …); an empty value
     /// or getOption's placeholder leaves what it has. Credentials for a proxy not named are dropped.
     static func applyProxyCredentials(_ texts: [String: String], to proxies: inout DownloadManager.Proxies) {
-        func set(_ proxy: inout TransportOptions.Proxy?, _ kind: String) {
-            let user = texts[kind + "-proxy-user"].flatMap { $0.isEmpty ? nil : $0 }
-            let password = texts[kind + "-proxy-passwd"].flatMap { $0.isEmpty || $0 == hidden ? nil : $0 }
-            guard user != nil || password != nil, var named = proxy, !named.url.isEmpty else { return }
-            if let user { named.user = user }
-            if let password { named.password = password }
-            proxy = named
+        for kind in DownloadManager.Proxies.Kind.allCases {
+            let user = texts[kind.rawValue + "-proxy-user"]
+            // Empty and the placeholder leave the password as it is here (proxyChange removes an emptied one).
+            let password = texts[kind.rawValue + "-proxy-passwd"].flatMap { $0.isEmpty || $0 == hidden ? nil : $0 }
+            proxies.setCredentials(kind, user: user, password: password)
         }
-        set(&proxies.all, "all")
-        set(&proxies.http, "http")
-        set(&proxies.https, "https")
     }
 
     /// The proxy options: set as defaults they are the manager's proxies (``DownloadManager/Configuration/proxies``),

@@ -219,7 +219,8 @@ final class ConnectionHandler {
         var lines = ["HTTP/1.1 \(status) \(reasonPhrase(status))"]
         if !names.contains("date") { lines.append("Date: \(ServedFile.httpDateNow())") }
         if !names.contains("server") { lines.append("Server: StitchTestServer") }
-        if !customFraming { lines.append("Content-Length: \(body.count)") }
+        // A 304 has no body and no length of its own (RFC 9110 §15.4.5).
+        if !customFraming, status != 304 { lines.append("Content-Length: \(body.count)") }
         if !body.isEmpty, !names.contains("content-type") { lines.append("Content-Type: text/plain") }
         for (name, value) in headers { lines.append("\(name): \(value)") }
         if !keepAlive, !names.contains("connection") { lines.append("Connection: close") }
@@ -271,6 +272,13 @@ final class ConnectionHandler {
         var status = 200
         var slice = 0..<total
         var contentRange: String?
+
+        if file.notModified(ifNoneMatch: request.header("If-None-Match"), ifModifiedSince: request.header("If-Modified-Since")) {
+            var headers: [(String, String)] = []
+            if let etag = file.etag { headers.append(("ETag", etag)) }
+            if let lastModified = file.lastModified { headers.append(("Last-Modified", lastModified)) }
+            return sendSimple(304, headers: headers, isHead: true, keepAlive: keepAlive)
+        }
 
         if file.acceptRanges, !plan.ignoreRange, let rangeValue = request.header("Range"),
             request.header("If-Range").map({ ifRangeMatches($0, file: file) }) ?? true

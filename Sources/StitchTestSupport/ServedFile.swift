@@ -1,5 +1,6 @@
 import CStitchSystem
 import Glibc
+import Stitch
 
 /// An in-memory file that ``TestHTTPServer`` serves at a path.
 ///
@@ -22,6 +23,10 @@ public struct ServedFile: Sendable {
     public var contentType: String
     /// Extra response headers sent verbatim after the standard ones.
     public var extraHeaders: [(String, String)]
+    /// When true (the default) a GET or HEAD with `If-None-Match` (weak comparison, `*` matching any) or, without
+    /// it, `If-Modified-Since` no earlier than ``lastModified`` is answered 304 Not Modified (RFC 9110 §13.2.2);
+    /// when false the conditions are ignored (a 200), as some servers and caches do.
+    public var honoursConditions = true
 
     /// Creates a served file.
     public init(
@@ -80,6 +85,23 @@ public struct ServedFile: Sendable {
         func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
         return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) "
             + "\(1900 + parts.tm_year) \(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
+    }
+
+    /// Whether a request with these condition headers is answered 304 (RFC 9110 §13.2.2: `If-None-Match` first,
+    /// else `If-Modified-Since`).
+    public func notModified(ifNoneMatch: String?, ifModifiedSince: String?) -> Bool {
+        guard honoursConditions else { return false }
+        if let ifNoneMatch {
+            guard let etag else { return false }
+            func opaque(_ tag: Substring) -> Substring { tag.hasPrefix("W/") ? tag.dropFirst(2) : tag }
+            let tags = ifNoneMatch.split(separator: ",").map { $0.drop { $0 == " " }.reversed().drop { $0 == " " } }
+                .map { Substring(String($0.reversed())) }
+            return tags.contains { $0 == "*" || opaque($0) == opaque(Substring(etag)) }
+        }
+        guard let ifModifiedSince, let since = HTTPDate.parse(ifModifiedSince),
+            let lastModified, let modified = HTTPDate.parse(lastModified)
+        else { return false }
+        return modified <= since
     }
 
     /// The current time as an HTTP-date.

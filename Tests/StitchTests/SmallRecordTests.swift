@@ -22,6 +22,7 @@ import Testing
             CompletionMark(url: "http://h/" + text, length: 0, etag: text, crc32c: 0),
             CompletionMark(url: text, length: Int64.max, etag: nil, crc32c: UInt32.max),
             CompletionMark(url: text, length: 12_345, etag: "\"" + text + "\"", crc32c: nil),
+            CompletionMark(url: text, length: 7, etag: nil, lastModified: text, crc32c: 9),
         ]
         for mark in marks {
             let decoded = try JSONDecoder().decode(CompletionMark.self, from: Data(mark.json.utf8))
@@ -39,7 +40,9 @@ import Testing
         let dir = try TemporaryDirectory()
         let path = dir.path + "/f"
         #expect(FileManager.default.createFile(atPath: path, contents: Data([1, 2, 3])))
-        let mark = CompletionMark(url: "http://h/\"x\"\\y\u{1}", length: 3, etag: "\"e\"", crc32c: 42)
+        let mark = CompletionMark(
+            url: "http://h/\"x\"\\y\u{1}", length: 3, etag: "\"e\"", lastModified: "Sun, 06 Nov 1994 08:49:37 GMT",
+            crc32c: 42)
         let fd = open(path, O_RDWR)
         try #require(fd >= 0)
         mark.write(fd: fd)

@@ -268,7 +268,7 @@ struct ForeignAdoption {
                     switch judged {
                     case .accept: return .receive(sink)
                     case .redirect, .retry: return .discard
-                    case .restart, .restartWithBody, .malformed, .refused, .complete, .fail: return .abort
+                    case .restart, .restartWithBody, .malformed, .refused, .complete, .notModified, .fail: return .abort
                     }
                 })
             if let decisionError { throw decisionError }

@@ -135,6 +135,9 @@ struct AttemptStateMachine: Sendable {
             return .restart(reason)
         case .complete:
             return .complete
+        case .notModified:
+            // Only the first request carries a condition, and its decision ends the run with the result.
+            return .fail(DownloadError(.protocolViolation, "an unexpected 304 Not Modified from \(url.absoluteString)"))
         case .fail(let status):
             // A 407 is the proxy's, not the server's (a plain http:// URL through an HTTP proxy).
             let from =

@@ -37,6 +37,12 @@ final class DownloadRun: Sendable {
         clock: any DownloadClock, onEvent: @escaping @Sendable (DownloadEvent) -> Void
     ) throws(DownloadError) {
         let startURL = try validateURL(request.url)
+        var request = request
+        if request.ifNewer, case .directory(let directory) = request.destination {
+            // The file asked about must be known before the request: named from the URL alone.
+            let named = LaneRequest.path(in: directory, contentDisposition: nil, url: startURL)
+            request.destination = .file(request.choosePath?(named) ?? named)
+        }
         context = RunContext(
             request: request, options: options, transport: transport, clock: clock, startURL: startURL)
         reporter = RunReporter(checkpointBytes: options.checkpointBytes, onEvent: onEvent)
@@ -162,7 +168,8 @@ final class DownloadRun: Sendable {
         splits.reset()
         let before = files.store?.written(0) ?? 0
         let request = LaneRequest(
-            run: self, role: .whole, slot: 0, plan: RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil),
+            run: self, role: .whole, slot: 0,
+            plan: RequestPlan(rangeStart: nil, resumeOffset: 0, ifRange: nil, condition: files.condition),
             known: files.known, url: url, lanes: nil)
         let result = await counted(request)
         // A response that ended complete is taken even if the run is being cancelled at that moment.

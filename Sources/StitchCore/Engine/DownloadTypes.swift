@@ -31,6 +31,15 @@ public struct DownloadRequest: Sendable {
     /// ``checksum`` to prove every byte). Without proof the download starts from zero beside it and replaces it
     /// only once complete, as it does with ``overwrite``. Ignored for a ``Destination/directory(_:)``.
     public var adopt = false
+    /// Fetch the file only if the server's is newer than the one at the destination (`wget -N`, `curl -z`, aria2's
+    /// `conditional-get`): the request for it carries `If-None-Match` with the ETag the file came with and
+    /// `If-Modified-Since` with its `Last-Modified` (both from its completion mark, when this download made it),
+    /// else the file's modification time. A 304 — or a 200 with the same strong ETag and length, or with a
+    /// `Last-Modified` no later and the same length — leaves the file untouched (``DownloadResult/notModified``);
+    /// anything else is fetched beside it and replaces it once complete and verified, as always. A file there
+    /// that does not match ``checksum`` is replaced unconditionally. With ``Destination/directory(_:)`` the file
+    /// is named from the URL alone (the name must be known before the request; `Content-Disposition` is not used).
+    public var ifNewer = false
     /// With ``Destination/directory(_:)``: given the path named by the first response, returns the path to use.
     /// ``DownloadManager`` uses it to keep two downloads off one file. Called once, on an arbitrary thread.
     public var choosePath: (@Sendable (String) -> String)?
@@ -222,6 +231,9 @@ public struct DownloadResult: Sendable, Hashable {
     public var resumedFrom: Int64
     /// True when nothing was fetched because the file was already complete.
     public var alreadyComplete: Bool
+    /// True when, with ``DownloadRequest/ifNewer``, the server showed the file at the destination to be its own
+    /// (``alreadyComplete`` is true too): nothing was fetched and the file was left as it was.
+    public var notModified = false
     /// The verified checksum, if one was asked for.
     public var checksum: ExpectedChecksum?
 }

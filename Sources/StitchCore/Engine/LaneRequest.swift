@@ -163,6 +163,11 @@ final class LaneRequest: Sendable {
         case .restart, .restartWithBody, .malformed, .refused:
             // (A request for the whole file is never ranged, so it cannot meet a 200 to a range.)
             return .abort
+        case .notModified(let why):
+            // The file at the destination is the server's: the run ends with it untouched.
+            guard role == .whole, let unchanged = run.files.unchanged(why) else { return .abort }
+            facts.withLock { $0.ending = .complete(unchanged) }
+            return .abort
         case .complete, .redirect, .retry, .fail:
             return .discard
         }
@@ -272,6 +277,15 @@ final class LaneRequest: Sendable {
         return nil
     }
 
+    /// The path of a file named in `directory` by a response's `Content-Disposition`, else by `url`'s path.
+    static func path(in directory: String, contentDisposition: String?, url: URL) -> String {
+        // Leave room for the longest sidecar suffix, or `NAME.stitch-live` would exceed NAME_MAX.
+        let name = FileNaming.truncated(
+            Array(FileNaming.resolve(contentDisposition: contentDisposition, urlPath: url.path).unicodeScalars),
+            maxBytes: FileNaming.maxNameBytes - DownloadPaths.longestSuffixBytes)
+        return absolutePath(directory.hasSuffix("/") ? directory + name : directory + "/" + name)
+    }
+
     /// Creates the part file and state once the first usable response names the resource. Returns how the
     /// request ends instead when a saved partial to resume was found, or the file is already complete.
     private func createStore(head: ResponseHead, validators: Validators) throws -> Ending? {
@@ -282,13 +296,7 @@ final class LaneRequest: Sendable {
         case .file(let file):
             path = absolutePath(file)
         case .directory(let directory):
-            // Leave room for the longest sidecar suffix, or `NAME.stitch-live` would exceed NAME_MAX.
-            let name = FileNaming.truncated(
-                Array(
-                    FileNaming.resolve(contentDisposition: head.headers["Content-Disposition"], urlPath: url.path)
-                        .unicodeScalars),
-                maxBytes: FileNaming.maxNameBytes - DownloadPaths.longestSuffixBytes)
-            let named = absolutePath(directory.hasSuffix("/") ? directory + name : directory + "/" + name)
+            let named = Self.path(in: directory, contentDisposition: head.headers["Content-Disposition"], url: url)
             path = request.choosePath?(named) ?? named
             if let done = try files.openExisting(DownloadPaths(destination: path)) { return .complete(done) }
             if files.store != nil { return .resumeSaved }

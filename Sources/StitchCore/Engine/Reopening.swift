@@ -53,7 +53,7 @@ enum OpenPolicy {
     /// the finished download may not replace (``replacesDestination(overwrite:adoption:)``).
     static func partial(
         stateURL: String, owns: (String) -> Bool, overwrite: Bool, adoption: AdoptionRecord?,
-        destinationExists: Bool, partExists: Bool, paths: DownloadPaths
+        destinationExists: Bool, partExists: Bool, paths: DownloadPaths, ifNewer: Bool = false
     ) -> PartialChoice {
         guard owns(stateURL) else {
             if overwrite { return .discard }
@@ -62,7 +62,7 @@ enum OpenPolicy {
                     .unusableState, "\(paths.part) belongs to a download of \(stateURL)", remedy: .overwrite(.replace)))
         }
         // A file that appeared at the destination while the partial waited is not ours to replace.
-        if destinationExists, !replacesDestination(overwrite: overwrite, adoption: adoption) {
+        if destinationExists, !replacesDestination(overwrite: overwrite, adoption: adoption, ifNewer: ifNewer) {
             guard partExists else {
                 // A state without its part file beside the file it names: an `--adopt` cut short.
                 return .refuse(
@@ -83,9 +83,10 @@ enum OpenPolicy {
     /// Whether a file at the destination that Stitch did not finish may be replaced by the finished download: with
     /// ``DownloadRequest/overwrite``, or when the file there is another program's partial of this download that
     /// `--adopt` found (adopted, it is no longer there; not adopted, the complete file replaces it). Not for any
-    /// other file: `--adopt` with nothing to adopt replaces nothing.
-    static func replacesDestination(overwrite: Bool, adoption: AdoptionRecord?) -> Bool {
-        overwrite || adoption != nil
+    /// other file: `--adopt` with nothing to adopt replaces nothing. `ifNewer`: the user asked for the server's
+    /// file when it is newer than the one there (a partial beside it is that newer file's).
+    static func replacesDestination(overwrite: Bool, adoption: AdoptionRecord?, ifNewer: Bool = false) -> Bool {
+        overwrite || adoption != nil || ifNewer
     }
 }
 
@@ -104,11 +105,20 @@ struct Reopening {
         /// Nothing to resume: the download starts with a request for the whole file. `adoption`: what the
         /// download began with, when a partial of this download that came from another program's was deleted to
         /// start over (its control file still goes once the file is finished, and the new state records it).
-        case nothing(adoption: AdoptionRecord?)
+        /// `condition`: with ``DownloadRequest/ifNewer``, the file at the destination, which the request for the
+        /// whole file asks about (nil: the server's file replaces it).
+        case nothing(adoption: AdoptionRecord?, condition: Unchanged? = nil)
         /// The file is already complete (or was finished and is now renamed into place).
         case complete(DownloadResult)
         /// A partial to continue.
         case resume(Resumed)
+    }
+
+    /// The file at the destination of a download with ``DownloadRequest/ifNewer``: what the request asks with, and
+    /// the result if the server says it is its file.
+    struct Unchanged: Sendable {
+        let condition: FreshnessCondition
+        let result: DownloadResult
     }
 
     /// A partial reopened for this download.
@@ -143,7 +153,11 @@ struct Reopening {
         }
         let destinationExists = partial.destinationExists
         if destinationExists && !partial.partExists {
-            // A finished download whose clean-up was cut short.
+            // A finished download whose clean-up was cut short; under `ifNewer` the server is asked about it.
+            if request.ifNewer, let mark = partial.completion, request.owns(mark.url) {
+                partial.removeSidecars()
+                return .nothing(adoption: self.adoption, condition: try conditional(partial))
+            }
             if let done = try completedResult(partial) {
                 partial.removeSidecars()
                 return .complete(done)
@@ -152,7 +166,8 @@ struct Reopening {
         let adoption = self.adoption ?? state.adoption
         switch OpenPolicy.partial(
             stateURL: state.url, owns: request.owns, overwrite: request.overwrite, adoption: adoption,
-            destinationExists: destinationExists, partExists: partial.partExists, paths: paths)
+            destinationExists: destinationExists, partExists: partial.partExists, paths: paths,
+            ifNewer: request.ifNewer)
         {
         case .refuse(let error):
             throw error
@@ -213,6 +228,13 @@ struct Reopening {
     /// file there is refused unless it may be replaced. `stateless`: there was no state file (a small download
     /// has none), so a part file finished but not renamed into place is finished now.
     private func fresh(_ partial: PartialDownload, stateless: Bool, adoption: AdoptionRecord?) throws -> Outcome {
+        if request.ifNewer, partial.destinationExists {
+            // A newer file finished but not renamed into place is finished now; else the server is asked.
+            if stateless, partial.partExists, case .finished(let done) = try finishMarkedPart(partial, state: nil) {
+                return .complete(done)
+            }
+            return .nothing(adoption: adoption, condition: try conditional(partial))
+        }
         if let done = try checkDestination(partial, exists: partial.destinationExists, adoption: adoption) {
             return .complete(done)
         }
@@ -312,7 +334,9 @@ struct Reopening {
     {
         guard exists else { return nil }
         if let done = try completedResult(partial) { return done }
-        if OpenPolicy.replacesDestination(overwrite: request.overwrite, adoption: adoption) { return nil }
+        if OpenPolicy.replacesDestination(overwrite: request.overwrite, adoption: adoption, ifNewer: request.ifNewer) {
+            return nil
+        }
         throw DownloadError(
             .destinationExists, "\(partial.paths.destination) already exists", remedy: .overwrite(.replace))
     }
@@ -336,6 +360,35 @@ struct Reopening {
         return DownloadResult(
             destination: paths.destination, bytes: mark.length, bytesTransferred: 0, resumedFrom: mark.length,
             alreadyComplete: true, checksum: request.checksum)
+    }
+
+    /// What the request for the whole file asks about the file at the destination (``DownloadRequest/ifNewer``):
+    /// the ETag and Last-Modified its completion mark recorded when this download made it, else its modification
+    /// time (as `curl -z FILE` and `wget -N` go by). Nil when the file is not worth asking about: it does not match
+    /// the checksum asked for (the server's file replaces it, whatever its date). Only a regular file is replaced.
+    func conditional(_ partial: PartialDownload) throws -> Unchanged? {
+        let paths = partial.paths
+        let found = try partial.destinationFile()
+        guard found.isRegular else {
+            throw DownloadError(.destinationExists, "\(paths.destination) already exists and is not a regular file")
+        }
+        let length = found.length
+        if let expected = request.checksum {
+            let digest = try FileOperations.digest(ofFileAt: paths.destination, expected.algorithm)
+            guard expected.matches(digest) else {
+                emit(.notice("\(paths.destination) does not match \(expected): fetching the server's file to replace it"))
+                return nil
+            }
+        }
+        let mark = partial.completion.flatMap { request.owns($0.url) && $0.length == length ? $0 : nil }
+        let modifiedSince = mark?.lastModified ?? HTTPDate.format(found.modified)
+        let condition = FreshnessCondition(
+            etag: mark?.etag, modifiedSince: modifiedSince, serverDate: mark?.lastModified != nil, length: length)
+        var result = DownloadResult(
+            destination: paths.destination, bytes: length, bytesTransferred: 0, resumedFrom: length,
+            alreadyComplete: true, checksum: request.checksum)
+        result.notModified = true
+        return Unchanged(condition: condition, result: result)
     }
 
     func discardLeftovers(_ paths: DownloadPaths) throws(DownloadError) {

@@ -49,8 +49,45 @@ struct RequestPlan: Sendable, Hashable {
     var ifRange: String?
     /// One past the last byte asked for (`Range: bytes=N-(end-1)`), or nil for "to the end of the file".
     var rangeEnd: Int64? = nil
+    /// For a request of the whole file with ``DownloadRequest/ifNewer``: what the file at the destination is, to
+    /// ask for the server's only if it differs.
+    var condition: FreshnessCondition? = nil
 
     var isRanged: Bool { rangeStart != nil }
+}
+
+/// What the file at a download's destination is, for ``DownloadRequest/ifNewer``: sent as `If-None-Match` and
+/// `If-Modified-Since`, and compared with a server that answers 200 regardless.
+struct FreshnessCondition: Sendable, Hashable {
+    /// The `ETag` the file came with (its completion mark, when this download made it).
+    var etag: String?
+    /// The `Last-Modified` the file came with (its completion mark), else the file's modification time: the
+    /// server's file is newer only if it changed after that.
+    var modifiedSince: String
+    /// Whether ``modifiedSince`` is the server's own date (from the mark) rather than the file's modification time.
+    var serverDate: Bool
+    /// The file's length in bytes.
+    var length: Int64
+
+    /// The headers sent (RFC 9110 §13.1.2–3: a server that knows ETags goes by `If-None-Match` and ignores the date).
+    var headers: [(String, String)] {
+        var headers: [(String, String)] = []
+        if let etag { headers.append(("If-None-Match", etag)) }
+        headers.append(("If-Modified-Since", modifiedSince))
+        return headers
+    }
+
+    /// Why a 200 still shows the server's file to be the one at the destination (a server that ignores conditional
+    /// requests): the same strong ETag and length; or, without an ETag to go by, a `Last-Modified` no later than
+    /// the file's date and the same length (wget `-N`'s rule). Nil when it may be newer.
+    func unchanged(by fresh: Validators) -> String? {
+        guard fresh.totalLength == length else { return nil }
+        if let etag, let strong = fresh.strongETag { return strong == etag ? "the same ETag \(etag)" : nil }
+        guard let text = fresh.lastModified, let modified = HTTPDate.parse(text),
+            let since = HTTPDate.parse(modifiedSince), modified <= since
+        else { return nil }
+        return serverDate ? "the same Last-Modified \(modifiedSince)" : "a Last-Modified no later than the file's date"
+    }
 }
 
 /// What to do with a response head. Pure decisions, tested without sockets.
@@ -63,6 +100,9 @@ enum HeadVerdict: Sendable, Hashable {
     case restart(RestartReason)
     /// 416 confirming the local data already is the whole file.
     case complete
+    /// A conditional request (``RequestPlan/condition``) showed the file at the destination to be the server's:
+    /// a 304, or a 200 with what ``FreshnessCondition/unchanged(by:)`` says (why, in words).
+    case notModified(String)
     case redirect(location: String)
     /// A temporary failure (408, 429, 5xx); `retryAfter` is the raw header.
     case retry(status: Int, retryAfter: String?)
@@ -94,6 +134,8 @@ enum ResumePolicy {
 
     /// Request headers the engine alone sets (lowercased); a caller's values for them are dropped.
     static let ownedHeaders: Set<String> = ["range", "if-range", "accept-encoding"]
+    /// Request headers a caller's values are dropped for when the engine sends its own (``RequestPlan/condition``).
+    static let conditionHeaders: Set<String> = ["if-none-match", "if-modified-since"]
 
     /// The headers of a request: the caller's, less the ones the engine owns (a caller's Range, If-Range or
     /// Accept-Encoding would splice or encode the file behind its back, so they are replaced, never merged),
@@ -101,6 +143,7 @@ enum ResumePolicy {
     static func requestHeaders(user: HTTPHeaders, plan: RequestPlan) -> HTTPHeaders {
         var headers = HTTPHeaders()
         for field in user where !ownedHeaders.contains(field.name.lowercased()) {
+            if plan.condition != nil, !plan.isRanged, conditionHeaders.contains(field.name.lowercased()) { continue }
             headers.add(name: field.name, value: field.value)
         }
         for (name, value) in Self.headers(for: plan) { headers.add(name: name, value: value) }
@@ -113,6 +156,8 @@ enum ResumePolicy {
         if let start = plan.rangeStart {
             headers.append(("Range", "bytes=\(start)-" + (plan.rangeEnd.map { "\($0 - 1)" } ?? "")))
             if let ifRange = plan.ifRange { headers.append(("If-Range", ifRange)) }
+        } else if let condition = plan.condition {
+            headers += condition.headers
         }
         return headers
     }
@@ -120,6 +165,9 @@ enum ResumePolicy {
     /// Judges a final response head against the plan and the known validators.
     static func evaluate(_ head: ResponseHead, plan: RequestPlan, known: Validators?) -> HeadVerdict {
         let status = head.status
+        if status == 304, plan.condition != nil, !plan.isRanged {
+            return .notModified("the server answered 304 Not Modified")
+        }
         // Checked first: an encoded or ambiguously framed body is never taken as the file's bytes.
         if status == 200 || status == 206, let problem = head.headers.bodyFramingProblem {
             return .refused(problem)
@@ -155,6 +203,9 @@ enum ResumePolicy {
             let fresh = Validators(from: head)
             if plan.isRanged {
                 return .restartWithBody(change(from: known, to: fresh) ?? .rangeIgnored, validators: fresh)
+            }
+            if let condition = plan.condition, let same = condition.unchanged(by: fresh) {
+                return .notModified("the server ignored the condition but sent \(same)")
             }
             return .accept(bodyStart: 0, validators: fresh)
         case 416:

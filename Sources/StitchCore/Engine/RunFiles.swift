@@ -23,6 +23,8 @@ final class RunFiles: Sendable {
         var hashFromDisk = false
         /// The store's files were renamed into place or deleted: nothing may be written for it after.
         var closed = false
+        /// With ``DownloadRequest/ifNewer``: the file at the destination, asked about until a store is created.
+        var condition: Reopening.Unchanged?
     }
 
     private let facts = Locked(Facts())
@@ -71,8 +73,11 @@ final class RunFiles: Sendable {
         let found = try Reopening(request: context.request, adoption: adoption, emit: { [reporter] in reporter.emit($0) })
             .open(paths)
         switch found {
-        case .nothing(let kept):
-            facts.withLock { if $0.adoption == nil { $0.adoption = kept } }
+        case .nothing(let kept, let condition):
+            facts.withLock {
+                if $0.adoption == nil { $0.adoption = kept }
+                $0.condition = condition
+            }
             return nil
         case .complete(let done):
             return done
@@ -94,6 +99,18 @@ final class RunFiles: Sendable {
             reporter.emit(.resuming(from: resumed.point.bytes, note: resumed.point.note))
             return nil
         }
+    }
+
+    /// The condition of the next request for the whole file: the destination's, until a response is taken.
+    var condition: FreshnessCondition? { facts.withLock { $0.store == nil ? $0.condition?.condition : nil } }
+
+    /// The result when the server showed the file at the destination to be its own (`why`); nil without a
+    /// condition. The file is not touched.
+    func unchanged(_ why: String) -> DownloadResult? {
+        guard let found = facts.withLock({ $0.store == nil ? $0.condition : nil }) else { return nil }
+        reporter.emit(.destinationResolved(found.result.destination))
+        reporter.emit(.notice("\(found.result.destination) is up to date (\(why)); left as it is"))
+        return found.result
     }
 
     /// Hashes the bytes already on disk once, so the running digest covers the whole file.

@@ -56,7 +56,7 @@ extension Downloader {
                     switch judged {
                     case .accept(let bodyStart, _) where bodyStart == written: return .receive(sink)
                     case .accept, .restart, .restartWithBody, .malformed, .refused: return .abort
-                    case .complete, .redirect, .retry, .fail: return .discard
+                    case .complete, .notModified, .redirect, .retry, .fail: return .discard
                     }
                 })
             if let decisionError { throw decisionError }

@@ -112,6 +112,7 @@ extension DownloadManager {
                         stored.mirrors = others.isEmpty ? [] : [url] + others
                         stored.tuning = options.tuning
                         stored.adopt = options.adopt && options.out != nil
+                        stored.ifNewer = options.ifNewer
                         stored.proxies = options.proxies
                         return stored
                     }(),

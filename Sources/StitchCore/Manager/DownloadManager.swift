@@ -345,7 +345,7 @@ public actor DownloadManager {
             checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt,
             rateLimit: entry.options.rateLimit, mirrors: entry.options.mirrors.isEmpty ? [entry.url] : entry.options.mirrors,
             tuning: entry.options.tuning, connections: entry.options.connections, overwrite: entry.options.overwrite,
-            proxies: entry.options.proxies, lastProblem: managed.lastProblem ?? entry.errorMessage)
+            ifNewer: entry.options.ifNewer, proxies: entry.options.proxies, lastProblem: managed.lastProblem ?? entry.errorMessage)
     }
 
     func subscribe(

@@ -20,8 +20,9 @@
 /// - A line that starts with a space or a TAB holds one `key=value` option for the download above it, even across
 ///   blank and comment lines. Supported keys: `out`, `dir`, `checksum`, `header` (repeatable), `split`,
 ///   `max-connection-per-server`, `max-download-limit`, the proxies (`all-proxy`, `http-proxy`, `https-proxy`,
-///   each with `-user` and `-passwd`, and `no-proxy`; an empty proxy is none) and Stitch's own `adopt` (`true` or
-///   `false`: take over the partial another program left at `out`). Other keys are recorded in ``warnings`` and ignored;
+///   each with `-user` and `-passwd`, and `no-proxy`; an empty proxy is none), `conditional-get` (`true` or
+///   `false`: fetch only if newer than the file there) and Stitch's own `adopt` (`true` or `false`: take over the
+///   partial another program left at `out`). Other keys are recorded in ``warnings`` and ignored;
 ///   a non-repeatable key given twice keeps its last value, with a warning. A bad value makes that download fail
 ///   alone (``Entry/problem``: the first one found), the rest of the list goes on; `split` and
 ///   `max-connection-per-server` above 16 are capped to 16 with a warning, as aria2c caps them.
@@ -53,6 +54,9 @@ public struct InputList: Sendable, Hashable {
         /// `adopt`: take over the partial download another program left at ``out`` (`true`), or not (`false`);
         /// nil when not given (the command line's choice).
         public var adopt: Bool?
+        /// `conditional-get`: fetch only if the server's file is newer than the one there (`true`), or not
+        /// (`false`); nil when not given (the command line's choice).
+        public var ifNewer: Bool?
         /// `all-proxy`, `http-proxy`, `https-proxy` (with their `-user` and `-passwd`) and `no-proxy`.
         public var proxies = DownloadManager.Proxies()
         /// The 1-based line number of the URI line.
@@ -111,7 +115,7 @@ public struct InputList: Sendable, Hashable {
     public static let supportedKeys: [String] = [
         "out", "dir", "checksum", "header", "split", "max-connection-per-server", "max-download-limit", "adopt",
         "all-proxy", "http-proxy", "https-proxy", "no-proxy", "all-proxy-user", "all-proxy-passwd", "http-proxy-user",
-        "http-proxy-passwd", "https-proxy-user", "https-proxy-passwd",
+        "http-proxy-passwd", "https-proxy-user", "https-proxy-passwd", "conditional-get",
     ]
 
     /// Keys whose empty value means something (no proxy, no user).
@@ -246,15 +250,9 @@ extension InputList {
             case (let a?, nil), (nil, let a?): entry.connections = a
             case (nil, nil): entry.connections = nil
             }
-            for kind in ["all", "http", "https"] {
-                let user = proxyUsers[kind].flatMap { $0.isEmpty ? nil : $0 }
-                let password = proxyPasswords[kind]
-                guard user != nil || password != nil else { continue }
-                switch kind {
-                case "all": Self.setCredentials(&entry.proxies.all, user: user, password: password)
-                case "http": Self.setCredentials(&entry.proxies.http, user: user, password: password)
-                default: Self.setCredentials(&entry.proxies.https, user: user, password: password)
-                }
+            for kind in DownloadManager.Proxies.Kind.allCases {
+                entry.proxies.setCredentials(
+                    kind, user: proxyUsers[kind.rawValue], password: proxyPasswords[kind.rawValue])
             }
             entries.append(entry)
             current = nil
@@ -263,14 +261,6 @@ extension InputList {
             seenKeys = []
             proxyUsers = [:]
             proxyPasswords = [:]
-        }
-
-        /// Gives `proxy` the credentials (those given apart win over any in its URL); none without a proxy.
-        private static func setCredentials(_ proxy: inout TransportOptions.Proxy?, user: String?, password: String?) {
-            guard var named = proxy, !named.url.isEmpty else { return }
-            if let user { named.user = user }
-            if let password { named.password = password }
-            proxy = named
         }
 
         private mutating func startEntry(_ line: String, line number: Int) {
@@ -408,6 +398,12 @@ extension InputList {
                 case "true": current?.adopt = true
                 case "false": current?.adopt = false
                 default: throw fail("'adopt' must be true or false, got \(InputList.quoted(value))")
+                }
+            case "conditional-get":
+                switch value.lowercased() {
+                case "true": current?.ifNewer = true
+                case "false": current?.ifNewer = false
+                default: throw fail("'conditional-get' must be true or false, got \(InputList.quoted(value))")
                 }
             default:
                 preconditionFailure("supportedKeys and apply(key:value:line:) disagree on '\(key)'")

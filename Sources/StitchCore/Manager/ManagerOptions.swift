@@ -58,6 +58,9 @@ extension DownloadManager {
         public var rateLimit: Int64?
         /// Replace an existing file that Stitch did not leave.
         public var overwrite = false
+        /// Fetch the file only if the server's is newer than the one at its destination
+        /// (``DownloadRequest/ifNewer``; aria2's `conditional-get`).
+        public var ifNewer = false
         /// With ``out``: take over a partial download another program left there (``DownloadRequest/adopt``).
         public var adopt = false
         /// This download's proxies (aria2's `all-proxy`, `http-proxy`, `https-proxy`, `no-proxy`); what it leaves
@@ -189,6 +192,44 @@ extension DownloadManager {
         public func proxy(for url: String) -> TransportOptions.Proxy? {
             let scheme = url.prefix { $0 != ":" }.lowercased()
             return (scheme == "https" ? https : scheme == "http" ? http : nil) ?? all
+        }
+
+        /// Which of the three proxies credentials are for.
+        public enum Kind: String, Sendable, CaseIterable {
+            /// ``Proxies/all``.
+            case all
+            /// ``Proxies/http``.
+            case http
+            /// ``Proxies/https``.
+            case https
+        }
+
+        /// The proxy of `kind`.
+        public subscript(kind: Kind) -> TransportOptions.Proxy? {
+            get {
+                switch kind {
+                case .all: all
+                case .http: http
+                case .https: https
+                }
+            }
+            set {
+                switch kind {
+                case .all: all = newValue
+                case .http: http = newValue
+                case .https: https = newValue
+                }
+            }
+        }
+
+        /// Gives the proxy of `kind` a user and a password (given apart, they win over any in its URL): nil leaves
+        /// what it has, an empty password removes it. Nothing without a proxy of that kind (credentials are for a
+        /// named proxy only, never for ``TransportOptions/Proxy/direct``).
+        public mutating func setCredentials(_ kind: Kind, user: String?, password: String?) {
+            guard var named = self[kind], !named.url.isEmpty else { return }
+            if let user, !user.isEmpty { named.user = user }
+            if let password { named.password = password.isEmpty ? nil : password }
+            self[kind] = named
         }
 
         /// These proxies, with `fallback`'s where these name none.

@@ -41,6 +41,7 @@ final class ManagerRun: Sendable {
             overwrite: entry.options.overwrite)
         request.formerURLs = entry.options.formerURLs
         request.adopt = entry.options.adopt
+        request.ifNewer = entry.options.ifNewer
         let id = entry.id
         let urls = Set([entry.url] + entry.options.formerURLs)
         request.choosePath = { proposed in claims.choose(proposed, for: id, urls: urls) }

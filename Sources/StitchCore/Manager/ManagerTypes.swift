@@ -308,6 +308,9 @@ public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
     /// Whether it may replace a file at its destination that Stitch did not leave
     /// (``DownloadManager/AddOptions/overwrite``).
     public var overwrite = false
+    /// Whether it is fetched only if newer than the file at its destination
+    /// (``DownloadManager/AddOptions/ifNewer``).
+    public var ifNewer = false
     /// Its own proxies (``DownloadManager/AddOptions/proxies``), credentials included: a caller that shows them
     /// hides the passwords.
     public var proxies = DownloadManager.Proxies()

@@ -59,6 +59,8 @@ struct CompletionMark: Codable, Hashable {
     var url: String
     var length: Int64
     var etag: String?
+    /// The `Last-Modified` the file came with (for ``DownloadRequest/ifNewer``); absent in older marks.
+    var lastModified: String? = nil
     /// CRC32C of the file's `length` bytes; absent in marks written before it existed.
     var crc32c: UInt32?
 
@@ -103,6 +105,7 @@ struct CompletionMark: Codable, Hashable {
         var text = "{"
         if let crc32c { text += "\"crc32c\":\(crc32c)," }
         if let etag { text += "\"etag\":" + JSONText.string(etag) + "," }
+        if let lastModified { text += "\"lastModified\":" + JSONText.string(lastModified) + "," }
         text += "\"length\":\(length),\"url\":" + JSONText.string(url) + "}"
         return text
     }
@@ -1018,7 +1021,10 @@ final class PartStore: Sendable {
             ) { (start, end, crc) throws(DownloadError) in
                 try Self.checksum(of: fd, from: start, to: end, continuing: crc)
             }
-            CompletionMark(url: url, length: length, etag: state.validators.etag, crc32c: crc).write(fd: fd)
+            CompletionMark(
+                url: url, length: length, etag: state.validators.etag, lastModified: state.validators.lastModified,
+                crc32c: crc
+            ).write(fd: fd)
             // fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes.
             guard syncFile(fd) == 0 else {
                 let error = Errno.current

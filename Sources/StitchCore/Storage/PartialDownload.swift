@@ -71,6 +71,16 @@ struct PartialDownload: Sendable {
     /// Whether the part file is there.
     var partExists: Bool { access(paths.part, F_OK) == 0 }
 
+    /// What is at the destination, for ``DownloadRequest/ifNewer``: whether it is a regular file, its length and its
+    /// modification time (seconds since the epoch).
+    func destinationFile() throws(DownloadError) -> (isRegular: Bool, length: Int64, modified: Int64) {
+        var info = stat()
+        guard stat(paths.destination, &info) == 0 else {
+            throw DownloadError.io("cannot read", path: paths.destination, .current)
+        }
+        return ((info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size), Int64(info.st_mtim.tv_sec))
+    }
+
     /// The mark of a download that finished at the destination, if the file there still has the marked length.
     var completion: CompletionMark? {
         guard let mark = CompletionMark.read(at: paths.destination) else { return nil }

@@ -121,6 +121,8 @@ struct StoredOptions: Codable, Sendable, Hashable {
     var adopt = false
     /// This download's proxies: their URLs are stored, never their credentials (``DownloadManager/Proxies``).
     var proxies = DownloadManager.Proxies()
+    /// Fetch only if newer than the file at the destination (``DownloadManager/AddOptions/ifNewer``).
+    var ifNewer = false
 
     init(
         connections: Int? = nil, overwrite: Bool = false, rateLimit: Int64? = nil, http2Streams: Bool = false,
@@ -144,6 +146,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         case tuning
         case adopt
         case proxies
+        case ifNewer
     }
 
     init(from decoder: any Decoder) throws {
@@ -158,6 +161,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         mirrorsTried = (try? container.decodeIfPresent(Int.self, forKey: .mirrorsTried)) ?? 0
         tuning = (try? container.decodeIfPresent(DownloadManager.Tuning.self, forKey: .tuning)) ?? DownloadManager.Tuning()
         adopt = (try? container.decodeIfPresent(Bool.self, forKey: .adopt)) ?? false
+        ifNewer = (try? container.decodeIfPresent(Bool.self, forKey: .ifNewer)) ?? false
         proxies =
             (try? container.decodeIfPresent(DownloadManager.Proxies.self, forKey: .proxies)) ?? DownloadManager.Proxies()
     }
@@ -173,6 +177,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         if mirrorsTried != 0 { try container.encode(mirrorsTried, forKey: .mirrorsTried) }
         if tuning != DownloadManager.Tuning() { try container.encode(tuning, forKey: .tuning) }
         if adopt { try container.encode(adopt, forKey: .adopt) }
+        if ifNewer { try container.encode(ifNewer, forKey: .ifNewer) }
         if !proxies.isEmpty { try container.encode(proxies, forKey: .proxies) }
     }
 }
