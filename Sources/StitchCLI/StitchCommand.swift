@@ -234,6 +234,9 @@ struct StitchCommand {
                 var line = "saved \(result.destination) (\(Output.bytes(result.bytes))"
                 if result.resumedFrom > 0 { line += ", resumed at \(Output.bytes(result.resumedFrom))" }
                 if let checksum = result.checksum { line += ", \(checksum.algorithm.name) verified" }
+                if let digest = result.serverDigest, let field = result.serverDigestField, digest != result.checksum {
+                    line += ", \(digest.algorithm.name) from \(field) verified"
+                }
                 output.message(line + ")")
             }
             if output.mode == .json {
@@ -243,6 +246,10 @@ struct StitchCommand {
                     "not_modified": result.notModified,
                 ]
                 if let checksum = result.checksum { fields["checksum"] = checksum.description }
+                if let digest = result.serverDigest {
+                    fields["server_digest"] = digest.description
+                    fields["server_digest_field"] = result.serverDigestField ?? ""
+                }
                 output.json("done", fields)
             } else {
                 output.result(result.destination + "\n")

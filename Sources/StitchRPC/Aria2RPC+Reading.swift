@@ -305,12 +305,17 @@ extension Aria2RPC {
 
     /// Stitch's extra keys in `tellStatus` (aria2 clients ignore them): `stitch.lastProblem` in plain words,
     /// `stitch.segments` (each range with how far it is on stable storage and how far written, numbers as strings)
-    /// and `stitch.validators`. Read from the download's state file, so only for one download at a time.
+    /// and `stitch.validators`, and once finished `stitch.verifiedDigest` (the digest the server announced that the
+    /// file matched, `Repr-Digest sha-256=…`). Read from the download's state file, so only for one download at a
+    /// time.
     static func details(_ snapshot: DownloadSnapshot, keys: Set<String>?) -> [(String, JSON)] {
         func wanted(_ key: String) -> Bool { keys.map { $0.contains(key) } ?? true }
         var members: [(String, JSON)] = []
         if wanted("stitch.lastProblem"), let problem = snapshot.lastProblem {
             members.append(("stitch.lastProblem", .string(problem)))
+        }
+        if wanted("stitch.verifiedDigest"), let digest = snapshot.verifiedDigest {
+            members.append(("stitch.verifiedDigest", .string(digest)))
         }
         guard wanted("stitch.segments") || wanted("stitch.validators") else { return members }
         var segments: [JSON] = []

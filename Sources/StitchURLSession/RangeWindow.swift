@@ -96,7 +96,8 @@ struct RangeWindow: Sendable, Hashable {
         let windowLength = last - first + 1
         var headers = HTTPHeaders()
         for field in head.headers
-        where !["content-range", "content-length", "transfer-encoding"].contains(field.name.lowercased()) {
+        // A window's Content-Digest is its own bytes' (RFC 9530): never shown as the whole file's.
+        where !["content-range", "content-length", "transfer-encoding", "content-digest"].contains(field.name.lowercased()) {
             headers.add(name: field.name, value: field.value)
         }
         let askedLast = end.map { min($0, complete - 1) } ?? (complete - 1)
@@ -104,7 +105,7 @@ struct RangeWindow: Sendable, Hashable {
         let validator = wholeFile ? validators.ifRange : ifRange
         let rest = last < askedLast ? validator.map {
             Rest(next: last + 1, last: askedLast, size: size, validator: $0, completeLength: complete,
-                etag: validators.etag, lastModified: validators.lastModified)
+                etag: validators.etag, lastModified: validators.lastModified, digest: validators.digest)
         } : nil
         if last < askedLast && rest == nil { return .sendAsAsked }  // (only a whole-file request lacks a validator)
         if wholeFile {
@@ -132,6 +133,8 @@ struct RangeWindow: Sendable, Hashable {
         /// The first answer's validators.
         let etag: String?
         let lastModified: String?
+        /// The first answer's announced digest of the whole file.
+        var digest: AnnouncedDigest? = nil
 
         /// The bytes the next request asks for (first and last).
         var nextWindow: (first: Int64, last: Int64) { (next, min(next + size - 1, last)) }
@@ -167,6 +170,9 @@ struct RangeWindow: Sendable, Hashable {
             }
             if let old = lastModified, let new = fresh.lastModified, old != new {
                 return "the file changed on the server (Last-Modified \(old) → \(new))"
+            }
+            if let old = digest, let new = fresh.digest, old.algorithm == new.algorithm, old.hex != new.hex {
+                return "the file changed on the server (\(new.field) \(old.text) → \(new.text))"
             }
             return nil
         }

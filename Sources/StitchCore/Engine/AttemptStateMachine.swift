@@ -14,6 +14,8 @@ struct AttemptReport: Sendable {
         case overlapMismatch(at: Int64)
         /// More body than the response announced.
         case tooLong
+        /// A 206's whole body did not match its `Content-Digest` (bytes `first-last`).
+        case partDigestMismatch(range: String)
         /// A write, a checkpoint or an earlier write failed; the sink stopped. The download ends (the partial stays).
         case storageFailed(DownloadError)
     }
@@ -115,6 +117,8 @@ struct AttemptStateMachine: Sendable {
             return .fail(error)
         case .overlapMismatch(let offset):
             return .restart(.overlapMismatch(offset: offset))
+        case .partDigestMismatch(let range):
+            return .restart(.partDigestMismatch(range: range))
         case .reachedEnd, .replaced:
             return .requestAgain
         case .tooLong:

@@ -236,6 +236,11 @@ public struct DownloadResult: Sendable, Hashable {
     public var notModified = false
     /// The verified checksum, if one was asked for.
     public var checksum: ExpectedChecksum?
+    /// The digest of the whole file the server announced, which the file was verified against; nil when it
+    /// announced none in SHA-256 or SHA-512 (or nothing was fetched).
+    public var serverDigest: ExpectedChecksum? = nil
+    /// The header field ``serverDigest`` came in: `Repr-Digest`, `Content-Digest` or `Digest`.
+    public var serverDigestField: String? = nil
 }
 
 /// A partial download found on disk: what `stitch get --resume DEST` continues.

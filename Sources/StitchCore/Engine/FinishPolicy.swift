@@ -65,6 +65,24 @@ enum FinishPolicy {
             disposal: disposal)
     }
 
+    /// The check of the file's digest against the one the server announced for it (`field`: `Repr-Digest`,
+    /// `Content-Digest` or `Digest`). A mismatch is not a wrong file: nothing is renamed into place, and the part
+    /// file is kept (its pieces can be checked against the checksums recorded as they were saved, which tells the
+    /// disk's fault from the server's) until the user asks to download it again.
+    static func announced(_ digest: [UInt8], expected: ExpectedChecksum, field: String, paths: DownloadPaths)
+        -> Refusal?
+    {
+        guard !expected.matches(digest) else { return nil }
+        let got = "\(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest))"
+        return Refusal(
+            error: DownloadError(
+                .checksumMismatch,
+                "the file does not match the digest the server announced (\(field) \(expected), got \(got)): it is "
+                    + "kept as \(paths.part), and nothing was saved at \(paths.destination)",
+                remedy: .overwrite(.downloadAgain)),
+            disposal: .keep)
+    }
+
     /// The check of the file's digest against the checksum asked for. `adoptedKept`: the bytes came with another
     /// program's partial the user had before; `overwrite`: the user asked to replace what is there.
     static func digest(

@@ -110,6 +110,7 @@ final class LaneRequest: Sendable {
         // Every byte of this body hashed before the request counts as ended: the next one may restart the digest,
         // and the finish reads it.
         await sink?.follower?.drained()
+        if case .success = result { sink?.checkPart() }
         return result
     }
 
@@ -174,7 +175,8 @@ final class LaneRequest: Sendable {
         let files = run.files
         switch role {
         case .segment:
-            return .receive(attach(segmentSink(start: start, validators: known ?? validators)))
+            return .receive(
+                attach(segmentSink(start: start, validators: known ?? validators, partCheck: run.files.checksParts ? Self.partCheck(head, whole: known?.digest) : nil)))
         case .whole:
             if let ending = try prepareWhole(head, validators: validators) {
                 facts.withLock { $0.ending = ending }
@@ -214,7 +216,8 @@ final class LaneRequest: Sendable {
             checkpointer: files.checkpointer, counters: run.reporter.counters, pieces: pieces, follower: follower,
             // The probe's sample only while the first response is probed.
             shouldStop: shouldStop, afterWrite: afterWrite,
-            canRequestRest: validators.canResume, beforeOverlapRead: context.options.overlapReadHook)
+            canRequestRest: validators.canResume, beforeOverlapRead: context.options.overlapReadHook,
+            partCheck: run.files.checksParts ? Self.partCheck(head, whole: known?.digest ?? validators.digest) : nil)
         facts.withLock { $0.bodyEnd = validators.totalLength }
         run.reporter.announce(total: validators.totalLength)
         if role == .whole { run.reporter.position.store(start, ordering: .relaxed) }
@@ -229,7 +232,19 @@ final class LaneRequest: Sendable {
     }
 
     /// A lane's sink: exactly its segment, whose end may move closer while the body flows.
-    private func segmentSink(start: Int64, validators: Validators) -> SegmentSink {
+    /// What a 206's `Content-Digest` says of its bytes, if it says anything that can be checked: not when it is
+    /// the digest announced for the whole file (`whole`), which a server that labels it wrongly sends with every part.
+    static func partCheck(_ head: ResponseHead, whole: AnnouncedDigest?) -> SegmentSink.PartCheck? {
+        guard let announced = AnnouncedDigest.part(of: head),
+            whole.map({ $0.algorithm != announced.algorithm || $0.hex != announced.hex }) ?? true,
+            let expected = try? ExpectedChecksum(parsing: announced.text),
+            let range = head.headers["Content-Range"].flatMap(ContentRange.init(parsing:)),
+            let first = range.first, let last = range.last
+        else { return nil }
+        return SegmentSink.PartCheck(expected: expected, first: first, count: last - first + 1)
+    }
+
+    private func segmentSink(start: Int64, validators: Validators, partCheck: SegmentSink.PartCheck?) -> SegmentSink {
         let store = lanes!.store
         var pieces = PieceHasher(pieceSize: store.pieceSize, total: validators.totalLength)
         pieces.start(at: start, segmentStart: store.segmentStart(slot), store: store)
@@ -240,7 +255,7 @@ final class LaneRequest: Sendable {
             rateLimiter: run.context.options.rateLimiter, clock: run.context.clock,
             checkpointer: run.files.checkpointer, counters: run.reporter.counters, pieces: pieces, follower: nil,
             shouldStop: { lanes?.stopped.load(ordering: .relaxed) == true || replace.isSet },
-            canRequestRest: validators.canResume)
+            canRequestRest: validators.canResume, partCheck: partCheck)
     }
 
     /// What the first response means for the files: the store created (named by the response, in a folder) or

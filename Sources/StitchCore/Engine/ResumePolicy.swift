@@ -16,6 +16,11 @@ public enum RestartReason: Sendable, Hashable, CustomStringConvertible {
     case overlapMismatch(offset: Int64)
     /// The saved state could not vouch for the partial data.
     case untrustedPartial(String)
+    /// The digest of the whole file the server announces (`field`: `Repr-Digest`, `Digest`, `Content-Digest`) is
+    /// not the one announced with the bytes kept (`old` and `new`: `algorithm=hex`).
+    case digestChanged(field: String, old: String, new: String)
+    /// A 206's `Content-Digest` does not match the bytes of that response (`range`: the bytes, `first-last`).
+    case partDigestMismatch(range: String)
 
     /// The reason in words, as messages show it.
     public var description: String {
@@ -36,6 +41,11 @@ public enum RestartReason: Sendable, Hashable, CustomStringConvertible {
             return "the bytes before offset \(offset) no longer match the server's (no validator to check)"
         case .untrustedPartial(let why):
             return why
+        case .digestChanged(let field, let old, let new):
+            func short(_ text: String) -> String { text.count > 24 ? String(text.prefix(24)) + "…" : text }
+            return "the file changed on the server (\(field) \(short(old)) → \(short(new)))"
+        case .partDigestMismatch(let range):
+            return "the bytes \(range) the server sent do not match its Content-Digest for them"
         }
     }
 }
@@ -196,6 +206,7 @@ enum ResumePolicy {
             // Keep what we knew where the partial response is silent.
             fresh.etag = fresh.etag ?? known?.etag
             fresh.lastModified = fresh.lastModified ?? known?.lastModified
+            fresh.digest = fresh.digest ?? known?.digest
             fresh.date = known?.date ?? fresh.date
             fresh.acceptRanges = true
             return .accept(bodyStart: start, validators: fresh)
@@ -230,6 +241,10 @@ enum ResumePolicy {
         }
         if let old = known.totalLength, let new = fresh.totalLength, old != new {
             return .lengthChanged(old: old, new: new)
+        }
+        // A digest in another algorithm says nothing either way.
+        if let old = known.digest, let new = fresh.digest, old.algorithm == new.algorithm, old.hex != new.hex {
+            return .digestChanged(field: new.field, old: old.text, new: new.text)
         }
         return nil
     }

@@ -25,24 +25,29 @@ final class RunFiles: Sendable {
         var closed = false
         /// With ``DownloadRequest/ifNewer``: the file at the destination, asked about until a store is created.
         var condition: Reopening.Unchanged?
+        /// Restarts for a 206 whose bytes did not match its `Content-Digest`.
+        var partMismatches = 0
     }
 
     private let facts = Locked(Facts())
     private let context: RunContext
     private let reporter: RunReporter
     /// The digest of ``DownloadRequest/checksum``, fed in order while one connection writes from byte 0.
-    private let hasher: RunningDigest?
+    private let hasher: RunningDigest
 
     init(context: RunContext, reporter: RunReporter) {
         self.context = context
         self.reporter = reporter
-        hasher = context.request.checksum.map { RunningDigest($0.algorithm) }
+        hasher = RunningDigest(context.request.checksum.map { [$0.algorithm] } ?? [])
     }
 
     var store: PartStore? { facts.withLock { $0.store } }
     var known: Validators? {
         get { facts.withLock { $0.known } }
-        set { facts.withLock { $0.known = newValue } }
+        set {
+            facts.withLock { $0.known = newValue }
+            followAnnounced(newValue)
+        }
     }
     var adoption: AdoptionRecord? {
         get { facts.withLock { $0.adoption } }
@@ -52,7 +57,16 @@ final class RunFiles: Sendable {
     var checkpointer: Checkpointer? { facts.withLock { $0.checkpointer } }
 
     /// The digest that sees every byte in order from 0, unless the bytes came over several connections.
-    var runningDigest: RunningDigest? { facts.withLock { $0.hashFromDisk } ? nil : hasher }
+    var runningDigest: RunningDigest? { facts.withLock { $0.hashFromDisk } || hasher.isEmpty ? nil : hasher }
+
+    /// The validators the bytes come with from now on, for the digests: the one the server announced is followed
+    /// while the bytes come in, when none has been hashed yet (else it is read from the file at the end).
+    private func followAnnounced(_ validators: Validators?) {
+        guard let announced = validators?.digest, let algorithm = ChecksumAlgorithm(name: announced.algorithm) else {
+            return
+        }
+        hasher.follow(algorithm)
+    }
 
     /// From now on the bytes come over several connections: the digest is the file's, read at the end.
     func hashFromDisk() { facts.withLock { $0.hashFromDisk = true } }
@@ -91,6 +105,7 @@ final class RunFiles: Sendable {
                 $0.resumedFrom = resumed.point.bytes
                 if split { $0.hashFromDisk = true }
             }
+            followAnnounced(resumed.known ?? store.snapshot.validators)
             reporter.position.store(resumed.point.bytes, ordering: .relaxed)
             if let total = resumed.total { reporter.announce(total: total) }
             if !split { try hashPrefix(store, upTo: resumed.point.prefix) }
@@ -100,6 +115,10 @@ final class RunFiles: Sendable {
             return nil
         }
     }
+
+    /// Whether a 206's `Content-Digest` is checked against its bytes: until it failed twice in this run (a server
+    /// that labels another digest so would restart the download forever).
+    var checksParts: Bool { facts.withLock { $0.partMismatches < 2 } }
 
     /// The condition of the next request for the whole file: the destination's, until a response is taken.
     var condition: FreshnessCondition? { facts.withLock { $0.store == nil ? $0.condition?.condition : nil } }
@@ -115,7 +134,7 @@ final class RunFiles: Sendable {
 
     /// Hashes the bytes already on disk once, so the running digest covers the whole file.
     private func hashPrefix(_ store: PartStore, upTo end: Int64) throws {
-        guard let hasher, end > 0 else { return }
+        guard !hasher.isEmpty, end > 0 else { return }
         hasher.reset()
         let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
         defer { chunk.deallocate() }
@@ -161,13 +180,26 @@ final class RunFiles: Sendable {
     /// `validators` for the file from now on (none: not known until the next response).
     func restart(_ reason: RestartReason, validators: Validators?) throws(DownloadError) {
         reporter.emit(.restarting(reason))
+        if case .partDigestMismatch = reason {
+            let count = facts.withLock {
+                $0.partMismatches += 1
+                return $0.partMismatches
+            }
+            if count == 2 {
+                reporter.emit(
+                    .notice(
+                        "the server's Content-Digest of partial responses failed twice: it does not describe their "
+                            + "bytes (some servers send the whole file's); not checked from now on"))
+            }
+        }
         let store = facts.withLock {
             $0.resumedFrom = 0  // nothing kept: the result must not report a resume
             return $0.store
         }
         try store?.restart(validators: validators ?? .none)
         known = validators
-        hasher?.reset()
+        hasher.reset()
+        followAnnounced(validators)
         reporter.position.store(0, ordering: .relaxed)
         reporter.counters.resetCheckpointCount()
     }
@@ -235,21 +267,38 @@ final class RunFiles: Sendable {
         {
             try await dispose(store, refusal)
         }
+        // The digest of every byte in `algorithm`: the running one when it saw them all in order, else read from
+        // the file on the blocking pool (several connections wrote out of order, or the server announced it late).
+        let hasher = self.hasher
+        func digest(_ algorithm: ChecksumAlgorithm) async throws -> [UInt8] {
+            if !hashFromDisk, let running = hasher.finalize(algorithm) { return running }
+            return try await offloaded { () throws(DownloadError) in
+                try FileOperations.digest(ofFileAt: store.paths.part, algorithm, length: bytes)
+            }
+        }
         var verified: ExpectedChecksum?
-        if let expected = request.checksum, let hasher {
-            // Several connections wrote out of order: the digest is the file's, read on the blocking pool.
-            let digest =
-                hashFromDisk
-                ? try await offloaded { () throws(DownloadError) in
-                    try FileOperations.digest(ofFileAt: store.paths.part, expected.algorithm, length: bytes)
-                } : hasher.finalize()
+        var computed: [UInt8]?
+        if let expected = request.checksum {
+            let found = try await digest(expected.algorithm)
+            computed = found
             if let refusal = FinishPolicy.digest(
-                digest, expected: expected, adoptedKept: store.snapshot.adoption?.kept == true,
+                found, expected: expected, adoptedKept: store.snapshot.adoption?.kept == true,
                 overwrite: request.overwrite, paths: store.paths)
             {
                 try await dispose(store, refusal)
             }
             verified = expected
+        }
+        // The digest the server announced for the whole file, checked as a checksum asked for would be.
+        var announcedVerified: (field: String, digest: ExpectedChecksum)?
+        if let announced = known?.digest ?? store.snapshot.validators.digest,
+            let expected = try? ExpectedChecksum(parsing: announced.text)
+        {
+            let found = try await expected.algorithm == request.checksum?.algorithm ? computed! : digest(expected.algorithm)
+            if let refusal = FinishPolicy.announced(found, expected: expected, field: announced.field, paths: store.paths) {
+                try await dispose(store, refusal)
+            }
+            announcedVerified = (announced.field, expected)
         }
         facts.withLock { $0.closed = true }
         // Two syncs and a rename: blocking calls that must not hold one of the few cooperative threads, or a
@@ -262,11 +311,14 @@ final class RunFiles: Sendable {
             // rename and its removal) or replaced: it describes a file that is no longer there.
             if aria2 { ForeignPartial.removeControlFile(of: store.paths.destination) }
         }
-        return DownloadResult(
+        var result = DownloadResult(
             destination: store.paths.destination, bytes: bytes,
             bytesTransferred: reporter.counters.received.load(ordering: .relaxed),
             bytesDiscarded: reporter.counters.discarded.load(ordering: .relaxed), resumedFrom: resumedFrom,
             alreadyComplete: false, checksum: verified)
+        result.serverDigest = announcedVerified?.digest
+        result.serverDigestField = announcedVerified?.field
+        return result
     }
 
     /// Does what ``FinishPolicy`` decided with a part file that is not renamed into place, on the blocking pool,
@@ -286,16 +338,53 @@ final class RunFiles: Sendable {
     }
 }
 
-/// The digest of the download's bytes in order from byte 0, fed by one thread at a time (the sink's, on the
-/// transport's thread; the resume's prefix, the finish) and reached only under its lock.
+/// The digests of the download's bytes in order from byte 0 — of the checksum asked for and of the digest the
+/// server announced — fed by one thread at a time (the sink's, on the transport's thread; the resume's prefix, the
+/// finish) and reached only under its lock. An algorithm joins only before the first byte (or after a reset).
 final class RunningDigest: Sendable {
-    private let hasher: Locked<DigestHasher>
-
-    init(_ algorithm: ChecksumAlgorithm) {
-        hasher = Locked(DigestHasher(algorithm))
+    private struct State {
+        var hashers: [DigestHasher]
+        var fed = false
     }
 
-    func update(_ bytes: UnsafeRawBufferPointer) { hasher.withLock { $0.update(bytes) } }
-    func reset() { hasher.withLock { $0.reset() } }
-    func finalize() -> [UInt8] { hasher.withLock { $0.finalize() } }
+    private let state: Locked<State>
+
+    init(_ algorithms: [ChecksumAlgorithm]) {
+        state = Locked(State(hashers: algorithms.map { DigestHasher($0) }))
+    }
+
+    /// Whether it follows no algorithm (nothing to hash).
+    var isEmpty: Bool { state.withLock { $0.hashers.isEmpty } }
+
+    /// Follows `algorithm` too, if no byte has been fed since the start or the last reset; false otherwise (the
+    /// digest is then read from the file at the end).
+    @discardableResult
+    func follow(_ algorithm: ChecksumAlgorithm) -> Bool {
+        state.withLock { state in
+            if state.hashers.contains(where: { $0.algorithm == algorithm }) { return !state.fed }
+            guard !state.fed else { return false }
+            state.hashers.append(DigestHasher(algorithm))
+            return true
+        }
+    }
+
+    func update(_ bytes: UnsafeRawBufferPointer) {
+        state.withLock { state in
+            guard !bytes.isEmpty else { return }
+            state.fed = true
+            for hasher in state.hashers { hasher.update(bytes) }
+        }
+    }
+
+    func reset() {
+        state.withLock { state in
+            state.fed = false
+            for hasher in state.hashers { hasher.reset() }
+        }
+    }
+
+    /// The digest in `algorithm` of every byte fed; nil when it does not follow it.
+    func finalize(_ algorithm: ChecksumAlgorithm) -> [UInt8]? {
+        state.withLock { state in state.hashers.first { $0.algorithm == algorithm }?.finalize() }
+    }
 }

@@ -31,6 +31,8 @@ final class SegmentSink: BodySink, Sendable {
         case tooLong
         /// A checkpoint (a sync or a state write) failed: nothing more may be written.
         case checkpoint
+        /// The whole body arrived and does not match the response's `Content-Digest` (bytes `first-last`).
+        case partDigestMismatch(String)
 
         /// What this means for the attempt's machine, the one mapping of every request (the first and each
         /// lane's). `part`: the part file's path; `checkpointError`: why the checkpoint failed, when known.
@@ -39,6 +41,7 @@ final class SegmentSink: BodySink, Sendable {
             case .overlapMismatch(let at): .overlapMismatch(at: at)
             case .write(let errno): .storageFailed(DownloadError.io("cannot write", path: part, errno))
             case .tooLong: .tooLong
+            case .partDigestMismatch(let range): .partDigestMismatch(range: range)
             case .checkpoint:
                 .storageFailed(
                     checkpointError
@@ -93,7 +96,20 @@ final class SegmentSink: BodySink, Sendable {
         var failure: Failure?
         var reachedEnd = false
         var closed = false
+        /// The digest of every byte of this response taken so far, for ``PartCheck``.
+        var partHasher: DigestHasher?
+        var partSeen: Int64 = 0
     }
+
+    /// A 206's `Content-Digest` for its bytes (RFC 9530: the content of a partial response is its part), checked
+    /// once the whole body has arrived (``checkPart()``).
+    struct PartCheck: Sendable {
+        let expected: ExpectedChecksum
+        /// The body's first byte's offset and its length.
+        let first: Int64
+        let count: Int64
+    }
+    private let partCheck: PartCheck?
     private let body: Locked<Body>
     /// The part file's bytes from the body's first byte to ``verifyEnd`` (at most the overlap window), read when
     /// the sink is made, on the decision pool: the transport's thread only compares (a read could wait on the
@@ -106,14 +122,16 @@ final class SegmentSink: BodySink, Sendable {
         rateLimiter: RateLimiter?, clock: any DownloadClock, checkpointer: Checkpointer?, counters: TransferCounters,
         pieces: PieceHasher?, follower: HashFollower?,
         shouldStop: @escaping @Sendable () -> Bool = { false }, afterWrite: (@Sendable (Int64) -> Bool)? = nil,
-        canRequestRest: Bool = false, beforeOverlapRead: (@Sendable () -> Void)? = nil
+        canRequestRest: Bool = false, beforeOverlapRead: (@Sendable () -> Void)? = nil, partCheck: PartCheck? = nil
     ) {
         self.canRequestRest = canRequestRest
+        self.partCheck = partCheck
         self.store = store
         self.slot = slot
         self.bound = bound
         published = Atomic(offset)
-        body = Locked(Body(offset: offset, pieces: pieces))
+        body = Locked(
+            Body(offset: offset, pieces: pieces, partHasher: partCheck.map { DigestHasher($0.expected.algorithm) }))
         self.verifyEnd = verifyEnd
         self.rateLimiter = rateLimiter
         self.clock = clock
@@ -171,9 +189,29 @@ final class SegmentSink: BodySink, Sendable {
         if let limiter = rateLimiter, let wait = limiter.take(bytes.count, now: clock.uptime()) {
             return .wait(.seconds(wait))
         }
-        if write(bytes, &body) { return .accepted }
+        if write(bytes, &body) {
+            if let hasher = body.partHasher {
+                hasher.update(bytes)
+                body.partSeen += Int64(bytes.count)
+            }
+            return .accepted
+        }
         body.closed = true
         return .abort
+    }
+
+    /// Once the body is over: whether all of it arrived and matches the response's `Content-Digest`; a mismatch
+    /// becomes the sink's failure (the bytes are not this part of the file: the download starts over). A body cut
+    /// short cannot be checked (its bytes count as any resumed bytes do).
+    func checkPart() {
+        guard let partCheck else { return }
+        body.withLock { body in
+            guard body.failure == nil, let hasher = body.partHasher, body.partSeen == partCheck.count else { return }
+            body.partHasher = nil
+            if !partCheck.expected.matches(hasher.finalize()) {
+                body.failure = .partDigestMismatch("\(partCheck.first)-\(partCheck.first + partCheck.count - 1)")
+            }
+        }
     }
 
     private func write(_ bytes: UnsafeRawBufferPointer, _ body: inout Body) -> Bool {

@@ -273,7 +273,7 @@ struct TransferStateMachine: Sendable {
     /// Restart reasons that one edge of a CDN with another copy of the file would give.
     static func isAnotherVersion(_ reason: RestartReason) -> Bool {
         switch reason {
-        case .etagChanged, .lastModifiedChanged, .lengthChanged, .rangeIgnored: true
+        case .etagChanged, .lastModifiedChanged, .lengthChanged, .digestChanged, .rangeIgnored: true
         default: false
         }
     }

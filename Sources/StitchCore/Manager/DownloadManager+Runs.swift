@@ -126,6 +126,7 @@ extension DownloadManager {
             managed.entry.resolvedPath = result.destination
             managed.entry.totalBytes = result.bytes
             managed.entry.completedBytes = result.bytes
+            managed.verifiedDigest = result.serverDigest.map { "\(result.serverDigestField ?? "digest") \($0)" }
             managed.progress = TransferProgress(
                 bytes: result.bytes, total: result.bytes, durableBytes: result.bytes, writtenRanges: [0..<result.bytes],
                 pieceLength: PieceLayout.pieceSize(forTotal: result.bytes))

@@ -60,6 +60,8 @@ public actor DownloadManager {
         var restartAfterRun = false
         /// The last problem the download met, in plain words (a retry's reason, a restart's, a failure).
         var lastProblem: String?
+        /// The digest the server announced that the finished file matched (`FIELD algorithm=hex`).
+        var verifiedDigest: String?
     }
 
     /// Opens the manager kept in `directory` (its catalog), creating it if needed, and restores its downloads.
@@ -345,7 +347,8 @@ public actor DownloadManager {
             checksum: entry.checksum.flatMap { try? ExpectedChecksum(parsing: $0) }, addedAt: entry.createdAt,
             rateLimit: entry.options.rateLimit, mirrors: entry.options.mirrors.isEmpty ? [entry.url] : entry.options.mirrors,
             tuning: entry.options.tuning, connections: entry.options.connections, overwrite: entry.options.overwrite,
-            ifNewer: entry.options.ifNewer, proxies: entry.options.proxies, lastProblem: managed.lastProblem ?? entry.errorMessage)
+            ifNewer: entry.options.ifNewer, proxies: entry.options.proxies, lastProblem: managed.lastProblem ?? entry.errorMessage,
+            verifiedDigest: managed.verifiedDigest)
     }
 
     func subscribe(

@@ -317,6 +317,10 @@ public struct DownloadSnapshot: Sendable, Hashable, Identifiable {
     /// The last problem it met, in plain words: the reason of its last retry or restart from zero, or its
     /// failure; nil when none.
     public var lastProblem: String? = nil
+    /// Once it completed: the digest of the whole file the server announced and the file matched, as
+    /// `FIELD algorithm=hex` (`Repr-Digest sha-256=…`); nil when the server announced none (not kept across a
+    /// restart of the manager).
+    public var verifiedDigest: String? = nil
 }
 
 /// What the manager reports as downloads move.

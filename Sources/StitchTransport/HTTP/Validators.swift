@@ -10,14 +10,20 @@ package struct Validators: Codable, Sendable, Hashable {
     /// The complete length, when the server said it.
     package var totalLength: Int64?
     package var acceptRanges: Bool
+    /// The digest of the whole file the server announced (``AnnouncedDigest``), verified once it is complete.
+    package var digest: AnnouncedDigest? = nil
 
     /// Validators with these values.
-    package init(etag: String?, lastModified: String?, date: String?, totalLength: Int64?, acceptRanges: Bool) {
+    package init(
+        etag: String?, lastModified: String?, date: String?, totalLength: Int64?, acceptRanges: Bool,
+        digest: AnnouncedDigest? = nil
+    ) {
         self.etag = etag
         self.lastModified = lastModified
         self.date = date
         self.totalLength = totalLength
         self.acceptRanges = acceptRanges
+        self.digest = digest
     }
 
     package static let none = Validators(etag: nil, lastModified: nil, date: nil, totalLength: nil, acceptRanges: false)
@@ -56,7 +62,7 @@ extension Validators {
         let acceptRanges = headers["Accept-Ranges"]?.lowercased().contains("bytes") ?? (head.status == 206)
         self.init(
             etag: Self.echoable(headers["ETag"]), lastModified: Self.echoable(headers["Last-Modified"]), date: headers["Date"],
-            totalLength: total, acceptRanges: acceptRanges)
+            totalLength: total, acceptRanges: acceptRanges, digest: AnnouncedDigest(from: head))
     }
 
     /// A validator that may be sent back in `If-Range`, or nil: one with control characters (a bare CR would split
