@@ -52,6 +52,7 @@ import Testing
         case .redirected(let url): return "redirected \(url.absoluteString)"
         case .segmentDone: return "segment done"
         case .retire(let notice): return "retire" + (notice.map { ": \($0)" } ?? "")
+        case .dropMirror(let why): return "drop mirror: \(why)"
         case .stop: return "stop"
         case .wait(let seconds, let attempt, let of, let reason, let checkpoint):
             return "wait \(seconds) (\(attempt)/\(of)): \(reason)" + (checkpoint ? " +checkpoint" : "")

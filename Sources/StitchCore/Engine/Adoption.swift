@@ -233,112 +233,19 @@ struct ForeignAdoption {
         return .proven(known)
     }
 
-    private enum Fetched {
-        case bytes([UInt8], Validators)
-        case declined(String)
-    }
-
-    /// One sample: `range` by a range request (with `If-Range` once validators are known), following redirects
-    /// and retrying what a download would retry (the download's ``AttemptStateMachine``), at most
-    /// ``sampleRetries`` times: a server that will not answer a few ranges leaves the partial as it is.
-    private func fetch(_ range: Range<Int64>, known: Validators?) async throws -> Fetched {
-        let plan = RequestPlan(
-            rangeStart: range.lowerBound, resumeOffset: 0, ifRange: known?.ifRange, rangeEnd: range.upperBound)
-        let headers = ResumePolicy.requestHeaders(user: request.headers, plan: plan)
-        var policy = options.retry
-        policy.maxRetries = min(policy.maxRetries, Self.sampleRetries)
-        var machine = AttemptStateMachine(
-            startURL: startURL, policy: policy, maxRedirects: options.maxRedirects, scope: .download)
-        while true {
-            let sink = CollectingSink(limit: range.count)
-            let verdict = Locked<HeadVerdict?>(nil)
-            let (result, decisionError) = await performAttempt(
-                TransportRequest(
-                    url: machine.url.absoluteString, headers: headers, options: options.transport, clock: clock),
-                on: transport, hook: nil,
-                decide: { head throws(DownloadError) in
-                    var judged = ResumePolicy.evaluate(head, plan: plan, known: known)
-                    if case .accept = judged {
-                        let contentRange = head.headers["Content-Range"].flatMap(ContentRange.init(parsing:))
-                        if head.status != 206 || contentRange?.last != range.upperBound - 1 {
-                            judged = .refused("the server did not send the range asked for")
-                        }
-                    }
-                    verdict.withLock { $0 = judged }
-                    switch judged {
-                    case .accept: return .receive(sink)
-                    case .redirect, .retry: return .discard
-                    case .restart, .restartWithBody, .malformed, .refused, .complete, .notModified, .fail: return .abort
-                    }
-                })
-            if let decisionError { throw decisionError }
-            let judged = verdict.withLock { $0 }
-            // What makes a sample impossible rather than failed: the partial is then not adopted.
-            switch judged {
-            case .restartWithBody(let reason, _)?:
-                return .declined(reason == .rangeIgnored ? "the server does not serve byte ranges" : reason.description)
-            case .restart(let reason)?:
-                return .declined(reason.description)
-            case .complete?:
-                return .declined("the server refused the range")
-            case .refused(let why)?:
-                return .declined(why)
-            case .accept(_, let validators)?:
-                if case .success = result, sink.bytes.count == range.count { return .bytes(sink.bytes, validators) }
-                if case .failure(let error) = result, error.isAbortedBySink {
-                    return .declined("the server sent more than the range asked for")
-                }
-            default:
-                break
-            }
-            // Bytes of a sample cut short are not kept: no progress that would renew the budget.
-            let report = AttemptReport(
-                verdict: judged, result: result, written: Int64(sink.bytes.count), end: Int64(range.count), saved: 0,
-                durable: 0)
-            switch machine.attemptEnded(report, now: clock.now(), jitter: Double.random(in: 0...1)) {
-            case .requestAgain, .follow:
-                continue
-            case .complete:
-                return .declined("the server sent no sample")
-            case .restart(let reason):
-                return .declined(reason.description)
-            case .interrupted:
-                throw DownloadError(.cancelled, "interrupted")
-            case .fail(let error):
-                if error.code == .httpStatus { throw error }
-                throw DownloadError(
-                    error.code,
-                    "cannot check the partial download against the server: \(error.message); it is left as it is",
-                    cause: error.cause, resumable: error.code == .retriesExhausted,
-                    remedy: error.code == .retriesExhausted ? .rerun(.resume) : nil)
-            case .wait(let delay, let attempt, let of, let reason):
-                emit(.retrying(attempt: attempt, maxRetries: of, delay: delay, reason: reason))
-                do { try await clock.sleep(seconds: delay) } catch { throw DownloadError(.cancelled, "interrupted") }
-            }
-        }
-    }
-
-    /// Retries of one sample at most (fewer if the download's policy has fewer).
-    static let sampleRetries = 3
-}
-
-/// Keeps a sample's body in memory (at most `limit` bytes: one sample, never a file).
-private final class CollectingSink: BodySink {
-    private let state: Locked<[UInt8]>
-    private let limit: Int
-
-    init(limit: Int) {
-        self.limit = limit
-        state = Locked([])
-    }
-
-    var bytes: [UInt8] { state.withLock { $0 } }
-
-    func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        state.withLock { held in
-            guard held.count + bytes.count <= limit else { return .abort }
-            held.append(contentsOf: bytes)
-            return .accepted
+    /// One sample (``RangeSampler``); a server that will not answer a few ranges leaves the partial as it is.
+    private func fetch(_ range: Range<Int64>, known: Validators?) async throws -> RangeSampler.Fetched {
+        let sampler = RangeSampler(
+            startURL: startURL, headers: request.headers, options: options, transport: transport, clock: clock,
+            emit: { [reporter] in reporter.emit($0) })
+        do {
+            return try await sampler.fetch(range, known: known)
+        } catch let error as DownloadError where error.code != .httpStatus && error.code != .cancelled {
+            throw DownloadError(
+                error.code,
+                "cannot check the partial download against the server: \(error.message); it is left as it is",
+                cause: error.cause, resumable: error.code == .retriesExhausted,
+                remedy: error.code == .retriesExhausted ? .rerun(.resume) : nil)
         }
     }
 }

@@ -43,8 +43,14 @@ final class DownloadRun: Sendable {
             let named = LaneRequest.path(in: directory, contentDisposition: nil, url: startURL)
             request.destination = .file(request.choosePath?(named) ?? named)
         }
+        var mirrors: [URL] = []
+        for text in request.mirrors {
+            let mirror = try validateURL(text)
+            if mirror != startURL, !mirrors.contains(mirror) { mirrors.append(mirror) }
+        }
         context = RunContext(
-            request: request, options: options, transport: transport, clock: clock, startURL: startURL)
+            request: request, options: options, transport: transport, clock: clock, startURL: startURL,
+            mirrorURLs: mirrors)
         reporter = RunReporter(checkpointBytes: options.checkpointBytes, onEvent: onEvent)
         files = RunFiles(context: context, reporter: reporter)
         splits = SplitControl(options)
@@ -254,7 +260,8 @@ final class DownloadRun: Sendable {
         }
         if let refused { return refused }
         let lanes = TransferLanes(
-            store: store, count: count, alone: count == 1 && !split, known: known ?? store.snapshot.validators)
+            store: store, count: count, alone: count == 1 && !split, known: known ?? store.snapshot.validators,
+            mirrors: split ? mirrorSet(lanes: count, known: known) : nil)
         do {
             try await runLanes(lanes)
         } catch is CancellationError {
@@ -264,6 +271,47 @@ final class DownloadRun: Sendable {
         if lanes.alone { files.known = lanes.known }
         let allComplete = store.writtenSegments.allSatisfy(\.isComplete)
         return machine { $0.transferEnded(allComplete: allComplete) }
+    }
+
+    /// The mirrors a split transfer of `lanes` lanes fetches from beside the first source: only with a second lane
+    /// for them, a strong validator and a length to prove them against, and a file worth the samples.
+    private func mirrorSet(lanes: Int, known: Validators?) -> MirrorSet? {
+        let urls = context.mirrorURLs
+        guard !urls.isEmpty, lanes >= 2, let known, known.ifRange != nil, let total = known.totalLength,
+            total >= 2 * Int64(Adoption.minimumSamples) * Adoption.sampleBytes
+        else { return nil }
+        // Each mirror needs a lane of its own: as many as the lanes allow, in the order given.
+        return MirrorSet(urls: Array(urls.prefix(lanes - 1)))
+    }
+
+    /// Proves mirror `index` of the transfer (``MirrorProof``) and settles it; says what came of it.
+    private func prove(_ index: Int, _ mirrors: MirrorSet, known: Validators) async {
+        let url = mirrors.urls[index]
+        guard let total = known.totalLength else { return }
+        let reporter = self.reporter
+        let outcome = await MirrorProof(context: context, emit: { reporter.emit($0) })
+            .prove(url, known: known, total: total)
+        switch outcome {
+        case .proven(let validators, let samples, let bytes):
+            if mirrors.settle(index, validators: validators) {
+                reporter.emit(
+                    .notice(
+                        "mirror \(url.absoluteString) joins: \(samples) samples (\(bytes / 1024) KiB) spread over the "
+                            + "file match the first source's bytes"))
+            }
+        case .differs(let why):
+            // Cut short because the transfer ended: nothing to say.
+            if Task.isCancelled { mirrors.settle(index, validators: nil, why: why) } else { dropMirror(index, mirrors, why: why) }
+        }
+    }
+
+    /// Drops mirror `index` for `why`, said once.
+    private func dropMirror(_ index: Int, _ mirrors: MirrorSet, why: String) {
+        guard mirrors.settle(index, validators: nil, why: why) else { return }
+        reporter.emit(
+            .notice(
+                "mirror \(mirrors.urls[index].absoluteString) dropped: \(why); nothing of it is kept, and the other "
+                    + "connections take its part"))
     }
 
     /// Asks the state machine under the run's lock; once it stops the lanes, their sinks are told.
@@ -295,11 +343,18 @@ final class DownloadRun: Sendable {
             beat.end()
             idle.end()
         }
+        defer { lanes.mirrors?.dropUnsettled() }
         try await withThrowingTaskGroup(of: Void.self) { group in
-            for _ in 0..<lanes.count {
+            if let mirrors = lanes.mirrors {
+                let known = lanes.known
+                for index in mirrors.urls.indices {
+                    group.addTask { await self.prove(index, mirrors, known: known) }
+                }
+            }
+            for id in 0..<lanes.count {
                 group.addTask {
                     defer { lanes.finished.add(1, ordering: .releasing) }
-                    try await self.lane(lanes)
+                    try await self.lane(lanes, id: id)
                 }
             }
             if lanes.count > 1 {
@@ -392,12 +447,26 @@ final class DownloadRun: Sendable {
 
     // MARK: One lane
 
-    private func lane(_ lanes: TransferLanes) async throws {
+    private func lane(_ lanes: TransferLanes, id: Int) async throws {
+        // A mirror's lane waits for its proof; a mirror that is not proven (or later dropped) lets its lane go.
+        let mirror = lanes.mirrors.flatMap { $0.mirror(ofLane: id) }
+        if let mirror, let mirrors = lanes.mirrors, await mirrors.proof(mirror) == nil {
+            withCore(lanes) { $0.machine.laneRetired() }
+            lanes.idle.fire()
+            return
+        }
         while true {
+            if let mirror, let mirrors = lanes.mirrors, mirrors.isDropped(mirror) {
+                withCore(lanes) { $0.machine.laneRetired() }
+                lanes.idle.fire()
+                return
+            }
             let claimed = claim(lanes)
             Trace.note("\(context.request.url) lane claim \(claimed)")
             switch claimed {
             case .done:
+                // Nothing left to fetch: a mirror still being proven is not needed.
+                lanes.mirrors?.dropUnsettled()
                 return
             case .wait:
                 // Nothing worth taking now: wait while others finish, in case one turns slow (the end game).
@@ -412,7 +481,7 @@ final class DownloadRun: Sendable {
                     lanes.idle.fire()
                 }
                 do {
-                    if try await fetch(slot, lanes) == .retired { return }
+                    if try await fetch(slot, lanes, mirror: mirror) == .retired { return }
                 } catch is CancellationError where lanes.stopped.load(ordering: .acquiring) {
                     return  // cancelled because another lane halted the run: that halt is the outcome
                 }
@@ -432,7 +501,7 @@ final class DownloadRun: Sendable {
 
     /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures; or gives it back and
     /// retires the lane when the state machine says the download goes on without it.
-    private func fetch(_ slot: Int, _ lanes: TransferLanes) async throws -> LaneEnd {
+    private func fetch(_ slot: Int, _ lanes: TransferLanes, mirror: Int? = nil) async throws -> LaneEnd {
         let store = lanes.store
         while !lanes.stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
@@ -446,11 +515,17 @@ final class DownloadRun: Sendable {
             }
             let start = store.written(slot)
             let end = store.end(slot)
-            let known = lanes.known
+            // A mirror's ranges are asked with its own validator, and its answers checked against it.
+            let source = mirror.flatMap { lanes.mirrors?.urls[$0] }
+            guard let known = mirror.map({ lanes.mirrors?.validators($0) }) ?? lanes.known else {
+                withCore(lanes) { $0.machine.laneRetired() }  // its mirror was dropped meanwhile
+                return .retired
+            }
             let overlapWindow = context.options.overlapWindow
             guard
                 let (plan, url) = withCore(lanes, {
-                    $0.machine.nextRequest(slot, written: start, end: end, known: known, overlapWindow: overlapWindow)
+                    $0.machine.nextRequest(
+                        slot, written: start, end: end, known: known, overlapWindow: overlapWindow, source: source)
                 })
             else { return .done }
             let request = LaneRequest(
@@ -472,7 +547,7 @@ final class DownloadRun: Sendable {
                     verdict: request.verdict, result: result, sink: outcome, written: written, end: endNow,
                     saved: max(0, written - start), durable: store.durable.load(ordering: .acquiring)),
                 decisionError: request.decisionError, sinkAttached: request.sink != nil,
-                stoppedForRun: stoppedForRun)
+                stoppedForRun: stoppedForRun, mirror: mirror != nil)
             let now = context.clock.now()
             let jitter = Double.random(in: 0...1)
             let action = withCore(lanes) { core in
@@ -488,6 +563,9 @@ final class DownloadRun: Sendable {
                 return .done
             case .retire(let notice):
                 if let notice { reporter.emit(.notice(notice)) }
+                return .retired
+            case .dropMirror(let why):
+                if let mirror, let mirrors = lanes.mirrors { dropMirror(mirror, mirrors, why: why) }
                 return .retired
             case .interrupted:
                 throw CancellationError()

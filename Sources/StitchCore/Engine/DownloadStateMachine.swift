@@ -409,11 +409,18 @@ struct DownloadStateMachine: Sendable {
 
     /// See ``TransferStateMachine/nextRequest(_:written:end:known:overlapWindow:first:)``.
     mutating func nextRequest(
-        _ slot: Int, written: Int64, end: Int64?, known: Validators?, overlapWindow: Int64
+        _ slot: Int, written: Int64, end: Int64?, known: Validators?, overlapWindow: Int64, source: URL? = nil
     ) -> (plan: RequestPlan, url: URL)? {
         inTransfer("a lane's next request") { run, transfer in
-            transfer.nextRequest(slot, written: written, end: end, known: known, overlapWindow: overlapWindow, first: run.first)
+            transfer.nextRequest(
+                slot, written: written, end: end, known: known, overlapWindow: overlapWindow, first: run.first,
+                source: source)
         } ?? nil
+    }
+
+    /// See ``TransferStateMachine/laneRetired()``.
+    mutating func laneRetired() {
+        inTransfer("a lane retired") { _, transfer in transfer.laneRetired() }
     }
 
     /// See ``TransferStateMachine/laneRequestEnded(_:_:running:now:jitter:first:unstable:)``: on one connection the

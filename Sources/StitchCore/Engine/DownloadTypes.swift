@@ -31,6 +31,13 @@ public struct DownloadRequest: Sendable {
     /// ``checksum`` to prove every byte). Without proof the download starts from zero beside it and replaces it
     /// only once complete, as it does with ``overwrite``. Ignored for a ``Destination/directory(_:)``.
     public var adopt = false
+    /// Other URLs of the same file (aria2's several URIs of one download): while the file is fetched over several
+    /// connections, some of them fetch its segments from these. A mirror joins only once samples spread over the
+    /// file match the first source's same bytes (and it has the same length and a strong validator of its own),
+    /// and is dropped, with a notice, at any sign that it serves something else; never is a byte of a file that
+    /// differs written. Credentials in ``headers`` (`Authorization`, `Cookie`) are not sent to a mirror on another
+    /// host. Unused on one connection. docs/mirrors.md.
+    public var mirrors: [String] = []
     /// Fetch the file only if the server's is newer than the one at the destination (`wget -N`, `curl -z`, aria2's
     /// `conditional-get`): the request for it carries `If-None-Match` with the ETag the file came with and
     /// `If-Modified-Since` with its `Last-Modified` (both from its completion mark, when this download made it),

@@ -94,7 +94,7 @@ final class LaneRequest: Sendable {
     /// user asked for HTTP/2 streams of one connection.
     func perform() async -> Result<Void, TransportError> {
         let context = run.context
-        let headers = ResumePolicy.requestHeaders(user: context.request.headers, plan: plan)
+        let headers = ResumePolicy.requestHeaders(user: context.userHeaders(for: url), plan: plan)
         let request = TransportRequest(
             url: url.absoluteString, headers: headers, options: context.options.transport,
             lane: context.options.http2Streams || role != .segment ? nil : slot, clock: context.clock)

@@ -10,6 +10,25 @@ struct RunContext: Sendable {
     let clock: any DownloadClock
     /// The request's URL, checked.
     let startURL: URL
+    /// The mirrors' URLs (``DownloadRequest/mirrors``), checked; none that is the request's own URL.
+    var mirrorURLs: [URL] = []
+
+    /// Header fields a caller gives that carry credentials: sent to the request's own host only, as curl keeps
+    /// them from another host a redirect leads to.
+    static let credentialHeaders: Set<String> = ["authorization", "cookie", "proxy-authorization"]
+
+    /// The caller's headers for a request of `url`: all of them to the request's host, none that carries
+    /// credentials to a mirror on another host.
+    func userHeaders(for url: URL) -> HTTPHeaders {
+        guard url.host?.lowercased() != startURL.host?.lowercased() || url.port != startURL.port else {
+            return request.headers
+        }
+        var headers = HTTPHeaders()
+        for field in request.headers where !Self.credentialHeaders.contains(field.name.lowercased()) {
+            headers.add(name: field.name, value: field.value)
+        }
+        return headers
+    }
 }
 
 /// What a run tells its caller: the events (``EventChannel``: one at a time, in order, on a queue of the

@@ -41,10 +41,14 @@ final class TransferLanes: Sendable {
     /// The validators the transfer has; on one connection a response may add to them.
     private let knownBox: Locked<Validators>
 
-    init(store: PartStore, count: Int, alone: Bool, known: Validators) {
+    /// The mirrors whose lanes fetch beside the first source's (nil: none in this transfer).
+    let mirrors: MirrorSet?
+
+    init(store: PartStore, count: Int, alone: Bool, known: Validators, mirrors: MirrorSet? = nil) {
         self.store = store
         self.count = count
         self.alone = alone
+        self.mirrors = mirrors
         knownBox = Locked(known)
     }
 

@@ -46,12 +46,19 @@ struct TransferStateMachine: Sendable {
         if self.stop == nil { self.stop = stop }
     }
 
-    /// The request sequence of segment `slot`: on one connection the download's own, else the lane's.
-    private func attempts(_ slot: Int, first: AttemptStateMachine) -> AttemptStateMachine {
+    /// The request sequence of segment `slot`: on one connection the download's own, else the lane's (from
+    /// `source`, a mirror's URL, or the download's).
+    private func attempts(_ slot: Int, first: AttemptStateMachine, source: URL? = nil) -> AttemptStateMachine {
         if alone { return first }
         return attempts[slot]
             ?? AttemptStateMachine(
-                startURL: first.startURL, policy: first.policy, maxRedirects: first.maxRedirects, scope: .connection)
+                startURL: source ?? first.startURL, policy: first.policy, maxRedirects: first.maxRedirects,
+                scope: .connection)
+    }
+
+    /// A lane retired on its own (its mirror was dropped before it had work).
+    mutating func laneRetired() {
+        activeLanes = max(0, activeLanes - 1)
     }
 
     private mutating func setAttempts(_ slot: Int, _ sequence: AttemptStateMachine, first: inout AttemptStateMachine) {
@@ -135,7 +142,8 @@ struct TransferStateMachine: Sendable {
     /// and the URL to ask. Nil: the segment is done, or the lanes are stopping. `known`: the validators the
     /// download has; `overlapWindow`: what a resume without a validator re-fetches to compare.
     mutating func nextRequest(
-        _ slot: Int, written: Int64, end: Int64?, known: Validators?, overlapWindow: Int64, first: AttemptStateMachine
+        _ slot: Int, written: Int64, end: Int64?, known: Validators?, overlapWindow: Int64, first: AttemptStateMachine,
+        source: URL? = nil
     ) -> (plan: RequestPlan, url: URL)? {
         guard stop == nil, !completedWhole else { return nil }
         if let end, written >= end { return nil }
@@ -153,7 +161,9 @@ struct TransferStateMachine: Sendable {
             }
             plan = RequestPlan(rangeStart: written, resumeOffset: written, ifRange: ifRange, rangeEnd: end)
         }
-        return (plan, attempts(slot, first: first).url)
+        let sequence = attempts(slot, first: first, source: source)
+        if !alone { attempts[slot] = sequence }
+        return (plan, sequence.url)
     }
 
     /// What one lane's request came to, as its executor saw it.
@@ -165,6 +175,8 @@ struct TransferStateMachine: Sendable {
         var sinkAttached = true
         /// The sink stopped for the run's sake (a halt, a broken store, a failed checkpoint), not of its own.
         var stoppedForRun = false
+        /// The request went to a mirror (``MirrorSet``): its trouble drops the mirror, never the download.
+        var mirror = false
     }
 
     /// What a lane does after a request.
@@ -177,6 +189,8 @@ struct TransferStateMachine: Sendable {
         case segmentDone
         /// The lane retires and says why (`notice`; nil: said already); the others carry on.
         case retire(notice: String?)
+        /// The lane's mirror is dropped for this reason, and the lane retires; the others carry on.
+        case dropMirror(String)
         /// The lanes are stopping (``stop``): the transfer's outcome says why.
         case stop
         /// Say that the lane retries, and wait (`checkpoint`: a durable checkpoint first, on one connection).
@@ -198,6 +212,10 @@ struct TransferStateMachine: Sendable {
         if let error = report.decisionError {
             halt(.failure(error))
             return .stop
+        }
+        if report.mirror, let why = Self.mirrorDifference(report.attempt.verdict) {
+            activeLanes -= 1
+            return .dropMirror(why)
         }
         switch report.attempt.verdict {
         case .restartWithBody where alone:
@@ -232,10 +250,14 @@ struct TransferStateMachine: Sendable {
         case .requestAgain, .follow, .complete:
             return .again
         case .restart(let why):
+            // (A mirror's body that failed its own digest is in the file: the download starts over.)
             halt(.restart(why))
             return .stop
         case .interrupted:
             return .interrupted
+        case .fail(let error) where report.mirror:
+            activeLanes -= 1
+            return .dropMirror(error.message)
         case .fail(let error):
             // Out of retries (or refused) while other connections bring the file: this one is not needed.
             let refusedOrSpent =
@@ -275,6 +297,16 @@ struct TransferStateMachine: Sendable {
         switch reason {
         case .etagChanged, .lastModifiedChanged, .lengthChanged, .digestChanged, .rangeIgnored: true
         default: false
+        }
+    }
+
+    /// Why a mirror's response shows it does not serve the proven file (nothing of its body is taken): any
+    /// verdict that would restart or refuse the download's own.
+    static func mirrorDifference(_ verdict: HeadVerdict?) -> String? {
+        switch verdict {
+        case .restart(let why)?, .restartWithBody(let why, _)?: why.description
+        case .refused(let why)?: why
+        default: nil
         }
     }
 

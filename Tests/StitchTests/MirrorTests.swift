@@ -1,0 +1,191 @@
+import Foundation
+import Glibc
+import StitchTestSupport
+import Testing
+
+@testable import Stitch
+@testable import StitchCore
+
+/// One file from several mirrors at once (``DownloadRequest/mirrors``), end to end over the real transport: a
+/// mirror joins only on proof (samples spread over the file equal to the first source's, its own strong validator),
+/// its lanes then fetch segments guarded by that validator, and any sign that it serves something else drops it
+/// without a byte of it in the file.
+@Suite struct MirrorTests {
+    static let size = 8 << 20
+    /// The first source's connections, slow enough that a loopback mirror's proof is over before they are.
+    static let slow = FaultPolicy.always(.throttle(bytesPerSecond: 1 << 20))
+
+    /// A fixture whose file is also served by a second server (the mirror) at `/m.bin`.
+    struct Mirrored {
+        let f: Fixture
+        let mirror: TestHTTPServer
+        var mirrorURL: String { mirror.url("/m.bin") }
+
+        init() throws {
+            f = try Fixture()
+            mirror = try TestHTTPServer()
+        }
+
+        func request(checksum: ExpectedChecksum? = nil) -> DownloadRequest {
+            var request = f.request(checksum: checksum)
+            request.mirrors = [mirrorURL]
+            return request
+        }
+
+        func download(_ request: DownloadRequest, connections: Int = 4) async throws -> DownloadResult {
+            var options = DownloadOptions.testing
+            options.connections = connections
+            return try await f.download(request, options: options)
+        }
+
+        /// The mirror's requests that asked for more than one sample's bytes: segments, not proof.
+        var mirrorSegmentRequests: [RecordedRequest] {
+            mirror.requests.filter { request in
+                guard let range = request.header("Range"), let bounds = Self.bounds(range) else { return true }
+                return bounds.1 - bounds.0 + 1 > Adoption.sampleBytes
+            }
+        }
+
+        static func bounds(_ range: String) -> (Int64, Int64)? {
+            let parts = range.dropFirst(6).split(separator: "-")
+            guard range.hasPrefix("bytes="), parts.count == 2, let a = Int64(parts[0]), let b = Int64(parts[1])
+            else { return nil }
+            return (a, b)
+        }
+
+        func notices() -> [String] {
+            f.watch.events.compactMap { if case .notice(let text) = $0 { text } else { nil } }
+        }
+    }
+
+    @Test func anEqualMirrorWithItsOwnETagFetchesSegments() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 101)
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\""))
+
+        let result = try await m.download(m.request())
+        try m.f.expectComplete(result, data)
+        #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) joins") }, "\(m.notices())")
+        let segments = m.mirrorSegmentRequests
+        #expect(!segments.isEmpty, "the mirror served segments: \(m.mirror.requests.map { $0.header("Range") ?? "-" })")
+        // Every range the mirror served after its first sample was tied to its own validator.
+        #expect(segments.allSatisfy { $0.header("If-Range") == "\"mirror\"" })
+        #expect(m.f.server.requests.allSatisfy { $0.header("If-Range") == nil || $0.header("If-Range") == "\"first\"" })
+    }
+
+    @Test func aMirrorWithAnotherFileIsDroppedBeforeItServesAByte() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 102)
+        var other = data
+        other[Self.size - 10] ^= 0xFF  // differs in its last sample only
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        m.mirror.serve("/m.bin", file: ServedFile(data: other, etag: "\"mirror\""))
+
+        let result = try await m.download(m.request())
+        try m.f.expectComplete(result, data)
+        #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) dropped: its bytes differ from the first source's at byte \(Self.size - 10)") }, "\(m.notices())")
+        #expect(m.mirrorSegmentRequests.isEmpty, "only samples were asked of it")
+    }
+
+    @Test func aMirrorOfAnotherLengthOrWithoutAValidatorIsDropped() async throws {
+        for (file, words) in [
+            (ServedFile.random(size: Self.size + 1, seed: 103, etag: "\"m\""), "bytes, the first source's"),
+            (ServedFile(data: ServedFile.randomBytes(count: Self.size, seed: 103)), "no strong validator"),
+        ] {
+            let m = try Mirrored()
+            defer { m.mirror.stop() }
+            let data = ServedFile.randomBytes(count: Self.size, seed: 103)
+            m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+            m.mirror.serve("/m.bin", file: file)
+            let result = try await m.download(m.request())
+            try m.f.expectComplete(result, data)
+            #expect(m.notices().contains { $0.contains("dropped") && $0.contains(words) }, "\(m.notices())")
+            #expect(m.mirrorSegmentRequests.isEmpty)
+        }
+    }
+
+    /// Proven, then the mirror's file changes: its next range (If-Range with the proven validator) comes back as
+    /// the whole new file, and the mirror is dropped without a byte of it kept.
+    @Test func aMirrorThatChangesAfterItsProofIsDropped() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 104)
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        let samples = Adoption.samples(of: [0..<Int64(Self.size)]).count
+        let changed = ServedFile.random(size: Self.size, seed: 105, etag: "\"changed\"")
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { _, index in
+            index < samples ? .none : .servedAs(changed)
+        }
+        let result = try await m.download(m.request())
+        try m.f.expectComplete(result, data)
+        #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) joins") })
+        #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) dropped") }, "\(m.notices())")
+        #expect(m.f.watch.restarts.isEmpty, "a mirror's trouble never restarts the download: \(m.f.watch.restarts)")
+    }
+
+    @Test func anUnreachableMirrorIsDropped() async throws {
+        let m = try Mirrored()
+        let data = ServedFile.randomBytes(count: Self.size, seed: 106)
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        m.mirror.stop()  // nothing listens there
+        let result = try await m.download(m.request())
+        try m.f.expectComplete(result, data)
+        #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) dropped") }, "\(m.notices())")
+    }
+
+    /// Samples cannot see a difference between them; the checksum does, and nothing is saved.
+    @Test func aDifferenceBetweenTheSamplesIsCaughtByTheChecksum() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 107)
+        var other = data
+        // A byte no sample covers, in every quarter of the file (whichever segments the mirror's lanes take).
+        let samples = Adoption.samples(of: [0..<Int64(Self.size)])
+        for quarter in 0..<4 {
+            var at = Int64(quarter) * Int64(Self.size / 4) + 300_000
+            while samples.contains(where: { $0.contains(at) }) { at += 70_000 }
+            other[Int(at)] ^= 0x01
+        }
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        m.mirror.serve("/m.bin", file: ServedFile(data: other, etag: "\"mirror\""))
+        let checksum = try ExpectedChecksum(algorithm: .sha256, digest: DigestHasher.digest(.sha256, of: data))
+        do {
+            let result = try await m.download(m.request(checksum: checksum))
+            // The mirror's lanes fetched none of the changed bytes: the file is the first source's.
+            try m.f.expectComplete(result, data)
+        } catch let error as DownloadError {
+            #expect(error.code == .checksumMismatch, "\(error)")
+            #expect(!fileExists(m.f.dest))
+        }
+    }
+
+    @Test func credentialsGivenAsHeadersAreNotSentToAMirrorOnAnotherHost() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 108)
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\""))
+        var request = m.request()
+        request.headers.add(name: "Authorization", value: "Bearer secret")
+        request.headers.add(name: "X-Other", value: "kept")
+        let result = try await m.download(request)
+        try m.f.expectComplete(result, data)
+        #expect(!m.mirror.requests.isEmpty)
+        #expect(m.mirror.requests.allSatisfy { $0.header("Authorization") == nil && $0.header("X-Other") == "kept" })
+        #expect(m.f.server.requests.allSatisfy { $0.header("Authorization") == "Bearer secret" })
+    }
+
+    @Test func onOneConnectionMirrorsAreNotAsked() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 109)
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\""))
+        let result = try await m.download(m.request(), connections: 1)
+        try m.f.expectComplete(result, data)
+        #expect(m.mirror.requests.isEmpty)
+    }
+}
