@@ -96,8 +96,10 @@ struct RangeWindow: Sendable, Hashable {
         let windowLength = last - first + 1
         var headers = HTTPHeaders()
         for field in head.headers
-        // A window's Content-Digest is its own bytes' (RFC 9530): never shown as the whole file's.
-        where !["content-range", "content-length", "transfer-encoding", "content-digest"].contains(field.name.lowercased()) {
+        // A window's Content-Digest (and Digest, by some) is its own bytes': never shown as the whole file's.
+        where !["content-range", "content-length", "transfer-encoding", "content-digest", "digest"]
+            .contains(field.name.lowercased())
+        {
             headers.add(name: field.name, value: field.value)
         }
         let askedLast = end.map { min($0, complete - 1) } ?? (complete - 1)

@@ -84,6 +84,22 @@ struct IfNewerTests {
         #expect(readBytes(sandbox.path("dl/f.bin")) == v1.data)
         #expect(server.requests.last?.header("If-None-Match") == "\"n1\"")
 
+        // A file another program left in the folder is compared, not renamed around (aria2's conditional-get).
+        let g = ServedFile.random(size: 50_000, seed: 365, etag: "\"g1\"", lastModified: Self.older)
+        server.serve("/g.bin", file: g)
+        let theirs = Array("another program's copy\n".utf8)
+        try Data(theirs).write(to: URL(fileURLWithPath: sandbox.path("dl/g.bin")))
+        var times = [timespec(tv_sec: 1_700_040_000, tv_nsec: 0), timespec(tv_sec: 1_700_040_000, tv_nsec: 0)]
+        #expect(utimensat(AT_FDCWD, sandbox.path("dl/g.bin"), &times, 0) == 0)
+        let kept = try #require(
+            try daemon.result(
+                "aria2.addUri", [.array([.string(server.url("/g.bin"))]), .object([("conditional-get", .string("true"))])]
+            ).string)
+        let keptDone = try await daemon.waitFor(kept) { ["complete", "error"].contains($0.text("status")) }
+        #expect(keptDone.text("status") == "complete", "\(keptDone)")
+        #expect(readBytes(sandbox.path("dl/g.bin")) == theirs)
+        #expect(!fileExists(sandbox.path("dl/g.1.bin")), "\(sandbox.entries("dl"))")
+
         server.replaceFile("/f.bin", with: v2)
         _ = try daemon.result("aria2.removeDownloadResult", [.string(same)])
         let newer = try #require(try daemon.result("aria2.addUri", add).string)

@@ -149,6 +149,22 @@ import Testing
         #expect(resumed.header("If-None-Match") == nil)
     }
 
+    /// A partial of a plain download (not begun as the newer file under -N) beside a file that appeared there is
+    /// not allowed to replace it: refused as without -N, the partial kept.
+    @Test func aPlainPartialBesideAFileDoesNotReplaceIt() async throws {
+        let f = try Fixture()
+        let v1 = ServedFile.random(size: Self.size, seed: 82, etag: "\"c1\"", lastModified: Self.older)
+        f.serve(v1, faults: .onRequest(0, .stallAfter(600_000, then: .close)))
+        try await f.interruptedDownload(f.request(), at: 600_000)
+        f.watch.disarm()
+        let mine = Array("put here meanwhile\n".utf8)
+        try Data(mine).write(to: URL(fileURLWithPath: f.dest))
+        let error = await #expect(throws: DownloadError.self) { try await f.download(Self.ifNewer(f)) }
+        #expect(error?.code == .destinationExists, "\(String(describing: error))")
+        #expect(try readFile(f.dest) == mine)
+        #expect(fileSize(f.paths.part) ?? 0 > 0, "the partial is kept")
+    }
+
     @Test func aFileThatFailsTheChecksumIsFetchedWhatever() async throws {
         let f = try Fixture()
         let file = ServedFile.random(size: Self.size, seed: 80, etag: "\"c1\"", lastModified: Self.older)
@@ -231,6 +247,12 @@ import Testing
                 ResumePolicy.evaluate(
                     head(200, [("Last-Modified", ServedFile.httpDate(secondsSince1970: 1_800_000_000)),
                         ("Content-Length", "10")]), plan: datePlan, known: nil)))
+        // An ETag in the condition decides alone: another (even weak) one with an old date is a new file.
+        #expect(
+            !isNotModified(
+                ResumePolicy.evaluate(
+                    head(200, [("ETag", "W/\"f\""), ("Last-Modified", Self.older), ("Content-Length", "10")]),
+                    plan: plan, known: nil)))
         // A ranged request never carries the condition.
         let ranged = RequestPlan(rangeStart: 5, resumeOffset: 5, ifRange: "\"e\"", condition: condition)
         #expect(ResumePolicy.headers(for: ranged).allSatisfy { $0.0 != "If-None-Match" })

@@ -69,11 +69,20 @@ enum FinishPolicy {
     /// `Content-Digest` or `Digest`). A mismatch is not a wrong file: nothing is renamed into place, and the part
     /// file is kept (its pieces can be checked against the checksums recorded as they were saved, which tells the
     /// disk's fault from the server's) until the user asks to download it again.
-    static func announced(_ digest: [UInt8], expected: ExpectedChecksum, field: String, paths: DownloadPaths)
-        -> Refusal?
-    {
+    static func announced(
+        _ digest: [UInt8], expected: ExpectedChecksum, field: String, overwrite: Bool, paths: DownloadPaths
+    ) -> Refusal? {
         guard !expected.matches(digest) else { return nil }
         let got = "\(expected.algorithm.name)=\(ExpectedChecksum.hexString(digest))"
+        if overwrite {
+            // Asked to download it again: these bytes go, and the next run starts from zero.
+            return Refusal(
+                error: DownloadError(
+                    .checksumMismatch,
+                    "the file does not match the digest the server announced (\(field) \(expected), got \(got)): the "
+                        + "downloaded data was deleted and nothing was saved at \(paths.destination)"),
+                disposal: .discard)
+        }
         return Refusal(
             error: DownloadError(
                 .checksumMismatch,

@@ -167,7 +167,7 @@ struct Reopening {
         switch OpenPolicy.partial(
             stateURL: state.url, owns: request.owns, overwrite: request.overwrite, adoption: adoption,
             destinationExists: destinationExists, partExists: partial.partExists, paths: paths,
-            ifNewer: request.ifNewer)
+            ifNewer: request.ifNewer && state.replacesDestination == true)
         {
         case .refuse(let error):
             throw error

@@ -92,7 +92,9 @@ struct FreshnessCondition: Sendable, Hashable {
     /// the file's date and the same length (wget `-N`'s rule). Nil when it may be newer.
     func unchanged(by fresh: Validators) -> String? {
         guard fresh.totalLength == length else { return nil }
-        if let etag, let strong = fresh.strongETag { return strong == etag ? "the same ETag \(etag)" : nil }
+        // With an ETag to go by, only the same strong one says "the same file" (a weak, missing or other one may be
+        // a new file that kept its date).
+        if let etag { return fresh.strongETag == etag && !etag.hasPrefix("W/") ? "the same ETag \(etag)" : nil }
         guard let text = fresh.lastModified, let modified = HTTPDate.parse(text),
             let since = HTTPDate.parse(modifiedSince), modified <= since
         else { return nil }

@@ -61,10 +61,13 @@ final class RunFiles: Sendable {
 
     /// The validators the bytes come with from now on, for the digests: the one the server announced is followed
     /// while the bytes come in, when none has been hashed yet (else it is read from the file at the end).
-    private func followAnnounced(_ validators: Validators?) {
+    private func followAnnounced(_ validators: Validators?, fromZero: Bool? = nil) {
         guard let announced = validators?.digest, let algorithm = ChecksumAlgorithm(name: announced.algorithm) else {
             return
         }
+        // Only a digest that will see every byte from the first: with bytes already in the file and none of them
+        // fed (a resume that hashed no prefix), it is read from the file at the end instead.
+        guard fromZero ?? ((store?.writtenBytes ?? 0) == 0) else { return }
         hasher.follow(algorithm)
     }
 
@@ -105,7 +108,8 @@ final class RunFiles: Sendable {
                 $0.resumedFrom = resumed.point.bytes
                 if split { $0.hashFromDisk = true }
             }
-            followAnnounced(resumed.known ?? store.snapshot.validators)
+            // The prefix is hashed from byte 0 below (one connection); split, the digest is read at the end.
+            followAnnounced(resumed.known ?? store.snapshot.validators, fromZero: !split)
             reporter.position.store(resumed.point.bytes, ordering: .relaxed)
             if let total = resumed.total { reporter.announce(total: total) }
             if !split { try hashPrefix(store, upTo: resumed.point.prefix) }
@@ -151,10 +155,13 @@ final class RunFiles: Sendable {
     /// Creates the part file and state at `path` for a response with `validators`. On the decision pool.
     func create(at path: String, validators: Validators) throws {
         let request = context.request
+        // Under ifNewer with a file at the destination, this partial is the newer file that replaces it.
+        let replaces = facts.withLock { $0.condition != nil }
         let store = try PartStore.create(
             paths: DownloadPaths(destination: path), url: request.url,
             headers: request.headers.map { "\($0.name): \($0.value)" },
-            checksum: request.checksum?.description, validators: validators, adoption: adoption)
+            checksum: request.checksum?.description, validators: validators, adoption: adoption,
+            replacesDestination: replaces)
         facts.withLock { $0.store = store }
         startCheckpointer(store)
         reporter.emit(.destinationResolved(path))
@@ -199,7 +206,7 @@ final class RunFiles: Sendable {
         try store?.restart(validators: validators ?? .none)
         known = validators
         hasher.reset()
-        followAnnounced(validators)
+        followAnnounced(validators, fromZero: true)
         reporter.position.store(0, ordering: .relaxed)
         reporter.counters.resetCheckpointCount()
     }
@@ -295,10 +302,15 @@ final class RunFiles: Sendable {
             let expected = try? ExpectedChecksum(parsing: announced.text)
         {
             let found = try await expected.algorithm == request.checksum?.algorithm ? computed! : digest(expected.algorithm)
-            if let refusal = FinishPolicy.announced(found, expected: expected, field: announced.field, paths: store.paths) {
-                try await dispose(store, refusal)
+            if let refusal = FinishPolicy.announced(
+                found, expected: expected, field: announced.field, overwrite: request.overwrite, paths: store.paths)
+            {
+                // The checksum the caller gave proved every byte: the server's digest is what is wrong (the result
+                // names no server digest).
+                guard verified != nil else { try await dispose(store, refusal) }
+            } else {
+                announcedVerified = (announced.field, expected)
             }
-            announcedVerified = (announced.field, expected)
         }
         facts.withLock { $0.closed = true }
         // Two syncs and a rename: blocking calls that must not hold one of the few cooperative threads, or a

@@ -44,7 +44,8 @@ final class ManagerRun: Sendable {
         request.ifNewer = entry.options.ifNewer
         let id = entry.id
         let urls = Set([entry.url] + entry.options.formerURLs)
-        request.choosePath = { proposed in claims.choose(proposed, for: id, urls: urls) }
+        let replacing = entry.options.ifNewer
+        request.choosePath = { proposed in claims.choose(proposed, for: id, urls: urls, replacing: replacing) }
 
         var options = DownloadOptions()
         options.retry = configuration.retry

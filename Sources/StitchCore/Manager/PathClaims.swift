@@ -45,7 +45,10 @@ final class PathClaims: Sendable {
     /// if nobody claimed the path meanwhile and nothing was released (else the path is looked at again; after a
     /// few tries, under the lock). The one look that takes a lock of its own — whether another process holds the
     /// part file — is made under the lock, where no download of this process can be creating that file.
-    func choose(_ proposed: String, for id: DownloadID, urls: Set<String>) -> String {
+    ///
+    /// `replacing`: a finished file there that another URL (or another program) left is this download's to compare
+    /// and replace (``DownloadRequest/ifNewer``), unless another download of this manager claims the path.
+    func choose(_ proposed: String, for id: DownloadID, urls: Set<String>, replacing: Bool = false) -> String {
         for candidate in Self.candidates(proposed) {
             var outcome: Bool?
             var tries = 0
@@ -57,11 +60,11 @@ final class PathClaims: Sendable {
                 }
                 guard let seen else { break }  // another download's
                 let underLock = tries > 3
-                let look = underLock ? nil : Self.look(candidate, for: urls)
+                let look = underLock ? nil : Self.look(candidate, for: urls, replacing: replacing)
                 outcome = state.withLock { state -> Bool? in
                     if let owner = state.owners[candidate], owner != id { return false }
                     if state.releases != seen { return nil }  // what the disk said may be stale: look again
-                    switch look ?? Self.look(candidate, for: urls) {
+                    switch look ?? Self.look(candidate, for: urls, replacing: replacing) {
                     case .taken: return false
                     case .freeUnlessHeld(let partial): if partial.partIsHeldByAnotherRun { return false }
                     case .free: break
@@ -101,10 +104,11 @@ final class PathClaims: Sendable {
     /// Nothing at `path`, or only what a download of `url` left there (its partial, or its finished file). A
     /// part file without a state file is free: it holds nothing resumable (a small download interrupted before
     /// its first checkpoint), and the engine starts it over — unless another run holds it.
-    private static func look(_ path: String, for urls: Set<String>) -> Look {
+    private static func look(_ path: String, for urls: Set<String>, replacing: Bool = false) -> Look {
         let partial = PartialDownload(DownloadPaths(destination: path))
         if case .none = partial.saved {
             if partial.destinationExists {
+                if replacing, (try? partial.destinationFile().isRegular) == true { return .freeUnlessHeld(partial) }
                 return partial.completion.map { urls.contains($0.url) } ?? false ? .free : .taken
             }
             // A part file another download finished writing (its completion mark set) is that download's: its next

@@ -29,6 +29,9 @@ struct DownloadState: Codable, Sendable, Hashable {
     /// Set for a download that began from another program's partial download (`--adopt`); absent otherwise (and
     /// in state files written before it existed).
     var adoption: AdoptionRecord? = nil
+    /// True for the partial of a newer file begun under ``DownloadRequest/ifNewer`` beside the destination's older
+    /// one, which it replaces once complete; absent otherwise (a partial that may not replace a file there).
+    var replacesDestination: Bool? = nil
     /// The boot that wrote this file; the live record is trusted only within the same boot.
     var bootID: String
     /// Pairs this state with its live record (hex); redrawn at every restart from zero.
@@ -133,6 +136,7 @@ extension DownloadState {
         pieces = try container.decode([UInt32?].self, forKey: .pieces)
         proofs = schemaVersion < 3 ? [] : try container.decode([Proof].self, forKey: .proofs)
         adoption = try container.decodeIfPresent(AdoptionRecord.self, forKey: .adoption)
+        replacesDestination = try container.decodeIfPresent(Bool.self, forKey: .replacesDestination)
         bootID = try container.decode(String.self, forKey: .bootID)
         liveNonce = try container.decode(String.self, forKey: .liveNonce)
         updatedAt = try container.decode(Int64.self, forKey: .updatedAt)

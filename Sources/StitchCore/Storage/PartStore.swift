@@ -241,13 +241,14 @@ final class PartStore: Sendable {
     /// Nothing is ever claimed that is not on disk.
     static func create(
         paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators,
-        adoption: AdoptionRecord? = nil
+        adoption: AdoptionRecord? = nil, replacesDestination: Bool = false
     ) throws(DownloadError) -> PartStore {
         let small = validators.totalLength.map { $0 <= smallFileLimit } ?? false
         let state = DownloadState(
             url: url, headers: headers, checksum: checksum, validators: validators,
             segments: wholeFile(validators), pieceSize: PieceLayout.pieceSize(forTotal: validators.totalLength),
-            adoption: adoption, bootID: BootID.current, liveNonce: newNonce(), updatedAt: now())
+            adoption: adoption, replacesDestination: replacesDestination ? true : nil, bootID: BootID.current,
+            liveNonce: newNonce(), updatedAt: now())
         // Locked before anything changes; emptied; the state (or, for a small file, the removal of an old one)
         // durable before any data exists, so a crash at any later point never pairs old state with new bytes.
         let fd = try openLocked(paths)

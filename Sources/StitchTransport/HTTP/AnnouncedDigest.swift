@@ -23,7 +23,7 @@ package struct AnnouncedDigest: Codable, Sendable, Hashable {
 
     /// The digest of the whole file a final response head announces, if any: `Repr-Digest` (on a 200 or a 206, it
     /// describes the whole representation), else on a 200 `Content-Digest` (the content is the representation:
-    /// the body is never encoded, `Accept-Encoding: identity`), else `Digest`. Of several algorithms the strongest
+    /// the body is never encoded, `Accept-Encoding: identity`), else on a 200 `Digest`. Of several algorithms the strongest
     /// (SHA-512, then SHA-256); a value that does not decode to the algorithm's length is not taken.
     package init?(from head: ResponseHead) {
         func values(_ name: String) -> String? {
@@ -35,7 +35,9 @@ package struct AnnouncedDigest: Codable, Sendable, Hashable {
         if head.status == 200, let content = values("content-digest") {
             candidates.append(("Content-Digest", Self.dictionary(content)))
         }
-        if let legacy = values("digest") { candidates.append(("Digest", Self.legacy(legacy))) }
+        // RFC 3230's Digest was computed over the message body by some (HTTP signatures): on a 206 it may be the
+        // part's, so it is taken from a 200 only.
+        if head.status == 200, let legacy = values("digest") { candidates.append(("Digest", Self.legacy(legacy))) }
         for (field, found) in candidates {
             for (algorithm, length) in [("sha-512", 64), ("sha-256", 32)] {
                 if let bytes = found[algorithm], bytes.count == length {
