@@ -28,6 +28,8 @@ struct GetOptions {
     var overwrite = false
     /// `--adopt`: take over a partial that wget, curl or aria2c left at `-o FILE` (or at each list entry's `out=`).
     var adopt = false
+    /// `--mirror URL`: other URLs of the same file, fetched from beside the first while the file is split.
+    var mirrors: [String] = []
     /// `-N` / `--if-newer`: fetch only if the server's file is newer than DEST (wget -N, curl -z).
     var ifNewer = false
     var quiet = false
@@ -81,6 +83,9 @@ struct GetOptions {
         if isBatch {
             if output != nil { throw UsageError("-o names one file; with several URLs use -d DIR (or out= in -i FILE)") }
             if checksum != nil { throw UsageError("--checksum is for one URL; in -i FILE give checksum= per download") }
+            if !mirrors.isEmpty {
+                throw UsageError("--mirror is for one URL; in -i FILE put a download's mirrors on its line, TAB-separated")
+            }
         } else if jobs != nil {
             throw UsageError("-j is for several downloads (several URLs or -i FILE)")
         }
@@ -99,6 +104,7 @@ struct GetOptions {
             if overwrite { throw UsageError("--overwrite has no file to replace with -o -") }
             if adopt { throw UsageError("--adopt takes over a partial FILE; -o - has none") }
             if ifNewer { throw UsageError("--if-newer compares with a FILE; -o - has none") }
+            if !mirrors.isEmpty { throw UsageError("-o - streams over one connection from one URL; drop --mirror") }
         }
         if transport == .urlSession {
             // What URLSession cannot do is refused before anything starts, not part-way through a batch.

@@ -196,15 +196,16 @@ enum Batch {
             }
             let (url, note) = CommandLineURL.assumingScheme(listed)
             if let note { output.message("stitch: \(inputFile): line \(entry.line): note: \(note)") }
-            if entry.uris.count > 1 {
-                output.message("stitch: \(inputFile): line \(entry.line): mirrors are not supported yet; using \(url)")
-            }
             if entry.rateLimit != nil {
                 output.message(
                     "stitch: \(inputFile): line \(entry.line): max-download-limit per download is not supported; "
                         + "--limit-rate caps the whole list")
             }
             var add = base()
+            // aria2's TAB-separated URIs of one file: its mirrors, fetched from at once.
+            if entry.uris.count > 1 {
+                add.mirrors = [url] + entry.uris.dropFirst().map { CommandLineURL.assumingScheme($0).url }
+            }
             add.out = entry.out
             add.directory = entry.dir.map(normalizedPath)
             add.checksum = entry.checksum

@@ -156,6 +156,18 @@ extension GetOptions {
             options.libcurlOnlyOption = options.libcurlOnlyOption ?? use.name
         },
         .value(
+            ["--mirror"], "URL",
+            help: """
+                another URL of the same file (repeatable): while the file comes over several
+                connections, some fetch from the mirror, once samples of it match the first
+                URL's bytes; one that differs is dropped and nothing of it is kept
+                """
+        ) { options, use in
+            let (url, note) = CommandLineURL.assumingScheme(use.value)
+            if let note { options.notes.append(note) }
+            options.mirrors.append(url)
+        },
+        .value(
             ["--load-cookies"], "FILE", aliases: ["-b"],
             help: """
                 send the cookies of FILE (Netscape format, as curl -c, wget and aria2 write

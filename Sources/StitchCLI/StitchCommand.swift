@@ -182,6 +182,7 @@ struct StitchCommand {
             request.adopt = options.adopt
             request.ifNewer = options.ifNewer
         }
+        request.mirrors = options.mirrors
         if let caCert = options.caCert, access(caCert, R_OK) != 0 {
             output.error("--ca-cert: cannot read \(caCert)")
             return .usage

@@ -15,7 +15,7 @@ struct RunContext: Sendable {
 
     /// Header fields a caller gives that carry credentials: sent to the request's own host only, as curl keeps
     /// them from another host a redirect leads to.
-    static let credentialHeaders: Set<String> = ["authorization", "cookie", "proxy-authorization"]
+    static let credentialHeaders: Set<String> = ["authorization", "cookie"]
 
     /// The caller's headers for a request of `url`: all of them to the request's host, none that carries
     /// credentials to a mirror on another host.

@@ -91,9 +91,11 @@ extension DownloadManager {
         /// folder; refused with ``DownloadManagerError/pathInUse(_:by:)`` for the same `out`), as aria2's
         /// `addUri` does.
         public var reuseExisting = true
-        /// Other URLs of the same file (aria2's several URIs in one `addUri`): when the download fails from one,
-        /// it goes on from the next, each tried once in turn, its partial data kept only where the new server
-        /// proves the file is the same (as ``DownloadManager/updateSource(_:url:headers:)-(_,String,_)``).
+        /// Other URLs of the same file (aria2's several URIs in one `addUri`): while the file comes over several
+        /// connections, some fetch from them at once, each only once proven to serve the same bytes
+        /// (``DownloadRequest/mirrors``); and when the download fails from one, it goes on from the next, each
+        /// tried once in turn, its partial data kept only where the new server proves the file is the same (as
+        /// ``DownloadManager/updateSource(_:url:headers:)-(_,String,_)``).
         public var mirrors: [String] = []
         /// Engine settings for this download instead of the manager's.
         public var tuning = Tuning()

@@ -42,6 +42,8 @@ final class ManagerRun: Sendable {
         request.formerURLs = entry.options.formerURLs
         request.adopt = entry.options.adopt
         request.ifNewer = entry.options.ifNewer
+        // The file's other URLs, fetched from at once while it is split (and each tried in turn after a failure).
+        request.mirrors = entry.options.mirrors.filter { $0 != entry.url }
         let id = entry.id
         let urls = Set([entry.url] + entry.options.formerURLs)
         let replacing = entry.options.ifNewer
