@@ -259,9 +259,24 @@ final class DownloadRun: Sendable {
                 minimumSplitSize: options.minimumSplitSize)
         }
         if let refused { return refused }
+        // The first source's samples for the mirrors' proofs, before its lanes take the connections its server
+        // may limit.
+        var mirrors = split ? mirrorSet(lanes: count, known: known) : nil
+        var reference: [(Range<Int64>, [UInt8])] = []
+        if mirrors != nil, let known, let total = known.totalLength {
+            let reporter = self.reporter
+            do {
+                reference = try await MirrorProof(context: context, emit: { reporter.emit($0) })
+                    .reference(known: known, total: total)
+            } catch {
+                if Task.isCancelled { throw files.interrupted() }
+                reporter.emit(.notice("mirrors not used: no samples of the first source to prove them by (\(error.message))"))
+                mirrors = nil
+            }
+        }
         let lanes = TransferLanes(
             store: store, count: count, alone: count == 1 && !split, known: known ?? store.snapshot.validators,
-            mirrors: split ? mirrorSet(lanes: count, known: known) : nil)
+            mirrors: mirrors, reference: reference)
         do {
             try await runLanes(lanes)
         } catch is CancellationError {
@@ -285,12 +300,14 @@ final class DownloadRun: Sendable {
     }
 
     /// Proves mirror `index` of the transfer (``MirrorProof``) and settles it; says what came of it.
-    private func prove(_ index: Int, _ mirrors: MirrorSet, known: Validators) async {
+    private func prove(_ index: Int, _ mirrors: MirrorSet, known: Validators, reference: [(Range<Int64>, [UInt8])])
+        async
+    {
         let url = mirrors.urls[index]
         guard let total = known.totalLength else { return }
         let reporter = self.reporter
         let outcome = await MirrorProof(context: context, emit: { reporter.emit($0) })
-            .prove(url, known: known, total: total)
+            .prove(url, reference: reference, total: total)
         switch outcome {
         case .proven(let validators, let samples, let bytes):
             if mirrors.settle(index, validators: validators) {
@@ -346,9 +363,9 @@ final class DownloadRun: Sendable {
         defer { lanes.mirrors?.dropUnsettled() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             if let mirrors = lanes.mirrors {
-                let known = lanes.known
+                let (known, reference) = (lanes.known, lanes.reference)
                 for index in mirrors.urls.indices {
-                    group.addTask { await self.prove(index, mirrors, known: known) }
+                    group.addTask { await self.prove(index, mirrors, known: known, reference: reference) }
                 }
             }
             for id in 0..<lanes.count {

@@ -91,8 +91,9 @@ final class MirrorSet: Sendable {
 /// The proof that a mirror serves the first source's file (docs/mirrors.md): the same length, a strong validator of
 /// its own (to tie its later ranges to the version proven), and samples of 64 KiB spread over the file — its first
 /// and last bytes among them, 8 to 32 as for `--adopt` — byte for byte equal to the first source's same ranges
-/// (asked of it with its own `If-Range`, so they are the version the download has). Nothing of either is written:
-/// the samples are compared in memory.
+/// (``reference(known:total:)``: asked of it once per transfer, before its lanes start, with its own `If-Range`, so
+/// they are the version the download has and take none of the connections a server may limit). Nothing of either
+/// is written: the samples are compared in memory (at most 2 MiB).
 ///
 /// What it cannot prove: that the bytes between the samples are equal. Two files that differ only there pass; a
 /// checksum (``DownloadRequest/checksum``, or a digest the server announces) verifies every byte at the end.
@@ -106,25 +107,33 @@ struct MirrorProof {
         case differs(String)
     }
 
-    /// Proves `mirror` against the first source, whose file has `known` validators and `total` bytes.
-    func prove(_ mirror: URL, known: Validators, total: Int64) async -> Outcome {
-        let samples = Adoption.samples(of: [0..<total])
+    /// The first source's samples of its file (`known`, `total` bytes) that mirrors are compared with.
+    /// - Throws: why they cannot be had (the mirrors are then not used), as a sentence.
+    func reference(known: Validators, total: Int64) async throws(DownloadError) -> [(Range<Int64>, [UInt8])] {
         let first = sampler(context.startURL)
+        var samples: [(Range<Int64>, [UInt8])] = []
+        for range in Adoption.samples(of: [0..<total]) {
+            let fetched: RangeSampler.Fetched
+            do { fetched = try await first.fetch(range, known: known) } catch { throw .wrapping(error) }
+            switch fetched {
+            case .bytes(let bytes, _): samples.append((range, bytes))
+            case .declined(let why): throw DownloadError(.protocolViolation, why)
+            }
+        }
+        return samples
+    }
+
+    /// Proves `mirror` against the first source's `reference` samples of its file of `total` bytes.
+    func prove(_ mirror: URL, reference: [(Range<Int64>, [UInt8])], total: Int64) async -> Outcome {
         let other = sampler(mirror)
         var mirrorKnown: Validators?
         var sampled: Int64 = 0
         do {
-            for range in samples {
-                async let expected = first.fetch(range, known: known)
+            for (range, ours) in reference {
                 let got = try await other.fetch(range, known: mirrorKnown)
-                let mine = try await expected
                 guard case .bytes(let theirs, let validators) = got else {
                     if case .declined(let why) = got { return .differs(why) }
                     return .differs("no sample")
-                }
-                guard case .bytes(let ours, _) = mine else {
-                    if case .declined(let why) = mine { return .differs("the first source did not answer alike: \(why)") }
-                    return .differs("no sample from the first source")
                 }
                 if mirrorKnown == nil {
                     guard validators.totalLength == total else {
@@ -151,7 +160,7 @@ struct MirrorProof {
             return .differs("\(error)")
         }
         guard let mirrorKnown else { return .differs("nothing to compare") }
-        return .proven(mirrorKnown, samples: samples.count, bytes: sampled)
+        return .proven(mirrorKnown, samples: reference.count, bytes: sampled)
     }
 
     private func sampler(_ url: URL) -> RangeSampler {
