@@ -160,7 +160,7 @@ extension GetOptions {
             help: """
                 another URL of the same file (repeatable): while the file comes over several
                 connections, some fetch from the mirror, once samples of it match the first
-                URL's bytes; one that differs is dropped and nothing of it is kept
+                URL's bytes; one that differs is dropped and they go on with the first URL
                 """
         ) { options, use in
             let (url, note) = CommandLineURL.assumingScheme(use.value)

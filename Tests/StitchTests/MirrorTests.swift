@@ -68,6 +68,7 @@ import Testing
         let result = try await m.download(m.request())
         try m.f.expectComplete(result, data)
         #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) joins") }, "\(m.notices())")
+        #expect(!m.notices().contains { $0.contains("dropped") }, "\(m.notices())")
         let segments = m.mirrorSegmentRequests
         #expect(!segments.isEmpty, "the mirror served segments: \(m.mirror.requests.map { $0.header("Range") ?? "-" })")
         // Every range the mirror served after its first sample was tied to its own validator.
@@ -114,16 +115,49 @@ import Testing
         defer { m.mirror.stop() }
         let data = ServedFile.randomBytes(count: Self.size, seed: 104)
         m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
-        let samples = Adoption.samples(of: [0..<Int64(Self.size)]).count
         let changed = ServedFile.random(size: Self.size, seed: 105, etag: "\"changed\"")
-        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { _, index in
-            index < samples ? .none : .servedAs(changed)
+        // Samples as they were proven; the segments that follow get the changed file (whatever was retried).
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
+            let bounds = request.header("Range").flatMap(Mirrored.bounds)
+            return bounds.map { $0.1 - $0.0 + 1 > Adoption.sampleBytes } ?? true ? .servedAs(changed) : .none
         }
         let result = try await m.download(m.request())
         try m.f.expectComplete(result, data)
         #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) joins") })
         #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) dropped") }, "\(m.notices())")
         #expect(m.f.watch.restarts.isEmpty, "a mirror's trouble never restarts the download: \(m.f.watch.restarts)")
+    }
+
+    /// Proven, then failing: on two connections the mirror's lane goes on with the first source, and the download
+    /// ends whole.
+    @Test func aMirrorThatFailsLaterLeavesItsConnectionToTheFirstSource() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 111)
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
+            let bounds = request.header("Range").flatMap(Mirrored.bounds)
+            return bounds.map { $0.1 - $0.0 + 1 > Adoption.sampleBytes } ?? true ? .status(404) : .none
+        }
+        let result = try await m.download(m.request(), connections: 2)
+        try m.f.expectComplete(result, data)
+        #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) dropped: HTTP 404") }, "\(m.notices())")
+        #expect(m.f.watch.restarts.isEmpty)
+    }
+
+    @Test func credentialHeadersStayWithTheirOrigin() throws {
+        var request = DownloadRequest(url: "https://h.example/f", destination: .file("/tmp/x"))
+        request.headers.add(name: "Authorization", value: "a")
+        request.headers.add(name: "Cookie", value: "c")
+        request.headers.add(name: "X-Other", value: "o")
+        let context = RunContext(
+            request: request, options: DownloadOptions(), transport: ScriptedTransport(file: ServedFile(data: [])) { _, _ in .serve() }, clock: FakeClock(),
+            startURL: URL(string: "https://h.example/f")!)
+        func names(_ url: String) -> [String] { context.userHeaders(for: URL(string: url)!).map { $0.name } }
+        #expect(names("https://H.example:443/g") == ["Authorization", "Cookie", "X-Other"])
+        #expect(names("http://h.example/f") == ["X-Other"], "not over another scheme")
+        #expect(names("https://h.example:8443/f") == ["X-Other"], "not to another port")
+        #expect(names("https://mirror.example/f") == ["X-Other"])
     }
 
     @Test func anUnreachableMirrorIsDropped() async throws {

@@ -236,7 +236,8 @@ struct ForeignAdoption {
     /// One sample (``RangeSampler``); a server that will not answer a few ranges leaves the partial as it is.
     private func fetch(_ range: Range<Int64>, known: Validators?) async throws -> RangeSampler.Fetched {
         let sampler = RangeSampler(
-            startURL: startURL, headers: request.headers, options: options, transport: transport, clock: clock,
+            startURL: startURL, headers: { [context] in context.userHeaders(for: $0) }, options: options,
+            transport: transport, clock: clock,
             emit: { [reporter] in reporter.emit($0) })
         do {
             return try await sampler.fetch(range, known: known)

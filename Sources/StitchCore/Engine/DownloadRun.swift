@@ -31,6 +31,8 @@ final class DownloadRun: Sendable {
     /// task, the lanes, the decisions and the monitor) takes to ask it. Under it no store's lock is taken, no
     /// connection cancelled and no caller's code run: the facts it needs are read before.
     let core: Locked<EngineCore>
+    /// Why mirrors given were left out, said when the run starts.
+    let rejectedMirrors: [String]
 
     init(
         request: DownloadRequest, options: DownloadOptions, transport: any HTTPTransport,
@@ -43,11 +45,18 @@ final class DownloadRun: Sendable {
             let named = LaneRequest.path(in: directory, contentDisposition: nil, url: startURL)
             request.destination = .file(request.choosePath?(named) ?? named)
         }
+        // A mirror that is not an http(s) URL is left out (said when the run starts), never the download's end.
         var mirrors: [URL] = []
+        var rejected: [String] = []
         for text in request.mirrors {
-            let mirror = try validateURL(text)
-            if mirror != startURL, !mirrors.contains(mirror) { mirrors.append(mirror) }
+            do {
+                let mirror = try validateURL(text)
+                if mirror != startURL, !mirrors.contains(mirror) { mirrors.append(mirror) }
+            } catch {
+                rejected.append("mirror not used: \(error.message)")
+            }
         }
+        rejectedMirrors = rejected
         context = RunContext(
             request: request, options: options, transport: transport, clock: clock, startURL: startURL,
             mirrorURLs: mirrors)
@@ -75,6 +84,7 @@ final class DownloadRun: Sendable {
 
     private func runSteps() async throws -> DownloadResult {
         let request = context.request
+        for notice in rejectedMirrors { reporter.emit(.notice(notice)) }
         if case .file(let path) = request.destination {
             let paths = DownloadPaths(destination: absolutePath(path))
             if request.adopt, let found = try await ForeignAdoption(context: context, reporter: reporter).adopt(paths) {
@@ -261,7 +271,7 @@ final class DownloadRun: Sendable {
         if let refused { return refused }
         // The first source's samples for the mirrors' proofs, before its lanes take the connections its server
         // may limit.
-        var mirrors = split ? mirrorSet(lanes: count, known: known) : nil
+        var mirrors = split ? mirrorSet(lanes: count, known: known, left: (known?.totalLength ?? 0) - store.writtenBytes) : nil
         var reference: [(Range<Int64>, [UInt8])] = []
         if mirrors != nil, let known, let total = known.totalLength {
             let reporter = self.reporter
@@ -290,10 +300,11 @@ final class DownloadRun: Sendable {
 
     /// The mirrors a split transfer of `lanes` lanes fetches from beside the first source: only with a second lane
     /// for them, a strong validator and a length to prove them against, and a file worth the samples.
-    private func mirrorSet(lanes: Int, known: Validators?) -> MirrorSet? {
+    private func mirrorSet(lanes: Int, known: Validators?, left: Int64) -> MirrorSet? {
         let urls = context.mirrorURLs
-        guard !urls.isEmpty, lanes >= 2, let known, known.ifRange != nil, let total = known.totalLength,
-            total >= 2 * Int64(Adoption.minimumSamples) * Adoption.sampleBytes
+        // Worth the samples only with several times their bytes left to fetch.
+        let samples = Int64(Adoption.minimumSamples) * Adoption.sampleBytes
+        guard !urls.isEmpty, lanes >= 2, let known, known.ifRange != nil, known.totalLength != nil, left >= 4 * samples
         else { return nil }
         // Each mirror needs a lane of its own: as many as the lanes allow, in the order given.
         return MirrorSet(urls: Array(urls.prefix(lanes - 1)))
@@ -304,7 +315,10 @@ final class DownloadRun: Sendable {
         async
     {
         let url = mirrors.urls[index]
-        guard let total = known.totalLength else { return }
+        guard let total = known.totalLength else {
+            mirrors.settle(index, validators: nil, why: "the file's length is not known")
+            return
+        }
         let reporter = self.reporter
         let outcome = await MirrorProof(context: context, emit: { reporter.emit($0) })
             .prove(url, reference: reference, total: total)
@@ -327,8 +341,8 @@ final class DownloadRun: Sendable {
         guard mirrors.settle(index, validators: nil, why: why) else { return }
         reporter.emit(
             .notice(
-                "mirror \(mirrors.urls[index].absoluteString) dropped: \(why); nothing of it is kept, and the other "
-                    + "connections take its part"))
+                "mirror \(mirrors.urls[index].absoluteString) dropped: \(why); its connections go on with the first "
+                    + "source"))
     }
 
     /// Asks the state machine under the run's lock; once it stops the lanes, their sinks are told.
@@ -465,19 +479,11 @@ final class DownloadRun: Sendable {
     // MARK: One lane
 
     private func lane(_ lanes: TransferLanes, id: Int) async throws {
-        // A mirror's lane waits for its proof; a mirror that is not proven (or later dropped) lets its lane go.
+        // A mirror's lane waits for its proof; a lane whose mirror is not proven (or is dropped later) goes on with
+        // the first source, as any other lane (so no mirror ever leaves the download short of connections).
         let mirror = lanes.mirrors.flatMap { $0.mirror(ofLane: id) }
-        if let mirror, let mirrors = lanes.mirrors, await mirrors.proof(mirror) == nil {
-            withCore(lanes) { $0.machine.laneRetired() }
-            lanes.idle.fire()
-            return
-        }
+        if let mirror, let mirrors = lanes.mirrors { _ = await mirrors.proof(mirror) }
         while true {
-            if let mirror, let mirrors = lanes.mirrors, mirrors.isDropped(mirror) {
-                withCore(lanes) { $0.machine.laneRetired() }
-                lanes.idle.fire()
-                return
-            }
             let claimed = claim(lanes)
             Trace.note("\(context.request.url) lane claim \(claimed)")
             switch claimed {
@@ -518,7 +524,7 @@ final class DownloadRun: Sendable {
 
     /// Fetches segment `slot` to its (possibly shrinking) end, retrying its own failures; or gives it back and
     /// retires the lane when the state machine says the download goes on without it.
-    private func fetch(_ slot: Int, _ lanes: TransferLanes, mirror: Int? = nil) async throws -> LaneEnd {
+    private func fetch(_ slot: Int, _ lanes: TransferLanes, mirror lanesMirror: Int? = nil) async throws -> LaneEnd {
         let store = lanes.store
         while !lanes.stopped.load(ordering: .acquiring) {
             try Task.checkCancellation()
@@ -532,12 +538,12 @@ final class DownloadRun: Sendable {
             }
             let start = store.written(slot)
             let end = store.end(slot)
-            // A mirror's ranges are asked with its own validator, and its answers checked against it.
+            // A mirror's ranges are asked with its own validator, and its answers checked against it; once it is
+            // dropped (or was never proven), the lane asks the first source.
+            let proven = lanesMirror.flatMap { index in lanes.mirrors?.validators(index).map { (index, $0) } }
+            let mirror = proven?.0
             let source = mirror.flatMap { lanes.mirrors?.urls[$0] }
-            guard let known = mirror.map({ lanes.mirrors?.validators($0) }) ?? lanes.known else {
-                withCore(lanes) { $0.machine.laneRetired() }  // its mirror was dropped meanwhile
-                return .retired
-            }
+            let known = proven?.1 ?? lanes.known
             let overlapWindow = context.options.overlapWindow
             guard
                 let (plan, url) = withCore(lanes, {
@@ -582,8 +588,8 @@ final class DownloadRun: Sendable {
                 if let notice { reporter.emit(.notice(notice)) }
                 return .retired
             case .dropMirror(let why):
+                // The lane goes on with the first source (its next request).
                 if let mirror, let mirrors = lanes.mirrors { dropMirror(mirror, mirrors, why: why) }
-                return .retired
             case .interrupted:
                 throw CancellationError()
             case .wait(let delay, let attempt, let of, let reason, let checkpoint):

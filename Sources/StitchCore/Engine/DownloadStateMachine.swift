@@ -418,10 +418,6 @@ struct DownloadStateMachine: Sendable {
         } ?? nil
     }
 
-    /// See ``TransferStateMachine/laneRetired()``.
-    mutating func laneRetired() {
-        inTransfer("a lane retired") { _, transfer in transfer.laneRetired() }
-    }
 
     /// See ``TransferStateMachine/laneRequestEnded(_:_:running:now:jitter:first:unstable:)``: on one connection the
     /// lane's request sequence is the download's own (``Run/first``).

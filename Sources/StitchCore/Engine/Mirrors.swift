@@ -165,7 +165,7 @@ struct MirrorProof {
 
     private func sampler(_ url: URL) -> RangeSampler {
         RangeSampler(
-            startURL: url, headers: context.userHeaders(for: url), options: context.options,
+            startURL: url, headers: { [context] in context.userHeaders(for: $0) }, options: context.options,
             transport: context.transport, clock: context.clock, emit: { _ in })
     }
 }

@@ -7,8 +7,8 @@ import StitchLocks
 /// would retry (the download's ``AttemptStateMachine``), at most ``sampleRetries`` times.
 struct RangeSampler {
     let startURL: URL
-    /// The request's headers besides the engine's own.
-    let headers: HTTPHeaders
+    /// The request's headers besides the engine's own, for each URL asked (a redirect's target may get fewer).
+    let headers: @Sendable (URL) -> HTTPHeaders
     let options: DownloadOptions
     let transport: any HTTPTransport
     let clock: any DownloadClock
@@ -30,7 +30,6 @@ struct RangeSampler {
     func fetch(_ range: Range<Int64>, known: Validators?) async throws -> Fetched {
         let plan = RequestPlan(
             rangeStart: range.lowerBound, resumeOffset: 0, ifRange: known?.ifRange, rangeEnd: range.upperBound)
-        let headers = ResumePolicy.requestHeaders(user: headers, plan: plan)
         var policy = options.retry
         policy.maxRetries = min(policy.maxRetries, Self.sampleRetries)
         var machine = AttemptStateMachine(
@@ -40,7 +39,9 @@ struct RangeSampler {
             let verdict = Locked<HeadVerdict?>(nil)
             let (result, decisionError) = await performAttempt(
                 TransportRequest(
-                    url: machine.url.absoluteString, headers: headers, options: options.transport, clock: clock),
+                    url: machine.url.absoluteString,
+                    headers: ResumePolicy.requestHeaders(user: headers(machine.url), plan: plan),
+                    options: options.transport, clock: clock),
                 on: transport, hook: nil,
                 decide: { head throws(DownloadError) in
                     var judged = ResumePolicy.evaluate(head, plan: plan, known: known)

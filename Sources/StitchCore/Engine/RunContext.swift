@@ -13,16 +13,19 @@ struct RunContext: Sendable {
     /// The mirrors' URLs (``DownloadRequest/mirrors``), checked; none that is the request's own URL.
     var mirrorURLs: [URL] = []
 
-    /// Header fields a caller gives that carry credentials: sent to the request's own host only, as curl keeps
-    /// them from another host a redirect leads to.
+    /// Header fields a caller gives that carry credentials: sent to the request's own origin only, as curl keeps
+    /// them from another host (or scheme, or port) a redirect leads to.
     static let credentialHeaders: Set<String> = ["authorization", "cookie"]
 
-    /// The caller's headers for a request of `url`: all of them to the request's host, none that carries
-    /// credentials to a mirror on another host.
+    /// The caller's headers for a request of `url`: all of them to the request's origin (scheme, host and port),
+    /// none that carries credentials anywhere else (a mirror, a redirect's target).
     func userHeaders(for url: URL) -> HTTPHeaders {
-        guard url.host?.lowercased() != startURL.host?.lowercased() || url.port != startURL.port else {
-            return request.headers
+        func origin(_ url: URL) -> String {
+            let scheme = url.scheme?.lowercased() ?? ""
+            let port = url.port ?? (scheme == "https" ? 443 : 80)
+            return "\(scheme)://\(url.host?.lowercased() ?? ""):\(port)"
         }
+        guard origin(url) != origin(startURL) else { return request.headers }
         var headers = HTTPHeaders()
         for field in request.headers where !Self.credentialHeaders.contains(field.name.lowercased()) {
             headers.add(name: field.name, value: field.value)

@@ -56,10 +56,6 @@ struct TransferStateMachine: Sendable {
                 scope: .connection)
     }
 
-    /// A lane retired on its own (its mirror was dropped before it had work).
-    mutating func laneRetired() {
-        activeLanes = max(0, activeLanes - 1)
-    }
 
     private mutating func setAttempts(_ slot: Int, _ sequence: AttemptStateMachine, first: inout AttemptStateMachine) {
         if alone { first = sequence } else { attempts[slot] = sequence }
@@ -189,7 +185,7 @@ struct TransferStateMachine: Sendable {
         case segmentDone
         /// The lane retires and says why (`notice`; nil: said already); the others carry on.
         case retire(notice: String?)
-        /// The lane's mirror is dropped for this reason, and the lane retires; the others carry on.
+        /// The lane's mirror is dropped for this reason; the lane asks the first source from now on.
         case dropMirror(String)
         /// The lanes are stopping (``stop``): the transfer's outcome says why.
         case stop
@@ -207,14 +203,14 @@ struct TransferStateMachine: Sendable {
     ) -> LaneAction {
         // A response with the download's version, even one that ends after a stop: with another version seen,
         // the connections disagreed (the file did not change for everyone).
-        if case .accept = report.attempt.verdict, !alone { acceptedKnownVersion = true }
+        if case .accept = report.attempt.verdict, !alone, !report.mirror { acceptedKnownVersion = true }
         guard stop == nil else { return .stop }
         if let error = report.decisionError {
             halt(.failure(error))
             return .stop
         }
         if report.mirror, let why = Self.mirrorDifference(report.attempt.verdict) {
-            activeLanes -= 1
+            attempts[slot] = nil  // the lane's next request goes to the first source
             return .dropMirror(why)
         }
         switch report.attempt.verdict {
@@ -255,8 +251,9 @@ struct TransferStateMachine: Sendable {
             return .stop
         case .interrupted:
             return .interrupted
-        case .fail(let error) where report.mirror:
-            activeLanes -= 1
+        case .fail(let error) where report.mirror && error.code != .io:
+            // (A local write failure is the download's, whichever server the bytes came from.)
+            attempts[slot] = nil
             return .dropMirror(error.message)
         case .fail(let error):
             // Out of retries (or refused) while other connections bring the file: this one is not needed.
