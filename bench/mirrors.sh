@@ -39,6 +39,7 @@ SLOW_FACTOR=${SLOW_FACTOR:-4}
 CONNECTIONS=${CONNECTIONS:-4}
 ROUNDS=${ROUNDS:-5}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+KEEP=${KEEP:-0}
 need_posint SIZE_MIB SLOW_FACTOR CONNECTIONS ROUNDS RUN_TIMEOUT
 [[ $RATE =~ ^([1-9][0-9]*)([kKmM]?)$ ]] || die "RATE must look like 20m or 500k (nginx size)"
 rate_num=${BASH_REMATCH[1]} rate_unit=${BASH_REMATCH[2]}

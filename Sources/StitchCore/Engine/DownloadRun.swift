@@ -269,24 +269,10 @@ final class DownloadRun: Sendable {
                 minimumSplitSize: options.minimumSplitSize)
         }
         if let refused { return refused }
-        // The first source's samples for the mirrors' proofs, before its lanes take the connections its server
-        // may limit.
-        var mirrors = split ? mirrorSet(lanes: count, known: known, left: (known?.totalLength ?? 0) - store.writtenBytes) : nil
-        var reference: [(Range<Int64>, [UInt8])] = []
-        if mirrors != nil, let known, let total = known.totalLength {
-            let reporter = self.reporter
-            do {
-                reference = try await MirrorProof(context: context, emit: { reporter.emit($0) })
-                    .reference(known: known, total: total)
-            } catch {
-                if Task.isCancelled { throw files.interrupted() }
-                reporter.emit(.notice("mirrors not used: no samples of the first source to prove them by (\(error.message))"))
-                mirrors = nil
-            }
-        }
+        let mirrors = split ? mirrorSet(lanes: count, known: known, left: (known?.totalLength ?? 0) - store.writtenBytes) : nil
         let lanes = TransferLanes(
             store: store, count: count, alone: count == 1 && !split, known: known ?? store.snapshot.validators,
-            mirrors: mirrors, reference: reference)
+            mirrors: mirrors)
         do {
             try await runLanes(lanes)
         } catch is CancellationError {
@@ -311,9 +297,7 @@ final class DownloadRun: Sendable {
     }
 
     /// Proves mirror `index` of the transfer (``MirrorProof``) and settles it; says what came of it.
-    private func prove(_ index: Int, _ mirrors: MirrorSet, known: Validators, reference: [(Range<Int64>, [UInt8])])
-        async
-    {
+    private func prove(_ index: Int, _ mirrors: MirrorSet, known: Validators) async {
         let url = mirrors.urls[index]
         guard let total = known.totalLength else {
             mirrors.settle(index, validators: nil, why: "the file's length is not known")
@@ -321,7 +305,7 @@ final class DownloadRun: Sendable {
         }
         let reporter = self.reporter
         let outcome = await MirrorProof(context: context, emit: { reporter.emit($0) })
-            .prove(url, reference: reference, total: total)
+            .prove(url, in: mirrors, total: total)
         switch outcome {
         case .proven(let validators, let samples, let bytes):
             if mirrors.settle(index, validators: validators) {
@@ -333,6 +317,21 @@ final class DownloadRun: Sendable {
         case .differs(let why):
             // Cut short because the transfer ended: nothing to say.
             if Task.isCancelled { mirrors.settle(index, validators: nil, why: why) } else { dropMirror(index, mirrors, why: why) }
+        }
+    }
+
+    /// Takes the first source's samples the mirrors are compared with (``MirrorSet/setReference(_:)``).
+    private func takeReference(_ mirrors: MirrorSet, known: Validators) async {
+        guard let total = known.totalLength else { return mirrors.setReference(nil) }
+        let reporter = self.reporter
+        do {
+            mirrors.setReference(
+                try await MirrorProof(context: context, emit: { reporter.emit($0) }).reference(known: known, total: total))
+        } catch {
+            if !Task.isCancelled {
+                reporter.emit(.notice("mirrors not used: no samples of the first source to prove them by (\(error.message))"))
+            }
+            mirrors.setReference(nil)
         }
     }
 
@@ -377,9 +376,11 @@ final class DownloadRun: Sendable {
         defer { lanes.mirrors?.dropUnsettled() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             if let mirrors = lanes.mirrors {
-                let (known, reference) = (lanes.known, lanes.reference)
+                let known = lanes.known
+                // The first source's samples, while the mirrors' are taken; its lanes wait for them (below).
+                group.addTask { await self.takeReference(mirrors, known: known) }
                 for index in mirrors.urls.indices {
-                    group.addTask { await self.prove(index, mirrors, known: known, reference: reference) }
+                    group.addTask { await self.prove(index, mirrors, known: known) }
                 }
             }
             for id in 0..<lanes.count {
@@ -482,7 +483,12 @@ final class DownloadRun: Sendable {
         // A mirror's lane waits for its proof; a lane whose mirror is not proven (or is dropped later) goes on with
         // the first source, as any other lane (so no mirror ever leaves the download short of connections).
         let mirror = lanes.mirrors.flatMap { $0.mirror(ofLane: id) }
-        if let mirror, let mirrors = lanes.mirrors { _ = await mirrors.proof(mirror) }
+        if let mirror, let mirrors = lanes.mirrors {
+            _ = await mirrors.proof(mirror)
+        } else if let mirrors = lanes.mirrors {
+            // The first source's lanes start once its samples are taken: its server may limit connections.
+            _ = await mirrors.reference()
+        }
         while true {
             let claimed = claim(lanes)
             Trace.note("\(context.request.url) lane claim \(claimed)")

@@ -19,10 +19,17 @@ final class MirrorSet: Sendable {
         case dropped(String)
     }
 
+    /// The first source's samples the mirrors are compared with: taken at the transfer's start, before the first
+    /// source's lanes take the connections its server may limit, while the mirrors' own samples are taken.
+    typealias Reference = [(Range<Int64>, [UInt8])]
+
     private struct State {
         var standings: [Standing]
         /// Lanes waiting for a mirror's proof, by mirror.
         var waiters: [Int: [CheckedContinuation<Validators?, Never>]] = [:]
+        /// The reference once taken (nil inside: it could not be); its waiters.
+        var reference: Reference??
+        var referenceWaiters: [CheckedContinuation<Reference?, Never>] = []
     }
 
     let urls: [URL]
@@ -79,8 +86,32 @@ final class MirrorSet: Sendable {
         return changed
     }
 
+    /// Waits for the first source's samples: nil when they could not be taken.
+    func reference() async -> Reference? {
+        await withCheckedContinuation { continuation in
+            let ready = state.withLock { state -> Reference?? in
+                if let reference = state.reference { return .some(reference) }
+                state.referenceWaiters.append(continuation)
+                return nil
+            }
+            if let ready { continuation.resume(returning: ready) }
+        }
+    }
+
+    /// The first source's samples are taken (nil: they could not be); said once.
+    func setReference(_ reference: Reference?) {
+        let waiters = state.withLock { state -> [CheckedContinuation<Reference?, Never>] in
+            guard state.reference == nil else { return [] }
+            state.reference = .some(reference)
+            defer { state.referenceWaiters = [] }
+            return state.referenceWaiters
+        }
+        for waiter in waiters { waiter.resume(returning: reference) }
+    }
+
     /// Drops every mirror still being proven (the transfer is over): no lane waits forever.
     func dropUnsettled() {
+        setReference(nil)
         for index in urls.indices {
             let proving = state.withLock { if case .proving = $0.standings[index] { true } else { false } }
             if proving { settle(index, validators: nil, why: "the transfer ended before it was proven") }
@@ -110,27 +141,36 @@ struct MirrorProof {
     /// The first source's samples of its file (`known`, `total` bytes) that mirrors are compared with.
     /// - Throws: why they cannot be had (the mirrors are then not used), as a sentence.
     func reference(known: Validators, total: Int64) async throws(DownloadError) -> [(Range<Int64>, [UInt8])] {
-        let first = sampler(context.startURL)
+        let ranges = Adoption.samples(of: [0..<total])
+        let fetched: [RangeSampler.Fetched]
+        do { fetched = try await sampler(context.startURL).fetchAll(ranges, known: known) } catch { throw .wrapping(error) }
         var samples: [(Range<Int64>, [UInt8])] = []
-        for range in Adoption.samples(of: [0..<total]) {
-            let fetched: RangeSampler.Fetched
-            do { fetched = try await first.fetch(range, known: known) } catch { throw .wrapping(error) }
-            switch fetched {
+        for (range, one) in zip(ranges, fetched) {
+            switch one {
             case .bytes(let bytes, _): samples.append((range, bytes))
             case .declined(let why): throw DownloadError(.protocolViolation, why)
             }
         }
+        guard samples.count == ranges.count else { throw DownloadError(.protocolViolation, "a sample is missing") }
         return samples
     }
 
-    /// Proves `mirror` against the first source's `reference` samples of its file of `total` bytes.
-    func prove(_ mirror: URL, reference: [(Range<Int64>, [UInt8])], total: Int64) async -> Outcome {
+    /// Proves `mirror` against the first source's samples of its file of `total` bytes (``MirrorSet/reference()``,
+    /// taken meanwhile): the mirror's samples are asked for while the first source's are, and compared once both
+    /// are in.
+    func prove(_ mirror: URL, in mirrors: MirrorSet, total: Int64) async -> Outcome {
         let other = sampler(mirror)
         var mirrorKnown: Validators?
         var sampled: Int64 = 0
+        var theirSamples: [[UInt8]] = []
+        let ranges = Adoption.samples(of: [0..<total])
         do {
-            for (range, ours) in reference {
-                let got = try await other.fetch(range, known: mirrorKnown)
+            // The first sample tells the mirror's validators; the rest are tied to them, two at a time.
+            var answers = [try await other.fetch(ranges[0], known: nil)]
+            if case .bytes(_, let validators) = answers[0], ranges.count > 1 {
+                answers += try await other.fetchAll(Array(ranges.dropFirst()), known: validators)
+            }
+            for got in answers {
                 guard case .bytes(let theirs, let validators) = got else {
                     if case .declined(let why) = got { return .differs(why) }
                     return .differs("no sample")
@@ -146,20 +186,26 @@ struct MirrorProof {
                     }
                     mirrorKnown = validators
                 }
-                let common = min(ours.count, theirs.count)
-                if let at = (0..<common).first(where: { ours[$0] != theirs[$0] })
-                    ?? (ours.count == theirs.count ? nil : common)
-                {
-                    return .differs("its bytes differ from the first source's at byte \(range.lowerBound + Int64(at))")
-                }
-                sampled += Int64(range.count)
+                theirSamples.append(theirs)
             }
         } catch let error as DownloadError {
             return .differs(error.message)
         } catch {
             return .differs("\(error)")
         }
-        guard let mirrorKnown else { return .differs("nothing to compare") }
+        guard let reference = await mirrors.reference() else {
+            return .differs("no samples of the first source to compare it with")
+        }
+        guard let mirrorKnown, reference.count == theirSamples.count else { return .differs("nothing to compare") }
+        for ((range, ours), theirs) in zip(reference, theirSamples) {
+            let common = min(ours.count, theirs.count)
+            if let at = (0..<common).first(where: { ours[$0] != theirs[$0] })
+                ?? (ours.count == theirs.count ? nil : common)
+            {
+                return .differs("its bytes differ from the first source's at byte \(range.lowerBound + Int64(at))")
+            }
+            sampled += Int64(range.count)
+        }
         return .proven(mirrorKnown, samples: reference.count, bytes: sampled)
     }
 

@@ -5,7 +5,7 @@ import StitchLocks
 /// others — another program's partial (``ForeignAdoption``), a mirror's copy (``MirrorProof``). A range request
 /// (with `If-Range` once the server's validators are known), following redirects and retrying what a download
 /// would retry (the download's ``AttemptStateMachine``), at most ``sampleRetries`` times.
-struct RangeSampler {
+struct RangeSampler: Sendable {
     let startURL: URL
     /// The request's headers besides the engine's own, for each URL asked (a redirect's target may get fewer).
     let headers: @Sendable (URL) -> HTTPHeaders
@@ -24,6 +24,38 @@ struct RangeSampler {
 
     /// Retries of one sample at most (fewer if the download's policy has fewer).
     static let sampleRetries = 3
+
+    /// Samples asked at once of one server by ``fetchAll(_:known:)``: two, as many as a server that limits
+    /// connections commonly allows (and fewer round trips than one at a time).
+    static let width = 2
+
+    /// The bytes of every range of `ranges`, in order, ``width`` at a time, all tied to `known` (the server's
+    /// validators): the first answer that declines is the result.
+    func fetchAll(_ ranges: [Range<Int64>], known: Validators) async throws -> [Fetched] {
+        var results = [Fetched?](repeating: nil, count: ranges.count)
+        try await withThrowingTaskGroup(of: (Int, Fetched).self) { group in
+            var next = 0
+            func start() {
+                guard next < ranges.count else { return }
+                let index = next
+                next += 1
+                group.addTask { (index, try await self.fetch(ranges[index], known: known)) }
+            }
+            for _ in 0..<Self.width { start() }
+            while let (index, fetched) = try await group.next() {
+                results[index] = fetched
+                if case .declined = fetched {
+                    group.cancelAll()
+                    break
+                }
+                start()
+            }
+        }
+        if let declined = results.first(where: { if case .declined? = $0 { true } else { false } }) {
+            return [declined!]
+        }
+        return results.compactMap { $0 }
+    }
 
     /// The bytes of `range`; `known`: the server's validators from an earlier sample (their change declines).
     /// - Throws: the attempt's failure (an HTTP error, the network, retries used up), or cancellation.

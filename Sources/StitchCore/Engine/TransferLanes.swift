@@ -43,18 +43,12 @@ final class TransferLanes: Sendable {
 
     /// The mirrors whose lanes fetch beside the first source's (nil: none in this transfer).
     let mirrors: MirrorSet?
-    /// The first source's samples the mirrors are proven by (empty without mirrors).
-    let reference: [(Range<Int64>, [UInt8])]
 
-    init(
-        store: PartStore, count: Int, alone: Bool, known: Validators, mirrors: MirrorSet? = nil,
-        reference: [(Range<Int64>, [UInt8])] = []
-    ) {
+    init(store: PartStore, count: Int, alone: Bool, known: Validators, mirrors: MirrorSet? = nil) {
         self.store = store
         self.count = count
         self.alone = alone
         self.mirrors = mirrors
-        self.reference = reference
         knownBox = Locked(known)
     }
 
