@@ -61,7 +61,7 @@ for name in A B S; do
     [[ $name != S ]] || rate=$SLOW_RATE
     dir=$WORK/nginx-$name
     mkdir -p "$dir"
-    NGINX_CONNLIMIT=2 NGINX_CONNLIMIT_RATE=$rate "$repo/scripts/nginx.sh" start "$dir" >/dev/null
+    NGINX_CONNLIMIT=2 NGINX_CONNLIMIT_RATE=$rate "$repo/scripts/nginx.sh" start "$dir" >/dev/null 2>&1
     # shellcheck disable=SC1091
     port[$name]=$(. "$dir/ports.env" && echo "$NGINX_CONNLIMIT_PORT")
 done

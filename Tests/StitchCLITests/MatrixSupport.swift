@@ -80,6 +80,15 @@ enum MatrixProxy: String, CaseIterable, Sendable {
     }
 }
 
+/// A mirror of the file (issue 36): none, one serving the same bytes, or one serving other bytes under the same
+/// validators (only the samples can tell). Combined pairwise with the other dimensions (``MatrixCase/mirrored(for:)``).
+enum MatrixMirror: String, CaseIterable, Sendable {
+    case one, equal, differing
+
+    /// The bytes of one sample that proves a mirror (the engine's `Adoption.sampleBytes`).
+    static let sampleBytes = 64 << 10
+}
+
 enum MatrixSize: String, CaseIterable, Sendable {
     /// 1,500,000 bytes: under every split threshold of the knobs (2 × the 768 KiB minimum split; 2 × the 1 MiB step),
     /// so one connection whatever -c says; more than one piece, so it has a live record.
@@ -117,6 +126,7 @@ struct MatrixCase: Sendable, CustomStringConvertible, Hashable {
     var explicitLimit: String?
     var defaultKnobs = false
     var proxy = MatrixProxy.none
+    var mirror = MatrixMirror.one
 
     var bytes: Int { explicitBytes ?? size.bytes }
 
@@ -143,14 +153,15 @@ struct MatrixCase: Sendable, CustomStringConvertible, Hashable {
 
     var slug: String {
         "\(server.rawValue)-c\(connections.rawValue)-\(rate.rawValue)-\(interruption.rawValue)-\(bytes)"
-            + (proxy == .none ? "" : "-via-\(proxy.rawValue)")
+            + (proxy == .none ? "" : "-via-\(proxy.rawValue)") + (mirror == .one ? "" : "-mirror-\(mirror.rawValue)")
     }
 
     var description: String {
         let rateText = limit.map { "\(rate.rawValue)(\($0.text))" } ?? rate.rawValue
         return "[connections=\(connections.rawValue) rate=\(rateText) interruption=\(interruption.rawValue) "
             + "server=\(server.rawValue) size=\(bytes)\(defaultKnobs ? " knobs=default" : "")"
-            + (proxy == .none ? "" : " proxy=\(proxy.rawValue)") + "]"
+            + (proxy == .none ? "" : " proxy=\(proxy.rawValue)")
+            + (mirror == .one ? "" : " mirror=\(mirror.rawValue)") + "]"
     }
 
     /// Seconds the case spends at least waiting (for ordering long cases first).
@@ -201,9 +212,28 @@ struct MatrixCase: Sendable, CustomStringConvertible, Hashable {
         return cases
     }
 
+    /// The cases with a mirror for `server`: for each kind of mirror, one per connection count, the rate, the
+    /// interruption and the size turning with it (pairwise, as for the proxies).
+    static func mirrored(for server: MatrixServer) -> [MatrixCase] {
+        var cases: [MatrixCase] = []
+        for (m, mirror) in [MatrixMirror.equal, .differing].enumerated() {
+            for (c, connections) in MatrixConnections.allCases.enumerated() {
+                let k = c + 4 * m
+                var matrixCase = MatrixCase(
+                    connections: connections, rate: MatrixRate.allCases[(k + 1) % 3],
+                    interruption: MatrixInterruption.allCases[(2 * k + 1) % 3], server: server,
+                    size: MatrixSize.allCases[(k + 1) % 2])
+                matrixCase.mirror = mirror
+                cases.append(matrixCase)
+            }
+        }
+        return cases
+    }
+
     static func all(for server: MatrixServer) -> [MatrixCase] {
         var cases: [MatrixCase] = LoopbackProxy.Kind.allCases.allSatisfy(LoopbackProxy.isInstalled)
             && StitchUnderTest.hasLibcurl ? proxied(for: server) : []
+        cases += mirrored(for: server)
         for connections in MatrixConnections.allCases {
             for rate in MatrixRate.allCases {
                 for interruption in MatrixInterruption.allCases {
@@ -848,9 +878,17 @@ enum MatrixRunner {
     ) async -> Bool {
         let name = "mx-\(matrixCase.slug)-\(attempt)-\(UUID().uuidString.prefix(8)).bin"
         let origin: MatrixOrigin
+        var mirror: MatrixOrigin?
         let sandbox: Sandbox
         do {
             origin = try await MatrixOrigin(matrixCase, name: name, bytes: bytes)
+            if matrixCase.mirror != .one {
+                // The same validators as the first server's; other bytes for a differing mirror.
+                let mirrored =
+                    matrixCase.mirror == .equal
+                    ? bytes : ServedFile.randomBytes(count: bytes.count, seed: matrixCase.seed ^ 0x5eed)
+                mirror = try await MatrixOrigin(matrixCase, name: "m-" + name, bytes: mirrored)
+            }
             sandbox = try Sandbox("matrix")
         } catch {
             outcome.fail(.harness, "cannot set up: \(error)")
@@ -877,11 +915,12 @@ enum MatrixRunner {
             proxyFolder?.cleanup()
             sandbox.cleanup()
             origin.close()
+            mirror?.close()
         }
         let destination = sandbox.path("f.bin")
         let arguments =
             ["get", origin.url, "-o", "f.bin", "--json"] + matrixCase.arguments
-            + (proxy.map { ["--proxy", $0.url()] } ?? [])
+            + (proxy.map { ["--proxy", $0.url()] } ?? []) + (mirror.map { ["--mirror", $0.url] } ?? [])
         let environment = matrixCase.environment
 
         let first = await execute(
@@ -889,6 +928,7 @@ enum MatrixRunner {
         outcome.runs.append(first)
         var trusted: [Range<Int>] = []
         var fence: Int?
+        var mirrorFence: Int?
         if let signal = matrixCase.interruption.signal {
             let exitedCleanly = first.result.status == 0 && first.result.signal == nil
             // A SIGKILL can land after the file was renamed into place: the download was over.
@@ -931,6 +971,10 @@ enum MatrixRunner {
                 await origin.settle()
                 fence = await origin.fence()
                 if fence == nil { outcome.fail(.harness, "could not fence the server's log between the runs") }
+                if let mirror {
+                    await mirror.settle()
+                    mirrorFence = await mirror.fence()
+                }
                 if outcome.interrupted {
                     trusted = (SegmentedCLITests.trusted(destination) ?? []).map { $0.start..<$0.durable }
                         .filter { !$0.isEmpty }
@@ -961,11 +1005,22 @@ enum MatrixRunner {
         }
 
         await origin.settle()
+        await mirror?.settle()
         let records = origin.records()
-        outcome.records = records
+        let mirrorRecords = mirror?.records() ?? []
+        outcome.records = records + mirrorRecords
         let interruptedRun = fence.map { fence in records.filter { $0.order < fence } } ?? []
         let lastRun = fence.map { fence in records.filter { $0.order >= fence } } ?? records
-        check(records, interruptedRun: interruptedRun, lastRun: lastRun, trusted: trusted, origin: origin, into: &outcome)
+        // A mirror's records by run likewise (its own serials).
+        let mirrorInterrupted = mirrorFence.map { fence in mirrorRecords.filter { $0.order < fence } } ?? []
+        let mirrorLast = mirrorFence.map { fence in mirrorRecords.filter { $0.order >= fence } } ?? mirrorRecords
+        if let mirror {
+            checkMirror(mirrorRecords, origin: mirror, into: &outcome)
+        }
+        check(
+            records + mirrorRecords, interruptedRun: interruptedRun + mirrorInterrupted,
+            lastRun: lastRun + mirrorLast, trusted: trusted, origin: origin, into: &outcome,
+            mirrorRecords: mirrorRecords.count)
         checkTransferred(final, records: lastRun, trusted: trusted, into: &outcome)
         checkRate(into: &outcome)
         return true
@@ -1001,11 +1056,36 @@ enum MatrixRunner {
             result: result, samples: sampler.all, signalledAt: signalled.withLock { $0 }, endedAt: ended)
     }
 
-    /// The server-side checks (docs/overlap.md).
+    /// A mirror's requests (docs/mirrors.md): its first sample asks without a validator (the mirror's is not known
+    /// yet), every other range with one; a differing mirror is asked for samples only (never a segment).
+    static func checkMirror(_ records: [ServedRecord], origin: MatrixOrigin, into outcome: inout MatrixOutcome) {
+        let matrixCase = outcome.matrixCase
+        let unvalidated = records.filter { $0.range != nil && !$0.hasIfRange }
+        if unvalidated.count > (outcome.interrupted ? 2 : 1) || unvalidated.contains(where: { $0.length > MatrixMirror.sampleBytes }) {
+            outcome.fail(.ifRange, "the mirror was asked for ranges without its validator: \(unvalidated.map(\.raw))")
+        }
+        if matrixCase.mirror == .differing, let segment = records.first(where: { $0.length > MatrixMirror.sampleBytes }) {
+            outcome.fail(.content, "a mirror serving other bytes was asked for more than a sample: \(segment)")
+        }
+        if !matrixCase.server.canSplit || matrixCase.size == .below, let any = records.first {
+            outcome.fail(.connections, "a mirror was asked where the file is not split: \(any)")
+        }
+    }
+
+    /// The server-side checks (docs/overlap.md). `mirrorRecords`: how many of `records` (the last ones) are a
+    /// mirror's.
     static func check(
         _ records: [ServedRecord], interruptedRun: [ServedRecord], lastRun: [ServedRecord], trusted: [Range<Int>],
-        origin: MatrixOrigin, into outcome: inout MatrixOutcome
+        origin: MatrixOrigin, into outcome: inout MatrixOutcome, mirrorRecords: Int = 0
     ) {
+        // Samples proving a mirror (the first server's and the mirror's own, 64 KiB each) are asked for beside the
+        // file: they count in the bytes sent, within their own allowance, and are not a refetch of saved bytes.
+        let mirrored = outcome.matrixCase.mirror != .one
+        let isSample = { (record: ServedRecord) in
+            mirrored && record.isBoundedRange && record.length <= MatrixMirror.sampleBytes
+        }
+        let sampleBytes = records.filter(isSample).reduce(0) { $0 + $1.sent }
+        let firstServerRecords = Array(records.dropLast(mirrorRecords))
         let matrixCase = outcome.matrixCase
         let server = matrixCase.server
         let size = matrixCase.bytes
@@ -1014,8 +1094,9 @@ enum MatrixRunner {
             return
         }
 
-        // If-Range: with a validator on every ranged request (the one the server gave); without, on none.
-        for record in records where record.range != nil {
+        // If-Range: with a validator on every ranged request (the one the server gave); without, on none. (A
+        // mirror's are checked by checkMirror.)
+        for record in firstServerRecords where record.range != nil {
             if server.hasValidator {
                 let expected = origin.validator
                 if !record.hasIfRange || (expected != nil && record.ifRange != expected) {
@@ -1027,7 +1108,7 @@ enum MatrixRunner {
         }
 
         // One connection below the split threshold and where ranges cannot be checked; -c 3 and -c 8 split above it.
-        let segments = records.filter(\.isBoundedRange)
+        let segments = firstServerRecords.filter { $0.isBoundedRange && !isSample($0) }
         if matrixCase.size == .below || !server.canSplit, !segments.isEmpty {
             outcome.fail(.connections, "segment requests where one connection is due: \(segments.map(\.raw))")
         }
@@ -1053,7 +1134,7 @@ enum MatrixRunner {
         // vouch for) is fetched again, but for the overlap window (no validator) or a whole restart (no ranges).
         let trustedBytes = unionLength(trusted)
         if outcome.interrupted {
-            let rerun = lastRun
+            let rerun = lastRun.filter { !isSample($0) }
             let refetched = intersectionLength(rerun.map(\.sentRange), trusted)
             let allowed =
                 server.canSplit ? 0 : server.acceptsRanges ? min(OverlapBounds.overlapWindow, trustedBytes) : trustedBytes
@@ -1071,13 +1152,15 @@ enum MatrixRunner {
         // A response counts as cut when the server could not send all of it, and every response of an interrupted
         // run does: a body that fitted in the socket buffers looks whole to the server though the client died first.
         let sent = records.reduce(0) { $0 + $1.sent }
-        var bound = size
+        var bound = size + sampleBytes
         let interruptedOrders = Set(interruptedRun.map(\.order))
         // A steal's victim is cut too, at the split point, although the server may have handed all of its range to
         // the kernel before the client stopped reading (a throttled connection's rest fits in the socket buffers):
         // a response another response starts inside of.
         let stolenFrom = { (record: ServedRecord) in
-            records.contains { other in other.start > record.start && other.start < record.start + record.length }
+            records.contains { other in
+                !isSample(other) && other.start > record.start && other.start < record.start + record.length
+            }
         }
         let countsAsCut = { (record: ServedRecord) in
             record.isCut || interruptedOrders.contains(record.order) || stolenFrom(record)
