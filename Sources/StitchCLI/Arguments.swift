@@ -30,6 +30,8 @@ struct GetOptions {
     var adopt = false
     /// `--mirror URL`: other URLs of the same file, fetched from beside the first while the file is split.
     var mirrors: [String] = []
+    /// `--use-advertised-mirrors`: also the mirrors a response names with `Link: rel=duplicate`.
+    var useAdvertisedMirrors = false
     /// `-N` / `--if-newer`: fetch only if the server's file is newer than DEST (wget -N, curl -z).
     var ifNewer = false
     var quiet = false
@@ -104,7 +106,9 @@ struct GetOptions {
             if overwrite { throw UsageError("--overwrite has no file to replace with -o -") }
             if adopt { throw UsageError("--adopt takes over a partial FILE; -o - has none") }
             if ifNewer { throw UsageError("--if-newer compares with a FILE; -o - has none") }
-            if !mirrors.isEmpty { throw UsageError("-o - streams over one connection from one URL; drop --mirror") }
+            if !mirrors.isEmpty || useAdvertisedMirrors {
+                throw UsageError("-o - streams over one connection from one URL; drop the mirrors")
+            }
         }
         if transport == .urlSession {
             // What URLSession cannot do is refused before anything starts, not part-way through a batch.

@@ -168,6 +168,7 @@ enum Batch {
             add.overwrite = options.overwrite
             add.adopt = options.adopt
             add.ifNewer = options.ifNewer
+            add.useAdvertisedMirrors = options.useAdvertisedMirrors
             return add
         }
         var items = options.urls.map { Item(url: $0, options: base()) }

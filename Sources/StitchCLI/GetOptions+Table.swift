@@ -167,6 +167,13 @@ extension GetOptions {
             if let note { options.notes.append(note) }
             options.mirrors.append(url)
         },
+        .flag(
+            ["--use-advertised-mirrors"],
+            help: """
+                also fetch from the servers the first response names as copies of the
+                file (Link: rel=duplicate, Metalink/HTTP), each once proven as --mirror is
+                """
+        ) { options, _ in options.useAdvertisedMirrors = true },
         .value(
             ["--load-cookies"], "FILE", aliases: ["-b"],
             help: """

@@ -183,6 +183,7 @@ struct StitchCommand {
             request.ifNewer = options.ifNewer
         }
         request.mirrors = options.mirrors
+        request.useAdvertisedMirrors = options.useAdvertisedMirrors
         if let caCert = options.caCert, access(caCert, R_OK) != 0 {
             output.error("--ca-cert: cannot read \(caCert)")
             return .usage

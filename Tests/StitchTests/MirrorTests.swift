@@ -5,6 +5,7 @@ import Testing
 
 @testable import Stitch
 @testable import StitchCore
+@testable import StitchTransport
 
 /// One file from several mirrors at once (``DownloadRequest/mirrors``), end to end over the real transport: a
 /// mirror joins only on proof (samples spread over the file equal to the first source's, its own strong validator),
@@ -158,6 +159,42 @@ import Testing
         #expect(names("http://h.example/f") == ["X-Other"], "not over another scheme")
         #expect(names("https://h.example:8443/f") == ["X-Other"], "not to another port")
         #expect(names("https://mirror.example/f") == ["X-Other"])
+    }
+
+    /// Metalink/HTTP: a mirror the first response advertises (`Link: rel=duplicate`) is used when asked, under the
+    /// same proof, and never otherwise.
+    @Test(arguments: [false, true])
+    func anAdvertisedMirrorIsUsedOnlyWhenAskedFor(_ asked: Bool) async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 112)
+        var first = ServedFile(data: data, etag: "\"first\"")
+        first.extraHeaders = [("Link", "<http://127.0.0.1:1/nothing>; rel=\"describedby\", <\(m.mirrorURL)>; rel=duplicate; pri=1")]
+        m.f.serve(first, faults: Self.slow)
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\""))
+        var request = m.f.request()
+        request.useAdvertisedMirrors = asked
+        let result = try await m.download(request)
+        try m.f.expectComplete(result, data)
+        if asked {
+            #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) joins") }, "\(m.notices())")
+            #expect(!m.mirrorSegmentRequests.isEmpty)
+        } else {
+            #expect(m.mirror.requests.isEmpty)
+        }
+    }
+
+    @Test func linkHeadersAreReadAsRFC8288WritesThem() {
+        func head(_ values: String...) -> ResponseHead {
+            ResponseHead(status: 200, headers: HTTPHeaders(values.map { ("Link", $0) }))
+        }
+        #expect(
+            LinkHeader.targets(
+                of: head(
+                    "<http://b/f>; rel=duplicate; pri=2, <http://a/f>; REL=\"duplicate other\"; pri=1",
+                    "<http://c/f>; rel=describedby", "garbage, <http://d/f>;rel=duplicate", "<http://a/f>; rel=duplicate"),
+                relation: "duplicate") == ["http://a/f", "http://b/f", "http://d/f"])
+        #expect(LinkHeader.targets(of: head("<http://x/f>; title=\"a, b; rel=duplicate\""), relation: "duplicate").isEmpty)
     }
 
     @Test func anUnreachableMirrorIsDropped() async throws {

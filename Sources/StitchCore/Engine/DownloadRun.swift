@@ -287,7 +287,15 @@ final class DownloadRun: Sendable {
     /// The mirrors a split transfer of `lanes` lanes fetches from beside the first source: only with a second lane
     /// for them, a strong validator and a length to prove them against, and a file worth the samples.
     private func mirrorSet(lanes: Int, known: Validators?, left: Int64) -> MirrorSet? {
-        let urls = context.mirrorURLs
+        var urls = context.mirrorURLs
+        let advertised = files.advertisedMirrors.filter { $0 != context.startURL && !urls.contains($0) }
+        if !advertised.isEmpty {
+            reporter.emit(
+                .notice(
+                    "the server advertises \(advertised.count) other server(s) of the file (Link: rel=duplicate): "
+                        + "each is used only once proven"))
+            urls += advertised
+        }
         // Worth the samples only with several times their bytes left to fetch.
         let samples = Int64(Adoption.minimumSamples) * Adoption.sampleBytes
         guard !urls.isEmpty, lanes >= 2, let known, known.ifRange != nil, known.totalLength != nil, left >= 4 * samples

@@ -38,6 +38,10 @@ public struct DownloadRequest: Sendable {
     /// differs written. Credentials in ``headers`` (`Authorization`, `Cookie`) are not sent to a mirror on another
     /// host. Unused on one connection. docs/mirrors.md.
     public var mirrors: [String] = []
+    /// Also take as ``mirrors`` the servers the first response advertises with `Link: <URI>; rel=duplicate`
+    /// (Metalink/HTTP, RFC 6249), at most four, lowest `pri` first, under the same proof. Off by default: the
+    /// server then chooses hosts the download contacts.
+    public var useAdvertisedMirrors = false
     /// Fetch the file only if the server's is newer than the one at the destination (`wget -N`, `curl -z`, aria2's
     /// `conditional-get`): the request for it carries `If-None-Match` with the ETag the file came with and
     /// `If-Modified-Since` with its `Last-Modified` (both from its completion mark, when this download made it),

@@ -263,6 +263,13 @@ final class LaneRequest: Sendable {
     /// the file is already complete, a saved partial is to be resumed, or the file was split at once.
     private func prepareWhole(_ head: ResponseHead, validators: Validators) throws(DownloadError) -> Ending? {
         let files = run.files
+        if run.context.request.useAdvertisedMirrors {
+            // Metalink/HTTP's other servers of the file, resolved against this response's URL, http(s) only.
+            let advertised = LinkHeader.targets(of: head, relation: "duplicate").compactMap {
+                URL(string: $0, relativeTo: url)?.absoluteURL
+            }.filter { ["http", "https"].contains($0.scheme?.lowercased() ?? "") && $0 != url }
+            files.advertisedMirrors = Array(advertised.prefix(4))
+        }
         do {
             if files.store == nil {
                 if let ending = try createStore(head: head, validators: validators) { return ending }

@@ -27,6 +27,8 @@ final class RunFiles: Sendable {
         var condition: Reopening.Unchanged?
         /// Restarts for a 206 whose bytes did not match its `Content-Digest`.
         var partMismatches = 0
+        /// Mirrors the first response advertised (``DownloadRequest/useAdvertisedMirrors``).
+        var advertisedMirrors: [URL] = []
     }
 
     private let facts = Locked(Facts())
@@ -118,6 +120,12 @@ final class RunFiles: Sendable {
             reporter.emit(.resuming(from: resumed.point.bytes, note: resumed.point.note))
             return nil
         }
+    }
+
+    /// Mirrors the first response advertised (`Link: rel=duplicate`), checked URLs.
+    var advertisedMirrors: [URL] {
+        get { facts.withLock { $0.advertisedMirrors } }
+        set { facts.withLock { $0.advertisedMirrors = newValue } }
     }
 
     /// Whether a 206's `Content-Digest` is checked against its bytes: until it failed twice in this run (a server

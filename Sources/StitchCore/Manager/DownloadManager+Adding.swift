@@ -113,6 +113,7 @@ extension DownloadManager {
                         stored.tuning = options.tuning
                         stored.adopt = options.adopt && options.out != nil
                         stored.ifNewer = options.ifNewer
+                        stored.useAdvertisedMirrors = options.useAdvertisedMirrors
                         stored.proxies = options.proxies
                         return stored
                     }(),

@@ -97,6 +97,9 @@ extension DownloadManager {
         /// tried once in turn, its partial data kept only where the new server proves the file is the same (as
         /// ``DownloadManager/updateSource(_:url:headers:)-(_,String,_)``).
         public var mirrors: [String] = []
+        /// Also fetch from the servers the first response names as copies of the file (`Link: rel=duplicate`),
+        /// each once proven (``DownloadRequest/useAdvertisedMirrors``).
+        public var useAdvertisedMirrors = false
         /// Engine settings for this download instead of the manager's.
         public var tuning = Tuning()
 

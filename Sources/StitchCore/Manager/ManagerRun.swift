@@ -44,6 +44,7 @@ final class ManagerRun: Sendable {
         request.ifNewer = entry.options.ifNewer
         // The file's other URLs, fetched from at once while it is split (and each tried in turn after a failure).
         request.mirrors = entry.options.mirrors.filter { $0 != entry.url }
+        request.useAdvertisedMirrors = entry.options.useAdvertisedMirrors
         let id = entry.id
         let urls = Set([entry.url] + entry.options.formerURLs)
         let replacing = entry.options.ifNewer

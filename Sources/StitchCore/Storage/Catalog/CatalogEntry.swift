@@ -123,6 +123,8 @@ struct StoredOptions: Codable, Sendable, Hashable {
     var proxies = DownloadManager.Proxies()
     /// Fetch only if newer than the file at the destination (``DownloadManager/AddOptions/ifNewer``).
     var ifNewer = false
+    /// Also the mirrors a response advertises (``DownloadManager/AddOptions/useAdvertisedMirrors``).
+    var useAdvertisedMirrors = false
 
     init(
         connections: Int? = nil, overwrite: Bool = false, rateLimit: Int64? = nil, http2Streams: Bool = false,
@@ -147,6 +149,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         case adopt
         case proxies
         case ifNewer
+        case useAdvertisedMirrors
     }
 
     init(from decoder: any Decoder) throws {
@@ -162,6 +165,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         tuning = (try? container.decodeIfPresent(DownloadManager.Tuning.self, forKey: .tuning)) ?? DownloadManager.Tuning()
         adopt = (try? container.decodeIfPresent(Bool.self, forKey: .adopt)) ?? false
         ifNewer = (try? container.decodeIfPresent(Bool.self, forKey: .ifNewer)) ?? false
+        useAdvertisedMirrors = (try? container.decodeIfPresent(Bool.self, forKey: .useAdvertisedMirrors)) ?? false
         proxies =
             (try? container.decodeIfPresent(DownloadManager.Proxies.self, forKey: .proxies)) ?? DownloadManager.Proxies()
     }
@@ -178,6 +182,7 @@ struct StoredOptions: Codable, Sendable, Hashable {
         if tuning != DownloadManager.Tuning() { try container.encode(tuning, forKey: .tuning) }
         if adopt { try container.encode(adopt, forKey: .adopt) }
         if ifNewer { try container.encode(ifNewer, forKey: .ifNewer) }
+        if useAdvertisedMirrors { try container.encode(useAdvertisedMirrors, forKey: .useAdvertisedMirrors) }
         if !proxies.isEmpty { try container.encode(proxies, forKey: .proxies) }
     }
 }
