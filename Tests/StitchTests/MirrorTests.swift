@@ -146,6 +146,25 @@ import Testing
         #expect(m.f.watch.restarts.isEmpty)
     }
 
+    /// A redirect to another origin gets no `Authorization` or `Cookie` the caller gave (as curl without
+    /// `--location-trusted`); one on the same origin gets them.
+    @Test func credentialHeadersDoNotFollowARedirectToAnotherOrigin() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: 300_000, seed: 113)
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"m\""))
+        m.f.server.redirect(from: "/file.bin", to: "/same.bin")
+        m.f.server.redirect(from: "/same.bin", to: m.mirrorURL)
+        var request = m.f.request()
+        request.headers.add(name: "Authorization", value: "Bearer secret")
+        request.headers.add(name: "X-Other", value: "kept")
+        let result = try await m.f.download(request)
+        try m.f.expectComplete(result, data)
+        #expect(m.f.server.requests.allSatisfy { $0.header("Authorization") == "Bearer secret" })
+        #expect(!m.mirror.requests.isEmpty)
+        #expect(m.mirror.requests.allSatisfy { $0.header("Authorization") == nil && $0.header("X-Other") == "kept" })
+    }
+
     @Test func credentialHeadersStayWithTheirOrigin() throws {
         var request = DownloadRequest(url: "https://h.example/f", destination: .file("/tmp/x"))
         request.headers.add(name: "Authorization", value: "a")
