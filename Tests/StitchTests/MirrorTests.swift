@@ -165,6 +165,29 @@ import Testing
         #expect(m.mirror.requests.allSatisfy { $0.header("Authorization") == nil && $0.header("X-Other") == "kept" })
     }
 
+    /// Two lanes on a mirror that fails its segments (502, then 503): once one drops it, the other's next request goes
+    /// to the first source — never again to the mirror, and never with the first source's validator — and a
+    /// mirror's refusal retires none of the first source's connections.
+    @Test(arguments: [502, 503])
+    func afterADropNoLaneAsksTheMirrorAgain(_ status: Int) async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 114)
+        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
+            let bounds = request.header("Range").flatMap(Mirrored.bounds)
+            return bounds.map { $0.1 - $0.0 + 1 > Adoption.sampleBytes } ?? true ? .status(status) : .none
+        }
+        var request = m.f.request()
+        request.mirrors = [m.mirrorURL, m.mirrorURL + "?again"]  // lanes 1 and 3: one mirror each, same server
+        let result = try await m.download(request)
+        try m.f.expectComplete(result, data)
+        #expect(m.mirror.requests.allSatisfy { $0.header("If-Range") != "\"first\"" }, "\(m.mirror.requests.map { $0.header("If-Range") ?? "-" })")
+        #expect(m.f.watch.restarts.isEmpty, "\(m.f.watch.restarts)")
+        #expect(!m.notices().contains { $0.contains("refused an extra connection") }, "\(m.notices())")
+        #expect(!m.notices().contains { $0.contains("changed") }, "\(m.notices())")
+    }
+
     @Test func credentialHeadersStayWithTheirOrigin() throws {
         var request = DownloadRequest(url: "https://h.example/f", destination: .file("/tmp/x"))
         request.headers.add(name: "Authorization", value: "a")
@@ -214,6 +237,10 @@ import Testing
                     "<http://c/f>; rel=describedby", "garbage, <http://d/f>;rel=duplicate", "<http://a/f>; rel=duplicate"),
                 relation: "duplicate") == ["http://a/f", "http://b/f", "http://d/f"])
         #expect(LinkHeader.targets(of: head("<http://x/f>; title=\"a, b; rel=duplicate\""), relation: "duplicate").isEmpty)
+        // Unclosed brackets end the parse at once (it was quadratic: 80 KB took 35 s; this is 400 KB).
+        let hostile = String(repeating: "<,", count: 200_000)
+        #expect(LinkHeader.targets(of: head(hostile + "<http://y/f>; rel=duplicate"), relation: "duplicate") == ["http://y/f"])
+        #expect(LinkHeader.targets(of: head(hostile), relation: "duplicate").isEmpty)
     }
 
     @Test func anUnreachableMirrorIsDropped() async throws {

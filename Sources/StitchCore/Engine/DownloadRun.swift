@@ -287,19 +287,18 @@ final class DownloadRun: Sendable {
     /// The mirrors a split transfer of `lanes` lanes fetches from beside the first source: only with a second lane
     /// for them, a strong validator and a length to prove them against, and a file worth the samples.
     private func mirrorSet(lanes: Int, known: Validators?, left: Int64) -> MirrorSet? {
-        var urls = context.mirrorURLs
-        let advertised = files.advertisedMirrors.filter { $0 != context.startURL && !urls.contains($0) }
+        let advertised = files.advertisedMirrors.filter { $0 != context.startURL && !context.mirrorURLs.contains($0) }
+        let urls = context.mirrorURLs + advertised
+        // Worth the samples only with several times their bytes left to fetch.
+        let samples = Int64(Adoption.minimumSamples) * Adoption.sampleBytes
+        guard !urls.isEmpty, lanes >= 2, let known, known.ifRange != nil, known.totalLength != nil, left >= 4 * samples
+        else { return nil }
         if !advertised.isEmpty {
             reporter.emit(
                 .notice(
                     "the server advertises \(advertised.count) other server(s) of the file (Link: rel=duplicate): "
                         + "each is used only once proven"))
-            urls += advertised
         }
-        // Worth the samples only with several times their bytes left to fetch.
-        let samples = Int64(Adoption.minimumSamples) * Adoption.sampleBytes
-        guard !urls.isEmpty, lanes >= 2, let known, known.ifRange != nil, known.totalLength != nil, left >= 4 * samples
-        else { return nil }
         // Each mirror needs a lane of its own: as many as the lanes allow, in the order given.
         return MirrorSet(urls: Array(urls.prefix(lanes - 1)))
     }
@@ -492,7 +491,8 @@ final class DownloadRun: Sendable {
         // the first source, as any other lane (so no mirror ever leaves the download short of connections).
         let mirror = lanes.mirrors.flatMap { $0.mirror(ofLane: id) }
         if let mirror, let mirrors = lanes.mirrors {
-            _ = await mirrors.proof(mirror)
+            // Dropped, it joins the first source: after that source's samples, as its own lanes do.
+            if await mirrors.proof(mirror) == nil { _ = await mirrors.reference() }
         } else if let mirrors = lanes.mirrors {
             // The first source's lanes start once its samples are taken: its server may limit connections.
             _ = await mirrors.reference()

@@ -265,9 +265,10 @@ final class LaneRequest: Sendable {
         let files = run.files
         if run.context.request.useAdvertisedMirrors {
             // Metalink/HTTP's other servers of the file, resolved against this response's URL, http(s) only.
+            // Checked as a URL given would be; none with credentials in it.
             let advertised = LinkHeader.targets(of: head, relation: "duplicate").compactMap {
                 URL(string: $0, relativeTo: url)?.absoluteURL
-            }.filter { ["http", "https"].contains($0.scheme?.lowercased() ?? "") && $0 != url }
+            }.compactMap { try? validateURL($0.absoluteString) }.filter { $0.user == nil && $0.password == nil && $0 != url }
             files.advertisedMirrors = Array(advertised.prefix(4))
         }
         do {

@@ -167,7 +167,10 @@ struct MirrorProof {
         do {
             // The first sample tells the mirror's validators; the rest are tied to them, two at a time.
             var answers = [try await other.fetch(ranges[0], known: nil)]
-            if case .bytes(_, let validators) = answers[0], ranges.count > 1 {
+            // Its length and validator are judged on the first answer, before any other sample is asked.
+            if case .bytes(_, let validators) = answers[0], ranges.count > 1, validators.totalLength == total,
+                validators.ifRange != nil
+            {
                 answers += try await other.fetchAll(Array(ranges.dropFirst()), known: validators)
             }
             for got in answers {

@@ -20,17 +20,22 @@ struct RunContext: Sendable {
     /// The caller's headers for a request of `url`: all of them to the request's origin (scheme, host and port),
     /// none that carries credentials anywhere else (a mirror, a redirect's target).
     func userHeaders(for url: URL) -> HTTPHeaders {
+        Self.userHeaders(request.headers, for: url, start: startURL)
+    }
+
+    /// `headers` for a request of `url` in a download that began at `start` (``userHeaders(for:)``).
+    static func userHeaders(_ headers: HTTPHeaders, for url: URL, start: URL) -> HTTPHeaders {
         func origin(_ url: URL) -> String {
             let scheme = url.scheme?.lowercased() ?? ""
             let port = url.port ?? (scheme == "https" ? 443 : 80)
             return "\(scheme)://\(url.host?.lowercased() ?? ""):\(port)"
         }
-        guard origin(url) != origin(startURL) else { return request.headers }
-        var headers = HTTPHeaders()
-        for field in request.headers where !Self.credentialHeaders.contains(field.name.lowercased()) {
-            headers.add(name: field.name, value: field.value)
+        guard origin(url) != origin(start) else { return headers }
+        var kept = HTTPHeaders()
+        for field in headers where !credentialHeaders.contains(field.name.lowercased()) {
+            kept.add(name: field.name, value: field.value)
         }
-        return headers
+        return kept
     }
 }
 

@@ -43,7 +43,9 @@ extension Downloader {
             if written > 0, plan.ifRange == nil { throw Self.noValidator(written) }
             let url = machine.url
             let request = TransportRequest(
-                url: url.absoluteString, headers: ResumePolicy.requestHeaders(user: headers, plan: plan),
+                url: url.absoluteString,
+                headers: ResumePolicy.requestHeaders(
+                    user: RunContext.userHeaders(headers, for: url, start: start), plan: plan),
                 options: options.transport, clock: clock)
             sink.startRequest()
             let verdict = Locked<HeadVerdict?>(nil)

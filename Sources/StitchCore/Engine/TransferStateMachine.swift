@@ -48,12 +48,17 @@ struct TransferStateMachine: Sendable {
 
     /// The request sequence of segment `slot`: on one connection the download's own, else the lane's (from
     /// `source`, a mirror's URL, or the download's).
-    private func attempts(_ slot: Int, first: AttemptStateMachine, source: URL? = nil) -> AttemptStateMachine {
+    private func attempts(
+        _ slot: Int, first: AttemptStateMachine, source: URL? = nil, forRequest: Bool = false
+    ) -> AttemptStateMachine {
         if alone { return first }
-        return attempts[slot]
-            ?? AttemptStateMachine(
-                startURL: source ?? first.startURL, policy: first.policy, maxRedirects: first.maxRedirects,
-                scope: .connection)
+        // For a new request: a sequence begun at another source (a mirror dropped since) is not this request's.
+        if let sequence = attempts[slot], !forRequest || sequence.startURL == source ?? first.startURL {
+            return sequence
+        }
+        return AttemptStateMachine(
+            startURL: source ?? first.startURL, policy: first.policy, maxRedirects: first.maxRedirects,
+            scope: .connection)
     }
 
 
@@ -157,7 +162,7 @@ struct TransferStateMachine: Sendable {
             }
             plan = RequestPlan(rangeStart: written, resumeOffset: written, ifRange: ifRange, rangeEnd: end)
         }
-        let sequence = attempts(slot, first: first, source: source)
+        let sequence = attempts(slot, first: first, source: source, forRequest: true)
         if !alone { attempts[slot] = sequence }
         return (plan, sequence.url)
     }
@@ -267,7 +272,8 @@ struct TransferStateMachine: Sendable {
             return .stop
         case .wait(let seconds, let attempt, let of, let reason):
             // A server that refuses extra connections (429, 503; nginx limit_conn) gets fewer of them.
-            if case .retry(let status, _) = report.attempt.verdict, Self.isRefusal(status),
+            // (Not for a mirror's refusal: the first server's connections are not the ones refused.)
+            if case .retry(let status, _) = report.attempt.verdict, Self.isRefusal(status), !report.mirror,
                 retire(running: running, except: slot)
             {
                 return .retire(

@@ -30,13 +30,16 @@ package enum LinkHeader {
         func skipBlanks() { while let c = scalars.first, c == " " || c == "\t" { scalars.removeFirst() } }
         while !scalars.isEmpty {
             skipBlanks()
-            guard scalars.first == "<", let close = scalars.firstIndex(of: ">") else {
-                // Not a link-value: skip to the next comma.
-                if let comma = scalars.firstIndex(of: ",") {
-                    scalars = scalars[scalars.index(after: comma)...]
-                    continue
-                }
-                break
+            // A URI between < and > (one holds no < of its own: a < before the > starts the next try, so a hostile
+            // run of them is read once, not once per <).
+            let end = scalars.first == "<" ? scalars.dropFirst().firstIndex(where: { $0 == ">" || $0 == "<" }) : nil
+            guard let close = end, scalars[close] == ">" else {
+                // Not a link-value: skip to the next comma, or to the next <.
+                let from = scalars.index(after: scalars.startIndex)
+                guard let next = scalars[from...].firstIndex(where: { $0 == "," || $0 == "<" }) else { break }
+                scalars = scalars[next...]
+                if scalars.first == "," { scalars.removeFirst() }
+                continue
             }
             let uri = String(String.UnicodeScalarView(scalars[scalars.index(after: scalars.startIndex)..<close]))
             scalars = scalars[scalars.index(after: close)...]
