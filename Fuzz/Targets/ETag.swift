@@ -1,6 +1,6 @@
 // Fuzz target: the validators a response carries (ETag, Last-Modified + Date → If-Range) and header lines:
 // `Downloader.parseHeaderLine`, `Validators(from:)`, `echoable`, `change(from:to:)`, `evaluate`,
-// `requestHeaders`, `Validators.strongETag` / `strongLastModified` / `ifRange`.
+// `requestHeaders`, `Validators.strongETag` / `strongLastModified` / `ifRange`, and a conditional (`-N`) request.
 //
 // Input: byte 0 picks the status, byte 1 the request plan; the rest is a response head, one "Name: value" line
 // per LF, taken as a hostile server would send it (CR and other control characters kept).
@@ -41,10 +41,18 @@ public func fuzzETag(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     check(ResumePolicy.change(from: fresh, to: fresh) == nil, "validators differ from themselves")
 
     let offset = Int64(input.bytes[1] % 4) * 1000
+    // A conditional request (`-N`) for a file at the destination that is what this response says, or one byte
+    // longer: a 304 or a 200 naming the same file is "not modified", a different length never.
+    var conditional = ResumePolicy.plan(offset: 0, known: nil)
+    let sameLength = input.bytes[1] & 0x80 == 0
+    conditional.condition = FreshnessCondition(
+        etag: fresh.strongETag, modifiedSince: fresh.lastModified ?? "Thu, 01 Jan 1970 00:00:00 GMT",
+        serverDate: fresh.lastModified != nil, length: (fresh.totalLength ?? 0) + (sameLength ? 0 : 1))
     let plans = [
         ResumePolicy.plan(offset: offset, known: fresh),
         ResumePolicy.plan(offset: offset, known: nil),
         ResumePolicy.plan(offset: offset, known: Validators.none),
+        conditional,
     ]
     for plan in plans {
         if let ifRange = plan.ifRange { check(!hasControlCharacter(ifRange), "If-Range \(ifRange.debugDescription)") }
@@ -67,6 +75,9 @@ public func fuzzETag(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
                 checkValidators(validators)
             case .complete:
                 check(status == 416, "complete on \(status)")
+            case .notModified(let why):
+                check(plan.condition != nil && !plan.isRanged, "not modified without a condition")
+                check(status == 304 || (status == 200 && sameLength), "not modified on \(status): \(why)")
             case .redirect(let location):
                 check(!location.isEmpty, "empty redirect")
             case .retry(let retryStatus, _):
