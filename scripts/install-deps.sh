@@ -13,13 +13,14 @@
 #           power-cut tests' file system, Tests/PowerLoss/plfs.c, built by the tests with cc and pkg-config), man-db +
 #           zsh + fish (ManualTests: the generated manual pages render, each shell reads its completion),
 #           tinyproxy + microsocks (ProxyTests: downloads through a real HTTP proxy, CONNECT and SOCKS5; started by
-#           the tests on loopback, the packages' own services never used)
+#           the tests on loopback, the packages' own services never used), squid-openssl (SquidProxyTests: a caching
+#           proxy reached over TLS, an https:// proxy with a certificate of its own CA; its service never used)
 #   package: dpkg-dev (dpkg-shlibdeps) + lintian (scripts/package.sh), mmdebstrap + bubblewrap + systemd (the
 #           install test's bare Debian root, the unit's sandbox, systemd-analyze)
 set -euo pipefail
 packages=(libcurl4-openssl-dev libssl-dev libsqlite3-dev libmicrohttpd-dev libwslay-dev pkg-config ca-certificates nginx-light openssl curl time gcc
     libc6-dev chromium chromium-driver python3-venv nodejs gdb iproute2 python3-pyte wget aria2 fuse3 libfuse3-dev man-db zsh fish
-    tinyproxy microsocks
+    tinyproxy microsocks squid-openssl
     dpkg-dev lintian mmdebstrap bubblewrap systemd)
 missing=()
 for p in "${packages[@]}"; do

@@ -53,6 +53,8 @@ struct GetOptions {
     var proxy: TransportOptions.Proxy?
     /// `--proxy-user USER`: the proxy's user; the password comes from `STITCH_PROXY_PASSWORD` or the terminal.
     var proxyUser: String?
+    /// `--proxy-ca-cert FILE`: the CA bundle an https:// proxy's certificate is checked against.
+    var proxyCACert: String?
     /// `--noproxy LIST`: hosts reached directly.
     var noProxy: String?
     /// `--transport NAME`: the HTTP backend (libcurl, or URLSession; the build's default unless given).
@@ -135,6 +137,7 @@ struct GetOptions {
             throw UsageError("--resume continues a partial download; --if-newer is for a complete DEST: drop one")
         }
         if let caCert, caCert.isEmpty { throw UsageError("--ca-cert needs a file path") }
+        if let proxyCACert, proxyCACert.isEmpty { throw UsageError("--proxy-ca-cert needs a file path") }
         if proxyUser != nil, proxy == nil || proxy == .direct {
             throw UsageError("--proxy-user needs --proxy URL: the proxy it is for")
         }

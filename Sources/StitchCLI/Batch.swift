@@ -28,9 +28,11 @@ enum Batch {
             output.error("\(error)")
             return .usage
         }
-        if let caCert = options.caCert, access(caCert, R_OK) != 0 {
-            output.error("--ca-cert: cannot read \(caCert)")
-            return .usage
+        for (name, file) in [("--ca-cert", options.caCert), ("--proxy-ca-cert", options.proxyCACert)] {
+            if let file, access(file, R_OK) != 0 {
+                output.error("\(name): cannot read \(file)")
+                return .usage
+            }
         }
         // Bad URLs fail on their own, like any other failed download, without stopping the rest.
         var invalid: [(url: String, message: String)] = []

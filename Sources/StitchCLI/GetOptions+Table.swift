@@ -246,6 +246,16 @@ extension GetOptions {
             options.libcurlOnlyOption = options.libcurlOnlyOption ?? use.name
         },
         .value(
+            ["--proxy-ca-cert"], "FILE", aliases: ["--proxy-cacert"],
+            help: """
+                check an https:// proxy's certificate against the certificates in FILE (PEM)
+                instead of the system store (the servers' stay with --ca-cert)
+                """
+        ) { options, use in
+            options.proxyCACert = use.value
+            options.libcurlOnlyOption = options.libcurlOnlyOption ?? use.name
+        },
+        .value(
             ["--noproxy"], "LIST",
             help: """
                 hosts reached directly, not through a proxy: comma-separated names (each

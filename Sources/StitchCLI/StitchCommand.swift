@@ -184,9 +184,11 @@ struct StitchCommand {
         }
         request.mirrors = options.mirrors
         request.useAdvertisedMirrors = options.useAdvertisedMirrors
-        if let caCert = options.caCert, access(caCert, R_OK) != 0 {
-            output.error("--ca-cert: cannot read \(caCert)")
-            return .usage
+        for (name, file) in [("--ca-cert", options.caCert), ("--proxy-ca-cert", options.proxyCACert)] {
+            if let file, access(file, R_OK) != 0 {
+                output.error("\(name): cannot read \(file)")
+                return .usage
+            }
         }
 
         var downloadOptions = DownloadOptions()
@@ -395,6 +397,7 @@ extension GetOptions {
         transport.stallTimeout = timeout
         transport.connectTimeout = connectTimeout
         transport.caCertificatePath = caCert
+        transport.proxyCACertificatePath = proxyCACert
         transport.tlsVerification = insecure ? .insecure : .verify
         transport.netrc = netrc
         transport.noProxy = noProxy

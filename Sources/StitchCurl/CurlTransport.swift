@@ -260,11 +260,17 @@ final class CurlTransfer: @unchecked Sendable {
                 set(stitch_easy_setopt_string(easy, CURLOPT_PROXYPASSWORD, proxy.password ?? ""))
             }
             if proxy.url.hasPrefix("https:") {
-                // TLS to the proxy is always checked against the system's trust store: `-k` and `--ca-cert` are
-                // for servers (curl has --proxy-insecure apart), and the proxy's password travels inside this TLS.
+                // TLS to the proxy is always checked, against the system's trust store or `--proxy-ca-cert`'s:
+                // `-k` and `--ca-cert` are for servers, and the proxy's password travels inside this TLS.
                 set(stitch_easy_setopt_long(easy, CURLOPT_PROXY_SSL_VERIFYPEER, 1))
                 set(stitch_easy_setopt_long(easy, CURLOPT_PROXY_SSL_VERIFYHOST, 2))
             }
+        }
+        if let proxyCA = options.proxyCACertificatePath {
+            // The proxy's own trust, whichever proxy is used (the option's or the environment's); the
+            // servers' stays as set above.
+            set(stitch_easy_setopt_string(easy, CURLOPT_PROXY_CAINFO, proxyCA))
+            set(stitch_easy_setopt_string(easy, CURLOPT_PROXY_CAPATH, nil))
         }
         if let noProxy = options.noProxy { set(stitch_easy_setopt_string(easy, CURLOPT_NOPROXY, noProxy)) }
         if let credentials = options.credentials,
@@ -487,11 +493,23 @@ final class CurlTransfer: @unchecked Sendable {
         if let proxy = request.options.proxy, !proxy.url.isEmpty, !headDelivered {
             (kind, message) = proxyFailure(code, kind: kind, message: message, proxy: proxy.url)
         }
-        if kind == .tls, let server = URLComponents(string: request.url).flatMap(Self.serverName) {
+        if kind == .tls, !headDelivered, proxyCertificateFailed {
+            // The TLS that failed is the one to the proxy (an https:// proxy), not to the server.
+            let proxy = request.options.proxy.map(\.url).flatMap { $0.isEmpty ? nil : $0 } ?? "(the environment's)"
+            message = "proxy \(proxy): \(message) (the proxy's own certificate, not the server's)"
+        } else if kind == .tls, let server = URLComponents(string: request.url).flatMap(Self.serverName) {
             // After redirects the failing server is not the one the user named.
             message += " (server \(server))"
         }
         return .failure(TransportError(kind, message, underlyingCode: Int(code.rawValue)))
+    }
+
+    /// Whether an `https://` proxy's certificate failed its check (libcurl keeps the proxy's verification result
+    /// apart from the server's).
+    private var proxyCertificateFailed: Bool {
+        guard let easy else { return false }
+        var result = 0
+        return stitch_easy_getinfo_long(easy, CURLINFO_PROXY_SSL_VERIFYRESULT, &result) == CURLE_OK && result != 0
     }
 
     /// A failure before any response through `proxy` (the option's, not the environment's), said as the proxy's:

@@ -100,6 +100,10 @@ public struct TransportOptions: Sendable, Hashable {
     public var tlsVerification: TLSVerification = .verify
     /// A PEM bundle used instead of the system trust store.
     public var caCertificatePath: String?
+    /// A PEM bundle an `https://` proxy's certificate is checked against instead of the system trust store
+    /// (`--proxy-ca-cert`, curl's `--proxy-cacert`): a company's proxy often has a certificate of its own CA. It
+    /// applies to the proxy only (``caCertificatePath`` to the servers), and to the environment's proxy too.
+    public var proxyCACertificatePath: String?
     /// The `User-Agent` sent with every request.
     public var userAgent: String = "stitch/\(StitchVersion.string)"
     /// HTTP Basic credentials (`stitch get -u`), sent only to the origin they were given for.

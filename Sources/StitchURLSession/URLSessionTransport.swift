@@ -118,7 +118,7 @@ public final class URLSessionTransport: HTTPTransport {
             what = "use a CA certificate bundle other than the system's"
         } else if options.netrc != nil {
             what = "read credentials from a netrc file"
-        } else if options.proxy != nil || options.noProxy != nil {
+        } else if options.proxy != nil || options.noProxy != nil || options.proxyCACertificatePath != nil {
             // FoundationNetworking has no per-session proxy on Linux; the environment's may or may not be used.
             what = "use a proxy given in its options"
         } else {

@@ -107,7 +107,7 @@ final class LoopbackProxy: Sendable {
     }
 
     /// Polls until something accepts on `port` (up to 20 s, the process alive).
-    private static func waitForListener(port: Int, process: ChildProcess) -> Bool {
+    static func waitForListener(port: Int, process: ChildProcess) -> Bool {
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
             if let fd = connectToLoopback(port: port) {
@@ -123,4 +123,104 @@ final class LoopbackProxy: Sendable {
 
 struct ProxyStartError: Error, CustomStringConvertible {
     let description: String
+}
+
+/// Squid from Debian (the `squid-openssl` build) on loopback: a caching proxy, as companies run, listening for plain
+/// HTTP and for TLS (`https_port`: an `https://` proxy, its certificate made for the test by `openssl`, signed by
+/// nobody the system trusts). Caching is off: every request reaches the origin as sent, which the tests check.
+final class SquidProxy: Sendable {
+    /// Plain HTTP (`http://127.0.0.1:httpPort`).
+    let httpPort: Int
+    /// TLS to the proxy (`https://127.0.0.1:tlsPort`).
+    let tlsPort: Int
+    /// The proxy's certificate (PEM), for `--proxy-ca-cert`.
+    let certificate: String
+    let folder: String
+    private let process: ChildProcess
+
+    static let executable = "/usr/sbin/squid"
+    static var isInstalled: Bool {
+        FileManager.default.isExecutableFile(atPath: executable)
+            && FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl")
+    }
+
+    /// Starts squid with its files in `folder` (made here; handed to squid's `proxy` user when run as root, which
+    /// squid switches to), and waits until both ports accept connections.
+    init(in folder: String) throws {
+        self.folder = folder
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        certificate = folder + "/proxy.crt"
+        let key = folder + "/proxy.key"
+        let openssl = try ChildProcess(
+            executable: "/usr/bin/openssl",
+            arguments: [
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", certificate, "-days", "2",
+                "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+            ], environment: [:], standardOutput: .null, standardError: .null)
+        guard openssl.waitUntilExit().status == 0 else { throw ProxyStartError(description: "openssl req failed") }
+        if geteuid() == 0, let user = getpwnam("proxy") {
+            for path in [folder, certificate, key] { chown(path, user.pointee.pw_uid, user.pointee.pw_gid) }
+            // The folder it is in (a test's sandbox, 0700): passable, not readable, for that user.
+            chmod((folder as NSString).deletingLastPathComponent, 0o711)
+        }
+        var lastError = "not started"
+        for attempt in 0..<5 {
+            let (http, tls) = (try LoopbackProxy.freePort(), try LoopbackProxy.freePort())
+            let config = """
+                http_port 127.0.0.1:\(http)
+                https_port 127.0.0.1:\(tls) tls-cert=\(certificate) tls-key=\(key)
+                http_access allow localhost
+                http_access deny all
+                cache deny all
+                access_log stdio:\(folder)/access.log
+                cache_log \(folder)/cache.log
+                pid_filename none
+                coredump_dir \(folder)
+                netdb_filename none
+                logfile_rotate 0
+                shutdown_lifetime 0 seconds
+
+                """
+            let file = folder + "/squid-\(attempt).conf"
+            try Data(config.utf8).write(to: URL(fileURLWithPath: file))
+            // `-n`: a service name of its own, so that squids of parallel tests share nothing.
+            let process = try ChildProcess(
+                executable: Self.executable, arguments: ["-N", "-n", "stitch\(tls)", "-f", file], environment: [:],
+                standardOutput: .file(folder + "/squid-\(attempt).out"),
+                standardError: .file(folder + "/squid-\(attempt).err"))
+            if LoopbackProxy.waitForListener(port: http, process: process),
+                LoopbackProxy.waitForListener(port: tls, process: process)
+            {
+                (httpPort, tlsPort, self.process) = (http, tls, process)
+                return
+            }
+            process.send(SIGKILL)
+            _ = process.waitUntilExit()
+            lastError = ((try? String(contentsOfFile: folder + "/squid-\(attempt).err", encoding: .utf8)) ?? "")
+                + ((try? String(contentsOfFile: folder + "/cache.log", encoding: .utf8)) ?? "")
+        }
+        throw ProxyStartError(description: "squid did not start: \(lastError.suffix(2000))")
+    }
+
+    deinit { stop() }
+
+    /// The `https://` URL of the TLS port (`tls` true) or the `http://` one.
+    func url(tls: Bool) -> String { tls ? "https://127.0.0.1:\(tlsPort)" : "http://127.0.0.1:\(httpPort)" }
+
+    /// The access log: one line per request it carried (`GET http://…`, `CONNECT 127.0.0.1:…`).
+    var accessLog: String { (try? String(contentsOfFile: folder + "/access.log", encoding: .utf8)) ?? "" }
+
+    /// Kills squid at once (a proxy that dies mid-transfer); idempotent.
+    func kill() {
+        process.send(SIGKILL)
+        _ = process.waitUntilExit()
+    }
+
+    /// SIGTERM (squid then stops at once: `shutdown_lifetime 0`), SIGKILL after 5 s.
+    func stop() {
+        process.send(SIGTERM)
+        let deadline = ContinuousClock.now + .seconds(5)
+        while process.isRunning && ContinuousClock.now < deadline { usleep(2_000) }
+        kill()
+    }
 }

@@ -314,3 +314,118 @@ struct ProxyTests {
         }
     }
 }
+
+/// `stitch get` through squid (issue 36): a caching proxy as companies run it, reached over TLS (`--proxy https://`)
+/// with a certificate of its own CA (`--proxy-ca-cert`), for http:// URLs (squid fetches them) and https:// URLs (a
+/// tunnel inside the TLS to the proxy); and a download killed mid-body resumed through it, byte-exact.
+@Suite(
+    "stitch through squid",
+    .enabled(if: StitchUnderTest.hasLibcurl, StitchUnderTest.libcurlOnly),
+    .enabled(if: SquidProxy.isInstalled, "squid-openssl and openssl"))
+struct SquidProxyTests {
+    static func start(in sandbox: Sandbox) async throws -> SquidProxy {
+        let folder = sandbox.path("squid")
+        return try await offload { try SquidProxy(in: folder) }
+    }
+
+    @Test func aTLSProxyIsCheckedAgainstItsOwnCA() async throws {
+        let nginx = try await sharedNginx()
+        let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+        let sandbox = try Sandbox("squid")
+        defer { sandbox.cleanup() }
+        let squid = try await Self.start(in: sandbox)
+        defer { squid.stop() }
+        let trust = ["--proxy-ca-cert", squid.certificate]
+
+        let plain = try await sandbox.run(
+            ["get", nginx.httpURL("small.bin"), "-o", "plain.bin", "--proxy", squid.url(tls: true)] + trust)
+        #expect(plain.status == 0, "\(plain)")
+        #expect(readBytes(sandbox.path("plain.bin")) == expected)
+        // Squid logs a request once it has ended on its side, which may be after the client has the file.
+        let fetched = await waitUntil { squid.accessLog.contains("GET http://127.0.0.1:\(nginx.httpPort)/small.bin") }
+        #expect(fetched, "\(squid.accessLog)")
+
+        let tunnel = try await sandbox.run(
+            [
+                "get", nginx.httpsURL("small.bin"), "-o", "tunnel.bin", "--proxy", squid.url(tls: true), "--ca-cert",
+                nginx.caCertificate,
+            ] + trust)
+        #expect(tunnel.status == 0, "\(tunnel)")
+        #expect(readBytes(sandbox.path("tunnel.bin")) == expected)
+        let tunnelled = await waitUntil {
+            squid.accessLog.split(separator: "\n").contains { $0.contains(" CONNECT ") && $0.contains(":\(nginx.httpsPort) ") }
+        }
+        #expect(tunnelled, "\(squid.accessLog)")
+
+        // The environment's https:// proxy is checked against --proxy-ca-cert too.
+        let fromEnvironment = try await sandbox.run(
+            ["get", nginx.httpURL("small.bin"), "-o", "env.bin"] + trust,
+            environment: ["http_proxy": squid.url(tls: true)])
+        #expect(fromEnvironment.status == 0, "\(fromEnvironment)")
+        #expect(readBytes(sandbox.path("env.bin")) == expected)
+
+        // Not trusted (the server's --ca-cert is not the proxy's): one line naming the proxy, nothing sent through
+        // it, nothing left behind.
+        func carried() -> Int {
+            squid.accessLog.split(separator: "\n").filter { $0.contains(" GET ") || $0.contains(" CONNECT ") }.count
+        }
+        _ = await waitUntil { carried() >= 3 }
+        let before = carried()
+        #expect(before == 3, "\(squid.accessLog)")
+        for (name, extra) in [("untrusted.bin", [String]()), ("servers-ca.bin", ["--ca-cert", squid.certificate])] {
+            let untrusted = try await sandbox.run(
+                ["get", nginx.httpURL("small.bin"), "-o", name, "--proxy", squid.url(tls: true), "--retries", "0"]
+                    + extra)
+            #expect(untrusted.status == 1, "\(untrusted)")
+            let said = errorLines(untrusted)
+            #expect(said.count == 1 && said[0].contains("proxy \(squid.url(tls: true))"), "\(untrusted)")
+            #expect(said.first?.contains("the proxy's own certificate") ?? false, "\(untrusted)")
+            #expect(!(said.first?.contains("(server ") ?? true), "the proxy's failure said as the server's: \(untrusted)")
+            #expect(!fileExists(sandbox.path(name)) && !fileExists(sandbox.path(name + ".part")))
+        }
+        #expect(carried() == before, "a request went through an untrusted proxy: \(squid.accessLog)")
+
+        let unreadable = try await sandbox.run(
+            ["get", nginx.httpURL("small.bin"), "-o", "x.bin", "--proxy-ca-cert", sandbox.path("none.pem")])
+        #expect(unreadable.status == 64 && unreadable.stderr.contains("--proxy-ca-cert"), "\(unreadable)")
+    }
+
+    /// Killed mid-body, the rerun through squid over TLS resumes with Range and If-Range (squid passes both on as
+    /// sent: nginx's log shows them) and ends byte-exact.
+    @Test func resumesThroughSquidOverTLS() async throws {
+        let nginx = try await sharedNginx()
+        let name = "squid-resume-\(UUID().uuidString).bin"
+        let bytes = ServedFile.randomBytes(count: 4 << 20, seed: 37)
+        try nginx.publish(name, bytes: bytes)
+        defer { BackgroundRemoval.remove(nginx.documentRoot + "/" + name) }
+        let sandbox = try Sandbox("squid")
+        defer { sandbox.cleanup() }
+        let squid = try await Self.start(in: sandbox)
+        defer { squid.stop() }
+        let arguments = [
+            "get", nginx.slowURL(name), "-o", "out.bin", "--proxy", squid.url(tls: true), "--proxy-ca-cert",
+            squid.certificate,
+        ]
+        let first = try sandbox.start(arguments)
+        let written = await waitForBytes(1 << 20, while: first, onReach: { _ in first.kill() }) {
+            fileSize(sandbox.path("out.bin.part"))
+        }
+        first.kill()
+        let killed = await first.wait()
+        try #require(written != nil && killed.signal == SIGKILL, "not killed mid-way: \(killed)")
+        let rerun = try await sandbox.run(arguments)
+        #expect(rerun.status == 0, "\(rerun)")
+        #expect(rerun.stderr.contains("resuming at"), "\(rerun)")
+        #expect(readBytes(sandbox.path("out.bin")) == bytes)
+        #expect(squid.accessLog.components(separatedBy: name).count - 1 >= 2, "\(squid.accessLog)")
+        var ranged: [String] = []
+        _ = await waitUntil {
+            ranged = nginx.accessLogLines(containing: name).filter { $0.contains("range=\"bytes=") }
+            return !ranged.isEmpty
+        }
+        #expect(!ranged.isEmpty, "\(nginx.accessLogLines(containing: name))")
+        for line in ranged {
+            #expect(line.contains("if_range=\"\\x22"), "If-Range carries the ETag: \(line)")
+        }
+    }
+}
