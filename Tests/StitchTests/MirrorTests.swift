@@ -161,6 +161,64 @@ import Testing
         #expect(m.f.watch.restarts.isEmpty)
     }
 
+    /// Proven, then stalling mid-segment (its connections open, no bytes): the download does not wait on it — its
+    /// ranges are taken by the first source's connections — and ends whole.
+    @Test func aMirrorThatStallsHasItsRangesTakenByTheFirstSource() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 112)
+        // The first source's segments wait until the mirror has a segment (as in the test of an equal mirror).
+        let mirrorAsked = OneShot()
+        defer { mirrorAsked.open() }
+        m.f.serve(ServedFile(data: data, etag: "\"first\"")) { request, index in
+            if index > 0, Mirrored.isSegment(request) { mirrorAsked.wait(atMost: 60) }
+            return .none
+        }
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
+            guard Mirrored.isSegment(request) else { return .none }
+            mirrorAsked.open()
+            return .stallAfter(100_000, then: .close)
+        }
+        let result = try await m.download(m.request(), connections: 2)
+        try m.f.expectComplete(result, data)
+        #expect(!m.mirrorSegmentRequests.isEmpty, "the mirror was asked for segments")
+        // Its stalled connection was replaced by the lanes' monitor (beside a peer that brings bytes), not left to
+        // the stall timeout; the bytes it did send are kept (proven version, If-Range), nothing restarted.
+        #expect(m.notices().contains("replacing a slow connection"), "\(m.notices())")
+        #expect(m.f.watch.restarts.isEmpty)
+    }
+
+    /// Two lanes on one mirror: one's request stalls mid-body (its connection open), the other's is refused (502)
+    /// and drops the mirror. The stalled request is cut at the drop — the mirror sends nothing more — and its range
+    /// goes to the first source. Under a rate limit (which keeps the monitor from replacing slow connections) and
+    /// with a stall timeout longer than the test's limit, only the cut at the drop lets the download end.
+    @Test(.timeLimit(.minutes(1))) func aDroppedMirrorsOtherRequestsAreCut() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 115)
+        let mirrorAsked = OneShot()
+        defer { mirrorAsked.open() }
+        m.f.serve(ServedFile(data: data, etag: "\"first\"")) { request, index in
+            if index > 0, Mirrored.isSegment(request) { mirrorAsked.wait(atMost: 60) }
+            return .none
+        }
+        let segments = Atomic<Int>(0)
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
+            guard Mirrored.isSegment(request) else { return .none }
+            mirrorAsked.open()
+            return segments.add(1, ordering: .relaxed).oldValue == 0 ? .stallAfter(100_000, then: .close) : .status(502)
+        }
+        var options = DownloadOptions.testing
+        options.connections = 4
+        options.transport.stallTimeout = 600
+        options.rateLimiter = RateLimiter(bytesPerSecond: 1 << 30)
+        let result = try await m.f.download(m.request(), options: options)
+        try m.f.expectComplete(result, data)
+        #expect(m.notices().contains { $0.contains("mirror \(m.mirrorURL) dropped: HTTP 502") }, "\(m.notices())")
+        #expect(!m.notices().contains("replacing a slow connection"), "\(m.notices())")
+        #expect(m.f.watch.restarts.isEmpty)
+    }
+
     /// A redirect to another origin gets no `Authorization` or `Cookie` the caller gave (as curl without
     /// `--location-trusted`); one on the same origin gets them.
     @Test func credentialHeadersDoNotFollowARedirectToAnotherOrigin() async throws {

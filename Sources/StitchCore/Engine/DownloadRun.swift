@@ -342,9 +342,15 @@ final class DownloadRun: Sendable {
         }
     }
 
-    /// Drops mirror `index` for `why`, said once.
-    private func dropMirror(_ index: Int, _ mirrors: MirrorSet, why: String) {
+    /// Drops mirror `index` for `why`, said once. The other lanes' requests to it still receiving are cut short (their
+    /// bytes so far kept: the proven version, by If-Range) and go on with the first source: a mirror that is
+    /// dropped sends nothing more.
+    private func dropMirror(_ index: Int, _ mirrors: MirrorSet, why: String, lanes: TransferLanes? = nil) {
         guard mirrors.settle(index, validators: nil, why: why) else { return }
+        if let lanes {
+            let asking = withCore(lanes) { core in core.requests.values.filter { $0.mirror == index } }
+            for request in asking { request.replaceNow() }
+        }
         reporter.emit(
             .notice(
                 "mirror \(mirrors.urls[index].absoluteString) dropped: \(why); its connections go on with the first "
@@ -567,7 +573,7 @@ final class DownloadRun: Sendable {
             else { return .done }
             let request = LaneRequest(
                 run: self, role: lanes.alone ? .alone : .segment, slot: slot, plan: plan, known: known, url: url,
-                lanes: lanes)
+                lanes: lanes, mirror: mirror)
             register(request, for: slot, lanes)
             let result = await counted(request)
             register(nil, for: slot, lanes)
@@ -593,7 +599,10 @@ final class DownloadRun: Sendable {
             Trace.note("\(context.request.url) lane \(slot) request ended \(result) -> \(action)")
             switch action {
             case .again:
-                if case .replaced = outcome { reporter.emit(.notice("replacing a slow connection")) }
+                // Not said when the request was cut because its mirror was dropped (said once, by the drop).
+                if case .replaced = outcome, !(mirror.map { lanes.mirrors?.isDropped($0) ?? false } ?? false) {
+                    reporter.emit(.notice("replacing a slow connection"))
+                }
             case .redirected(let next):
                 reporter.emit(.redirected(to: next.absoluteString))
             case .segmentDone, .stop:
@@ -603,7 +612,7 @@ final class DownloadRun: Sendable {
                 return .retired
             case .dropMirror(let why):
                 // The lane goes on with the first source (its next request).
-                if let mirror, let mirrors = lanes.mirrors { dropMirror(mirror, mirrors, why: why) }
+                if let mirror, let mirrors = lanes.mirrors { dropMirror(mirror, mirrors, why: why, lanes: lanes) }
             case .interrupted:
                 throw CancellationError()
             case .wait(let delay, let attempt, let of, let reason, let checkpoint):

@@ -49,6 +49,8 @@ final class LaneRequest: Sendable {
     let url: URL
     /// The transfer's lanes (nil for a request for the whole file, which runs before any transfer).
     let lanes: TransferLanes?
+    /// The mirror asked (its index in ``MirrorSet/urls``), or nil: the first source.
+    let mirror: Int?
     /// When this request was made, for the lane's speed.
     let startedAt: Double
     /// Set by the monitor: this connection is too slow; stop so the lane asks again on a new one.
@@ -60,8 +62,9 @@ final class LaneRequest: Sendable {
 
     init(
         run: DownloadRun, role: Role, slot: Int, plan: RequestPlan, known: Validators?, url: URL,
-        lanes: TransferLanes?
+        lanes: TransferLanes?, mirror: Int? = nil
     ) {
+        self.mirror = mirror
         self.run = run
         self.role = role
         self.slot = slot
