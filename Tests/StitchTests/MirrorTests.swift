@@ -219,6 +219,29 @@ import Testing
         #expect(m.f.watch.restarts.isEmpty)
     }
 
+    /// The samples that prove a mirror (and the first source's they are compared with) count against the rate
+    /// limit as the file's bytes do: the limiter lets through the file and at least the minimum samples of each.
+    @Test func theSamplesCountAgainstTheRateLimit() async throws {
+        let m = try Mirrored()
+        defer { m.mirror.stop() }
+        let data = ServedFile.randomBytes(count: Self.size, seed: 116)
+        m.f.serve(ServedFile(data: data, etag: "\"first\""))
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\""))
+        let limiter = RateLimiter(bytesPerSecond: 1 << 30)
+        var options = DownloadOptions.testing
+        options.connections = 4
+        options.rateLimiter = limiter
+        let result = try await m.f.download(m.request(), options: options)
+        try m.f.expectComplete(result, data)
+        let samples = (m.f.server.requests + m.mirror.requests).filter { request in
+            request.header("Range").flatMap(Mirrored.bounds).map { $0.1 - $0.0 + 1 == Adoption.sampleBytes } ?? false
+        }
+        #expect(samples.count >= 2 * Adoption.minimumSamples, "\(samples.count) samples")
+        #expect(
+            limiter.bytesTaken >= Int64(Self.size) + Int64(2 * Adoption.minimumSamples) * Adoption.sampleBytes,
+            "\(limiter.bytesTaken) bytes through the limiter, \(samples.count) samples")
+    }
+
     /// A redirect to another origin gets no `Authorization` or `Cookie` the caller gave (as curl without
     /// `--location-trusted`); one on the same origin gets them.
     @Test func credentialHeadersDoNotFollowARedirectToAnotherOrigin() async throws {

@@ -67,7 +67,7 @@ struct RangeSampler: Sendable {
         var machine = AttemptStateMachine(
             startURL: startURL, policy: policy, maxRedirects: options.maxRedirects, scope: .download)
         while true {
-            let sink = CollectingSink(limit: range.count)
+            let sink = CollectingSink(limit: range.count, rateLimiter: options.rateLimiter, clock: clock)
             let verdict = Locked<HeadVerdict?>(nil)
             let (result, decisionError) = await performAttempt(
                 TransportRequest(
@@ -133,23 +133,30 @@ struct RangeSampler: Sendable {
     }
 }
 
-/// Keeps a sample's body in memory (at most `limit` bytes: one sample, never a file).
+/// Keeps a sample's body in memory (at most `limit` bytes: one sample, never a file). A sample's bytes count
+/// against the download's rate limit as the file's do (`--limit-rate` caps everything fetched).
 private final class CollectingSink: BodySink {
     private let state: Locked<[UInt8]>
     private let limit: Int
+    private let rateLimiter: RateLimiter?
+    private let clock: any DownloadClock
 
-    init(limit: Int) {
+    init(limit: Int, rateLimiter: RateLimiter?, clock: any DownloadClock) {
         self.limit = limit
+        self.rateLimiter = rateLimiter
+        self.clock = clock
         state = Locked([])
     }
 
     var bytes: [UInt8] { state.withLock { $0 } }
 
     func receive(_ bytes: UnsafeRawBufferPointer) -> ReceiveDecision {
-        state.withLock { held in
-            guard held.count + bytes.count <= limit else { return .abort }
-            held.append(contentsOf: bytes)
-            return .accepted
+        // One transfer calls this at a time: the room checked here is still there after the wait's answer.
+        guard state.withLock({ $0.count }) + bytes.count <= limit else { return .abort }
+        if let rateLimiter, let wait = rateLimiter.take(bytes.count, now: clock.uptime()) {
+            return .wait(.seconds(wait))
         }
+        state.withLock { $0.append(contentsOf: bytes) }
+        return .accepted
     }
 }

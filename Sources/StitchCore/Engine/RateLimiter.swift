@@ -37,6 +37,8 @@ public final class RateLimiter: Sendable {
         var tokens: Double
         /// The latest `now` seen; nil before the first take.
         var last: Double?
+        /// The bytes let through so far.
+        var taken: Int64 = 0
     }
 
     private let state: Locked<State>
@@ -114,9 +116,15 @@ public final class RateLimiter: Sendable {
         if let wait = takeOwn(bytes, now: now) { return wait }
         guard let parent, let wait = parent.take(bytes, now: now) else { return nil }
         // The outer limit has no room: this one's tokens go back, the chunk is asked for again later.
-        state.withLock { $0.tokens = min(Double($0.burst), $0.tokens + Double(bytes)) }
+        state.withLock {
+            $0.tokens = min(Double($0.burst), $0.tokens + Double(bytes))
+            $0.taken -= Int64(bytes)
+        }
         return wait
     }
+
+    /// The bytes this limiter has let through so far (while enabled).
+    var bytesTaken: Int64 { state.withLock { $0.taken } }
 
     private func takeOwn(_ bytes: Int, now: Double) -> Double? {
         state.withLock { s -> Double? in
@@ -135,6 +143,7 @@ public final class RateLimiter: Sendable {
             // vanishingly short second wait.
             if s.tokens + 0.5 >= needed {
                 s.tokens -= Double(bytes)
+                s.taken += Int64(bytes)
                 return nil
             }
             return min((needed - s.tokens) / Double(s.rate), Self.maximumWait)
