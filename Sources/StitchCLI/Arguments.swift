@@ -138,8 +138,8 @@ struct GetOptions {
         }
         if let caCert, caCert.isEmpty { throw UsageError("--ca-cert needs a file path") }
         if let proxyCACert, proxyCACert.isEmpty { throw UsageError("--proxy-ca-cert needs a file path") }
-        if proxyUser != nil, proxy == nil || proxy == .direct {
-            throw UsageError("--proxy-user needs --proxy URL: the proxy it is for")
+        if proxyUser != nil, proxy == .direct {
+            throw UsageError("--proxy-user names a proxy's user, and --proxy '' uses none: drop one")
         }
         if quiet && json { throw UsageError("--quiet and --json cannot be used together") }
     }

@@ -403,8 +403,20 @@ extension GetOptions {
         transport.noProxy = noProxy
         transport.proxy = proxy
         transport.cookies = cookies
-        if let proxyUser, var proxy {
+        if let proxyUser {
+            // Without --proxy, the environment's proxy for these URLs (as `curl -U` takes it): made explicit here,
+            // so that the user and password go to that proxy and no other.
+            var proxy: TransportOptions.Proxy
+            switch self.proxy.map({ Result<TransportOptions.Proxy, UsageError>.success($0) })
+                ?? Self.environmentProxy(for: urls)
+            {
+            case .success(let chosen): proxy = chosen
+            case .failure(let error): return error
+            }
             var password = ProcessInfo.processInfo.environment["STITCH_PROXY_PASSWORD"]
+            if password == nil, proxy.user == proxyUser {
+                password = proxy.password  // the environment's URL may carry the password (it is no command line)
+            }
             if password == nil, let netrc, let host = URLComponents(string: proxy.url)?.host {
                 // The proxy's host in the netrc file libcurl reads for the servers (it has none for proxies).
                 let path = netrc.file ?? (ProcessInfo.processInfo.environment["HOME"] ?? NSHomeDirectory()) + "/.netrc"
@@ -437,6 +449,36 @@ extension GetOptions {
         }
         transport.credentials = TransportOptions.Credentials(user: user.name, password: password ?? "", for: urls)
         return nil
+    }
+
+    /// The one proxy the environment names for `urls`, as libcurl reads it: `http_proxy` (lower case only) for
+    /// http://, `https_proxy` or `HTTPS_PROXY` for https://, else `ALL_PROXY` or `all_proxy`. A usage error when
+    /// there is none, or when the URLs would go to different ones (then `--proxy` says which).
+    static func environmentProxy(for urls: [String]) -> Result<TransportOptions.Proxy, UsageError> {
+        let environment = ProcessInfo.processInfo.environment
+        func value(_ names: String...) -> String? {
+            names.lazy.compactMap { environment[$0] }.first { !$0.isEmpty }
+        }
+        let all = value("ALL_PROXY", "all_proxy")
+        var named: Set<String> = []
+        for url in urls {
+            let https = url.lowercased().hasPrefix("https:")
+            if let chosen = https ? value("https_proxy", "HTTPS_PROXY") ?? all : value("http_proxy") ?? all {
+                named.insert(chosen)
+            }
+        }
+        guard let text = named.first else {
+            return .failure(
+                UsageError("--proxy-user needs a proxy: give --proxy URL, or set http_proxy, https_proxy or ALL_PROXY"))
+        }
+        guard named.count == 1 else {
+            return .failure(
+                UsageError("--proxy-user: the environment names different proxies for these URLs; give --proxy URL"))
+        }
+        // Not the text in any message: it may hold a password.
+        do { return .success(try TransportOptions.Proxy(parsing: text)) } catch {
+            return .failure(UsageError("--proxy-user: the environment's proxy: \(error)"))
+        }
     }
 }
 

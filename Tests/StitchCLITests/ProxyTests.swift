@@ -166,6 +166,42 @@ struct ProxyTests {
         #expect(!fileExists(sandbox.path("x.bin")))
     }
 
+    /// `--proxy-user` without `--proxy` goes to the environment's proxy (as `curl -U`): the file through tinyproxy
+    /// with its credentials; NO_PROXY still honoured; with no proxy in the environment, or `--proxy ''`, exit 64.
+    @Test func theProxyUserGoesToTheEnvironmentsProxy() async throws {
+        let nginx = try await sharedNginx()
+        let expected = try #require(readBytes(nginx.documentRoot + "/small.bin"))
+        let sandbox = try Sandbox("proxy")
+        defer { sandbox.cleanup() }
+        let password = "pw-\(UInt32.random(in: 1_000...9_999))"
+        let proxy = try await Self.start(.http, in: sandbox, credentials: ("alice", password))
+        defer { proxy.stop() }
+        let url = nginx.httpURL("small.bin")
+        func carried() -> Int { proxy.logText.components(separatedBy: "small.bin").count - 1 }
+
+        let through = try await sandbox.run(
+            ["get", url, "-o", "env.bin", "--proxy-user", "alice"],
+            environment: ["http_proxy": proxy.url(), "STITCH_PROXY_PASSWORD": password])
+        #expect(through.status == 0, "\(through)")
+        #expect(readBytes(sandbox.path("env.bin")) == expected)
+        let after = carried()
+        #expect(after >= 1, "the environment's proxy was not used: \(proxy.logText)")
+        #expect(!through.stderr.contains(password) && !through.stdout.contains(password))
+
+        let bypassed = try await sandbox.run(
+            ["get", url, "-o", "direct.bin", "--proxy-user", "alice"],
+            environment: ["http_proxy": proxy.url(), "NO_PROXY": "127.0.0.1", "STITCH_PROXY_PASSWORD": password])
+        #expect(bypassed.status == 0 && readBytes(sandbox.path("direct.bin")) == expected, "\(bypassed)")
+        #expect(carried() == after, "NO_PROXY was not honoured: \(proxy.logText)")
+
+        let none = try await sandbox.run(
+            ["get", url, "-o", "x.bin", "--proxy-user", "alice"], environment: ["STITCH_PROXY_PASSWORD": password])
+        #expect(none.status == 64 && none.stderr.contains("http_proxy"), "\(none)")
+        let direct = try await sandbox.run(["get", url, "-o", "x.bin", "--proxy", "", "--proxy-user", "alice"])
+        #expect(direct.status == 64, "\(direct)")
+        #expect(!fileExists(sandbox.path("x.bin")))
+    }
+
     /// Killed mid-body, the rerun through the proxy resumes with Range and If-Range and ends byte-exact; a proxy that
     /// dies mid-body and comes back is retried within the run, which resumes and ends byte-exact.
     @Test(arguments: LoopbackProxy.Kind.allCases)
