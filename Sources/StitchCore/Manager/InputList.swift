@@ -393,18 +393,14 @@ extension InputList {
                 proxyUsers[String(key.prefix { $0 != "-" })] = value
             case "all-proxy-passwd", "http-proxy-passwd", "https-proxy-passwd":
                 proxyPasswords[String(key.prefix { $0 != "-" })] = value
-            case "adopt":
+            case "adopt", "conditional-get":
+                let flag: Bool
                 switch value.lowercased() {
-                case "true": current?.adopt = true
-                case "false": current?.adopt = false
-                default: throw fail("'adopt' must be true or false, got \(InputList.quoted(value))")
+                case "true": flag = true
+                case "false": flag = false
+                default: throw fail("'\(key)' must be true or false, got \(InputList.quoted(value))")
                 }
-            case "conditional-get":
-                switch value.lowercased() {
-                case "true": current?.ifNewer = true
-                case "false": current?.ifNewer = false
-                default: throw fail("'conditional-get' must be true or false, got \(InputList.quoted(value))")
-                }
+                if key == "adopt" { current?.adopt = flag } else { current?.ifNewer = flag }
             default:
                 preconditionFailure("supportedKeys and apply(key:value:line:) disagree on '\(key)'")
             }
