@@ -493,10 +493,13 @@ final class CurlTransfer: @unchecked Sendable {
         if let proxy = request.options.proxy, !proxy.url.isEmpty, !headDelivered {
             (kind, message) = proxyFailure(code, kind: kind, message: message, proxy: proxy.url)
         }
-        if kind == .tls, !headDelivered, proxyCertificateFailed {
+        if kind == .tls, !headDelivered, tlsToProxyFailed {
             // The TLS that failed is the one to the proxy (an https:// proxy), not to the server.
             let proxy = request.options.proxy.map(\.url).flatMap { $0.isEmpty ? nil : $0 } ?? "(the environment's)"
-            message = "proxy \(proxy): \(message) (the proxy's own certificate, not the server's)"
+            let what =
+                code == CURLE_PEER_FAILED_VERIFICATION
+                ? "the proxy's own certificate, not the server's" : "TLS to the proxy, not to the server"
+            message = "proxy \(proxy): \(message) (\(what))"
         } else if kind == .tls, let server = URLComponents(string: request.url).flatMap(Self.serverName) {
             // After redirects the failing server is not the one the user named.
             message += " (server \(server))"
@@ -504,10 +507,19 @@ final class CurlTransfer: @unchecked Sendable {
         return .failure(TransportError(kind, message, underlyingCode: Int(code.rawValue)))
     }
 
-    /// Whether an `https://` proxy's certificate failed its check (libcurl keeps the proxy's verification result
-    /// apart from the server's).
-    private var proxyCertificateFailed: Bool {
+    /// Whether a TLS failure was in the TLS to an `https://` proxy rather than to the server: the option's proxy is
+    /// one, no no-proxy list is in force, and no tunnel was made through it yet (or the URL is http://, which has no
+    /// TLS of its own); or libcurl
+    /// kept a failed verification for the proxy (apart from the server's: also for the environment's proxy).
+    private var tlsToProxyFailed: Bool {
         guard let easy else { return false }
+        // Only where the proxy was surely used: a no-proxy list could have sent the request direct.
+        let noProxyList = request.options.noProxy != nil || getenv("no_proxy") != nil || getenv("NO_PROXY") != nil
+        if let proxy = request.options.proxy, proxy.url.hasPrefix("https:"), !noProxyList {
+            var connectCode = 0
+            _ = stitch_easy_getinfo_long(easy, CURLINFO_HTTP_CONNECTCODE, &connectCode)
+            if connectCode == 0 || request.url.lowercased().hasPrefix("http:") { return true }
+        }
         var result = 0
         return stitch_easy_getinfo_long(easy, CURLINFO_PROXY_SSL_VERIFYRESULT, &result) == CURLE_OK && result != 0
     }

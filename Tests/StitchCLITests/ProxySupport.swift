@@ -142,13 +142,17 @@ final class SquidProxy: Sendable {
     static var isInstalled: Bool {
         FileManager.default.isExecutableFile(atPath: executable)
             && FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl")
+            && (geteuid() != 0 || getpwnam("proxy") != nil)  // as root squid switches to the package's user
     }
 
-    /// Starts squid with its files in `folder` (made here; handed to squid's `proxy` user when run as root, which
-    /// squid switches to), and waits until both ports accept connections.
-    init(in folder: String) throws {
+    /// Starts squid with its files in a folder of its own under /tmp (squid, run as root, switches to the `proxy`
+    /// user, who must reach them: the folder is handed to that user; a test's sandbox stays as it is), and waits
+    /// until both ports accept connections. ``stop()`` removes the folder.
+    init() throws {
+        var template = Array("/tmp/stitch-squid-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { throw ProxyStartError(description: "mkdtemp: \(errno)") }
+        let folder = String(cString: made)
         self.folder = folder
-        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         certificate = folder + "/proxy.crt"
         let key = folder + "/proxy.key"
         let openssl = try ChildProcess(
@@ -160,8 +164,6 @@ final class SquidProxy: Sendable {
         guard openssl.waitUntilExit().status == 0 else { throw ProxyStartError(description: "openssl req failed") }
         if geteuid() == 0, let user = getpwnam("proxy") {
             for path in [folder, certificate, key] { chown(path, user.pointee.pw_uid, user.pointee.pw_gid) }
-            // The folder it is in (a test's sandbox, 0700): passable, not readable, for that user.
-            chmod((folder as NSString).deletingLastPathComponent, 0o711)
         }
         var lastError = "not started"
         for attempt in 0..<5 {
@@ -199,6 +201,7 @@ final class SquidProxy: Sendable {
             lastError = ((try? String(contentsOfFile: folder + "/squid-\(attempt).err", encoding: .utf8)) ?? "")
                 + ((try? String(contentsOfFile: folder + "/cache.log", encoding: .utf8)) ?? "")
         }
+        try? FileManager.default.removeItem(atPath: folder)
         throw ProxyStartError(description: "squid did not start: \(lastError.suffix(2000))")
     }
 
@@ -216,11 +219,12 @@ final class SquidProxy: Sendable {
         _ = process.waitUntilExit()
     }
 
-    /// SIGTERM (squid then stops at once: `shutdown_lifetime 0`), SIGKILL after 5 s.
+    /// SIGTERM (squid then stops at once: `shutdown_lifetime 0`), SIGKILL after 5 s; then its folder is removed.
     func stop() {
         process.send(SIGTERM)
         let deadline = ContinuousClock.now + .seconds(5)
         while process.isRunning && ContinuousClock.now < deadline { usleep(2_000) }
         kill()
+        try? FileManager.default.removeItem(atPath: folder)
     }
 }

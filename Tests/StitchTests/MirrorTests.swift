@@ -202,11 +202,16 @@ import Testing
             if index > 0, Mirrored.isSegment(request) { mirrorAsked.wait(atMost: 60) }
             return .none
         }
+        // The first source's segments wait until both mirror lanes have asked (one stalls, one is refused): under
+        // any load the two mirror lanes get segments of their own.
         let segments = Atomic<Int>(0)
         m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
             guard Mirrored.isSegment(request) else { return .none }
-            mirrorAsked.open()
-            return segments.add(1, ordering: .relaxed).oldValue == 0 ? .stallAfter(100_000, then: .close) : .status(502)
+            guard segments.add(1, ordering: .relaxed).oldValue == 0 else {
+                mirrorAsked.open()
+                return .status(502)
+            }
+            return .stallAfter(100_000, then: .close)
         }
         var options = DownloadOptions.testing
         options.connections = 4
@@ -225,8 +230,17 @@ import Testing
         let m = try Mirrored()
         defer { m.mirror.stop() }
         let data = ServedFile.randomBytes(count: Self.size, seed: 116)
-        m.f.serve(ServedFile(data: data, etag: "\"first\""))
-        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\""))
+        // The first source's segments wait until the mirror is asked for one (so it was proven: every sample taken).
+        let mirrorAsked = OneShot()
+        defer { mirrorAsked.open() }
+        m.f.serve(ServedFile(data: data, etag: "\"first\"")) { request, index in
+            if index > 0, Mirrored.isSegment(request) { mirrorAsked.wait(atMost: 60) }
+            return .none
+        }
+        m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
+            if Mirrored.isSegment(request) { mirrorAsked.open() }
+            return .none
+        }
         let limiter = RateLimiter(bytesPerSecond: 1 << 30)
         var options = DownloadOptions.testing
         options.connections = 4

@@ -575,6 +575,8 @@ final class DownloadRun: Sendable {
                 run: self, role: lanes.alone ? .alone : .segment, slot: slot, plan: plan, known: known, url: url,
                 lanes: lanes, mirror: mirror)
             register(request, for: slot, lanes)
+            // Dropped between the look at its validators and the registration: the drop's cut missed this one.
+            if let mirror, lanes.mirrors?.isDropped(mirror) == true { request.replaceNow() }
             let result = await counted(request)
             register(nil, for: slot, lanes)
             if lanes.stopped.load(ordering: .acquiring) { return .done }
