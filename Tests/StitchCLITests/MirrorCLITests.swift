@@ -3,6 +3,7 @@ import Glibc
 import Stitch
 import StitchRPC
 import StitchTestSupport
+import Synchronization
 import Testing
 
 /// `--mirror`, a list's TAB-separated URIs and the daemon's several URIs per addUri (issue 36): one file from
@@ -10,16 +11,15 @@ import Testing
 @Suite("mirrors")
 struct MirrorCLITests {
     static let size = 6 << 20
-    /// The first server's connections, slow enough that a loopback mirror's proof is over before they are.
-    static let slow = FaultPolicy.always(.throttle(bytesPerSecond: 1 << 20))
 
-    static func servedSegments(_ server: TestHTTPServer) -> Int {
-        server.requests.filter { request in
-            guard let range = request.header("Range"), range.hasPrefix("bytes=") else { return false }
-            let parts = range.dropFirst(6).split(separator: "-")
-            guard parts.count == 2, let a = Int64(parts[0]), let b = Int64(parts[1]) else { return false }
-            return b - a + 1 > 64 << 10
-        }.count
+    static func servedSegments(_ server: TestHTTPServer) -> Int { server.requests.filter(isSegment).count }
+
+    /// A request for a range of more than one sample's 64 KiB: a segment, not a proof's sample.
+    static func isSegment(_ request: RecordedRequest) -> Bool {
+        guard let range = request.header("Range"), range.hasPrefix("bytes=") else { return false }
+        let parts = range.dropFirst(6).split(separator: "-")
+        guard parts.count == 2, let a = Int64(parts[0]), let b = Int64(parts[1]) else { return false }
+        return b - a + 1 > 64 << 10
     }
 
     @Test func theCommandLineFetchesFromAMirrorAndDropsOneThatDiffers() async throws {
@@ -28,8 +28,18 @@ struct MirrorCLITests {
         let other = try TestHTTPServer()
         defer { [first, same, other].forEach { $0.stop() } }
         let data = ServedFile.randomBytes(count: Self.size, seed: 367)
-        first.serve("/f.bin", file: ServedFile(data: data, etag: "\"a\""), faults: Self.slow)
-        same.serve("/f.bin", file: ServedFile(data: data, etag: "\"b\""))
+        // The first server answers its segment requests once the equal mirror was asked for one (so it was proven
+        // and has work, however slow the machine): an explicit signal, not the first server's rate.
+        let sameAsked = OneShot()
+        defer { sameAsked.open() }
+        first.serve("/f.bin", file: ServedFile(data: data, etag: "\"a\"")) { request, index in
+            if index > 0, Self.isSegment(request) { sameAsked.wait(atMost: 60) }
+            return .throttle(bytesPerSecond: 1 << 20)
+        }
+        same.serve("/f.bin", file: ServedFile(data: data, etag: "\"b\"")) { request, _ in
+            if Self.isSegment(request) { sameAsked.open() }
+            return .none
+        }
         other.serve("/f.bin", file: ServedFile.random(size: Self.size, seed: 368, etag: "\"c\""))
         let sandbox = try Sandbox("mirrors")
         defer { sandbox.cleanup() }
@@ -54,8 +64,19 @@ struct MirrorCLITests {
         let same = try TestHTTPServer()
         defer { [first, same].forEach { $0.stop() } }
         let data = ServedFile.randomBytes(count: Self.size, seed: 369)
-        first.serve("/f.bin", file: ServedFile(data: data, etag: "\"a\""), faults: Self.slow)
-        same.serve("/f.bin", file: ServedFile(data: data, etag: "\"b\""))
+        // As above, once for the list's download and once for the daemon's: the first server's segments wait until
+        // the mirror was asked for one in that phase.
+        let phase = Atomic<Int>(0)
+        let asked = [OneShot(), OneShot()]
+        defer { asked.forEach { $0.open() } }
+        first.serve("/f.bin", file: ServedFile(data: data, etag: "\"a\"")) { request, index in
+            if index > 0, Self.isSegment(request) { asked[phase.load(ordering: .acquiring)].wait(atMost: 60) }
+            return .throttle(bytesPerSecond: 1 << 20)
+        }
+        same.serve("/f.bin", file: ServedFile(data: data, etag: "\"b\"")) { request, _ in
+            if Self.isSegment(request) { asked[phase.load(ordering: .acquiring)].open() }
+            return .none
+        }
         let sandbox = try Sandbox("mirrors")
         defer { sandbox.cleanup() }
         mkdir(sandbox.path("dl"), 0o755)
@@ -67,6 +88,7 @@ struct MirrorCLITests {
         let fromList = Self.servedSegments(same)
         #expect(fromList > 0)
 
+        phase.store(1, ordering: .releasing)
         let daemon = try await ServedDaemon(directory: sandbox.path("dl"), [], sandbox: sandbox)
         let gid = try #require(
             try daemon.result(

@@ -416,18 +416,3 @@ import Testing
         #expect(m.mirror.requests.isEmpty)
     }
 }
-
-/// A signal that is given once and then stays given: server threads wait on it (``wait(atMost:)``, bounded so that a
-/// failing test cannot hang them) until a test's condition is met.
-final class OneShot: Sendable {
-    private let group = DispatchGroup()
-    private let given = Atomic<Bool>(false)
-
-    init() { group.enter() }
-
-    func open() {
-        if !given.exchange(true, ordering: .acquiringAndReleasing) { group.leave() }
-    }
-
-    func wait(atMost seconds: Double) { _ = group.wait(timeout: .now() + seconds) }
-}
