@@ -509,8 +509,8 @@ final class CurlTransfer: @unchecked Sendable {
 
     /// Whether a TLS failure was in the TLS to an `https://` proxy rather than to the server: the option's proxy is
     /// one, no no-proxy list is in force, and no tunnel was made through it yet (or the URL is http://, which has no
-    /// TLS of its own); or libcurl
-    /// kept a failed verification for the proxy (apart from the server's: also for the environment's proxy).
+    /// TLS of its own); or libcurl kept a failed verification for the proxy (apart from the server's: also for the
+    /// environment's proxy).
     private var tlsToProxyFailed: Bool {
         guard let easy else { return false }
         // Only where the proxy was surely used: a no-proxy list could have sent the request direct.
