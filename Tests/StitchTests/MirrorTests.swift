@@ -40,6 +40,16 @@ import Testing
             return try await f.download(request, options: options)
         }
 
+        /// Serves `data` as the first source (ETag "first"), its segment requests held until `gate` opens (the mirror
+        /// was asked for a segment), each answered with `fault`. Not its first request, which learns the file (the
+        /// URLSession backend asks it as a window).
+        func serveFirst(_ data: [UInt8], heldUntil gate: OneShot, then fault: Fault) {
+            f.serve(ServedFile(data: data, etag: "\"first\"")) { request, index in
+                if index > 0, Self.isSegment(request) { gate.wait(atMost: 60) }
+                return fault
+            }
+        }
+
         /// The mirror's requests that asked for the whole file or more than one sample's bytes: not proof.
         var mirrorSegmentRequests: [RecordedRequest] {
             mirror.requests.filter { $0.header("Range") == nil || Self.isSegment($0) }
@@ -71,11 +81,7 @@ import Testing
         let data = ServedFile.randomBytes(count: Self.size, seed: 101)
         let mirrorAsked = OneShot()
         defer { mirrorAsked.open() }  // no server thread is left waiting, whatever the test's outcome
-        m.f.serve(ServedFile(data: data, etag: "\"first\"")) { request, index in
-            // Not the first request (the one that learns the file; the URLSession backend asks it as a window).
-            if index > 0, Mirrored.isSegment(request) { mirrorAsked.wait(atMost: 60) }
-            return .throttle(bytesPerSecond: 1 << 20)
-        }
+        m.serveFirst(data, heldUntil: mirrorAsked, then: .throttle(bytesPerSecond: 1 << 20))
         m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
             if Mirrored.isSegment(request) { mirrorAsked.open() }
             return .none
@@ -170,10 +176,7 @@ import Testing
         // The first source's segments wait until the mirror has a segment (as in the test of an equal mirror).
         let mirrorAsked = OneShot()
         defer { mirrorAsked.open() }
-        m.f.serve(ServedFile(data: data, etag: "\"first\"")) { request, index in
-            if index > 0, Mirrored.isSegment(request) { mirrorAsked.wait(atMost: 60) }
-            return .none
-        }
+        m.serveFirst(data, heldUntil: mirrorAsked, then: .none)
         m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
             guard Mirrored.isSegment(request) else { return .none }
             mirrorAsked.open()
@@ -198,10 +201,7 @@ import Testing
         let data = ServedFile.randomBytes(count: Self.size, seed: 115)
         let mirrorAsked = OneShot()
         defer { mirrorAsked.open() }
-        m.f.serve(ServedFile(data: data, etag: "\"first\"")) { request, index in
-            if index > 0, Mirrored.isSegment(request) { mirrorAsked.wait(atMost: 60) }
-            return .none
-        }
+        m.serveFirst(data, heldUntil: mirrorAsked, then: .none)
         // The first source's segments wait until both mirror lanes have asked (one stalls, one is refused): under
         // any load the two mirror lanes get segments of their own.
         let segments = Atomic<Int>(0)
@@ -233,10 +233,7 @@ import Testing
         // The first source's segments wait until the mirror is asked for one (so it was proven: every sample taken).
         let mirrorAsked = OneShot()
         defer { mirrorAsked.open() }
-        m.f.serve(ServedFile(data: data, etag: "\"first\"")) { request, index in
-            if index > 0, Mirrored.isSegment(request) { mirrorAsked.wait(atMost: 60) }
-            return .none
-        }
+        m.serveFirst(data, heldUntil: mirrorAsked, then: .none)
         m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
             if Mirrored.isSegment(request) { mirrorAsked.open() }
             return .none
