@@ -334,6 +334,8 @@ struct StitchCommand {
         case .retrying(let attempt, let maxRetries, let delay, let reason):
             output.message(String(format: "stitch: %@; retry %d of %d in %.1fs", reason, attempt, maxRetries, delay))
             output.json("retry", ["attempt": attempt, "max": maxRetries, "delay": delay, "reason": reason])
+        case .finishing:
+            break  // the saved line (or the error) follows
         }
     }
 }

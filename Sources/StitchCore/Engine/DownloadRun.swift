@@ -148,6 +148,7 @@ final class DownloadRun: Sendable {
                 action = nextStep()
             case .finish:
                 try await files.stopCheckpoints()
+                reporter.emit(.finishing)
                 // No event after this point: once the file is renamed into place the download is over, and a late
                 // progress tick must not reach the caller after (or while) the result is returned. Every event
                 // sent so far reaches the caller before the rename: one who sees an event never finds the file

@@ -183,6 +183,9 @@ public struct DownloadOptions: Sendable {
     /// Tests only: called before each chunk of written bytes is hashed into the running digest of a checksum, so a
     /// test can hold the hashing and watch the transport go on.
     var hashHook: (@Sendable () -> Void)?
+    /// Tests only: called on the blocking pool when every byte is in and checked, before the file's sync and rename,
+    /// so a test can hold one download's finish and watch the others go on.
+    var finishHook: (@Sendable () -> Void)?
 
     /// The defaults.
     public init() {}
@@ -225,6 +228,10 @@ public enum DownloadEvent: Sendable {
     case retrying(attempt: Int, maxRetries: Int, delay: Double, reason: String)
     /// Something worth saying that changes nothing, e.g. falling back to one connection.
     case notice(String)
+    /// Every byte is in: the file is being checked, made durable and moved into place, with no connection in use
+    /// any more. The last event of a run that goes on to finish (it may still fail: a checksum that does not match,
+    /// a full disk).
+    case finishing
 }
 
 /// A finished download.

@@ -9,7 +9,10 @@ extension DownloadManager {
     /// queue's rules: ``DownloadQueue/toStart(free:acquireHost:)``).
     func schedule() {
         guard !isClosed else { return }
-        let free = max(1, configuration.maxConcurrentDownloads) - queue.liveRuns
+        // Slots count transfers: a run that is only finishing (its bytes in) holds none, but at most as many runs
+        // finish at once as transfer (each holds its part file open until it is synced).
+        let slots = max(1, configuration.maxConcurrentDownloads)
+        let free = min(slots - (queue.liveRuns - queue.finishingRuns), 2 * slots - queue.liveRuns)
         let hosts = self.hosts
         // `self.table` itself, not a copy held across the starts: `start` writes the table, and a live copy would
         // make each write copy the whole table (a long list's downloads would cost the square of their number).
@@ -99,12 +102,20 @@ extension DownloadManager {
             publish(.retrying(id, attempt: attempt, maxRetries: maxRetries, delay: delay, reason: reason))
         case .notice(let text):
             publish(.notice(id, text))
+        case .finishing:
+            // Its bytes are in and its connections closed: its slot and its host's go to the next download while
+            // it is checked, synced and renamed (as `curl --parallel-max` counts transfers). It stays running
+            // until its run ends.
+            guard let run = managed.run, run.markFinishing() else { return }
+            queue.runFinishing()
+            hosts.release(run.host, run.takeHostSlots())
+            schedule()
         }
     }
 
     func runEnded(_ id: DownloadID, run: ManagerRun, _ outcome: Result<DownloadResult, DownloadError>) {
-        hosts.release(run.host, 1 + run.extra.load(ordering: .relaxed))
-        queue.runEnded(id, current: table[id]?.run === run)
+        hosts.release(run.host, run.takeHostSlots())
+        queue.runEnded(id, current: table[id]?.run === run, finishing: run.isFinishing)
         defer { schedule() }
         guard var managed = table[id], managed.run === run else { return }
         managed.run = nil

@@ -62,6 +62,8 @@ struct DownloadQueue: Sendable {
     private(set) var activeCount = 0
     /// Runs in flight: started and not yet ended (a paused download's run may still be ending).
     private(set) var liveRuns = 0
+    /// Of ``liveRuns``, those only finishing (their bytes in: ``runFinishing()``): they hold no transfer slot.
+    private(set) var finishingRuns = 0
 
     init() {}
 
@@ -110,10 +112,15 @@ struct DownloadQueue: Sendable {
         liveRuns += 1
     }
 
+    /// A run's bytes are in: it gives its transfer slot back and goes on finishing until ``runEnded(_:current:finishing:)``.
+    mutating func runFinishing() { finishingRuns += 1 }
+
     /// A run ended and gives its slot back. `current`: it was the download's current run (not one it had left, nor
-    /// one of a download removed meanwhile), so the download may start again.
-    mutating func runEnded(_ id: DownloadID, current: Bool) {
+    /// one of a download removed meanwhile), so the download may start again. `finishing`: it had said
+    /// ``runFinishing()``.
+    mutating func runEnded(_ id: DownloadID, current: Bool, finishing: Bool = false) {
         liveRuns -= 1
+        if finishing { finishingRuns -= 1 }
         if current { items[id]?.hasRun = false }
     }
 

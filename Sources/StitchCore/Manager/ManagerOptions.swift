@@ -8,7 +8,10 @@ extension DownloadManager {
     public struct Configuration: Sendable {
         /// Where downloads go unless added with another folder or path. Created if missing.
         public var downloadDirectory: String
-        /// Downloads transferring at once (aria2's `-j`; its default is 5 too).
+        /// Downloads transferring at once (aria2's `-j`; its default is 5 too). A download whose bytes are all in
+        /// (``DownloadEvent/finishing``) gives its slot and its host's connections to the next while its file is
+        /// checked, synced and renamed, as `curl --parallel-max` counts transfers: up to twice as many downloads may
+        /// be running at once, never more transferring.
         public var maxConcurrentDownloads = 5
         /// TCP connections to one host (host and port) over all running downloads.
         public var maxConnectionsPerHost = 16
@@ -33,6 +36,8 @@ extension DownloadManager {
         public var singleConnectionRate = DownloadOptions().singleConnectionRate
         /// ``DownloadOptions/automaticConnectionStep`` for every download (bytes).
         public var automaticConnectionStep = DownloadOptions().automaticConnectionStep
+        /// Tests only: ``DownloadOptions/finishHook`` for every download.
+        var finishHook: (@Sendable () -> Void)?
 
         /// The defaults, with downloads going to `downloadDirectory`.
         public init(downloadDirectory: String) {

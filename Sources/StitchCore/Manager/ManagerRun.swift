@@ -12,6 +12,10 @@ final class ManagerRun: Sendable {
     let task: Locked<Task<Void, Never>?> = Locked(nil)
     /// Connections this run holds on its host beyond the first.
     let extra = Atomic<Int>(0)
+    /// Its bytes are in (``DownloadEvent/finishing``): it holds no transfer slot and no host slot any more.
+    private let finishing = Atomic<Bool>(false)
+    /// The host slots were given back (at ``markFinishing()`` or at the run's end, once).
+    private let hostSlotsReleased = Atomic<Bool>(false)
     /// The download's own limit, within the manager's (switched off without one, so that one set while the
     /// run goes applies at once).
     let limiter: RateLimiter
@@ -20,6 +24,16 @@ final class ManagerRun: Sendable {
         self.token = token
         self.host = host
         self.limiter = limiter
+    }
+
+    /// Marks the run as finishing; false if it already was.
+    func markFinishing() -> Bool { !finishing.exchange(true, ordering: .acquiringAndReleasing) }
+
+    var isFinishing: Bool { finishing.load(ordering: .acquiring) }
+
+    /// The host slots to give back: the first and the extra ones, the first time; none after.
+    func takeHostSlots() -> Int {
+        hostSlotsReleased.exchange(true, ordering: .acquiringAndReleasing) ? 0 : 1 + extra.load(ordering: .relaxed)
     }
 
     /// The engine request and options for `entry` under `configuration`: its destination (a path it named is
@@ -70,6 +84,7 @@ final class ManagerRun: Sendable {
         options.singleConnectionRate = configuration.singleConnectionRate
         options.automaticConnectionStep = configuration.automaticConnectionStep
         options.progressInterval = 0.1
+        options.finishHook = configuration.finishHook
         options.connectionGrant = { [self] wanted in
             let granted = hosts.acquire(host, upTo: wanted - 1)
             extra.add(granted, ordering: .relaxed)
