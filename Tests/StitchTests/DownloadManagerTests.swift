@@ -362,12 +362,14 @@ import StitchLocks
     /// A download whose bytes are in gives its slot to the next while it is checked, synced and renamed (slots count
     /// transfers, as `curl --parallel-max` does): with one slot and the first download's finish held (an explicit
     /// signal), the second one is fetched and finished meanwhile, and the server never sees two transfers at once.
-    /// The same for the host's connection slots (two download slots, one connection to the host).
+    /// The same for the host's connection slots (two download slots, one connection to the host). The held download
+    /// shows no speed and no connection (it was throttled, so it had reported both).
     @Test(arguments: [(slots: 1, perHost: 16), (slots: 2, perHost: 1)])
     func aFinishingDownloadGivesItsSlotToTheNext(limits: (slots: Int, perHost: Int)) async throws {
         let f = try ManagerFixture()
-        let files = (0..<2).map { ServedFile.random(size: 256 << 10, seed: 70 + UInt64($0), etag: "\"g\($0)\"") }
-        for (index, file) in files.enumerated() { f.server.serve("/g\(index).bin", file: file) }
+        let files = (0..<2).map { ServedFile.random(size: 512 << 10, seed: 70 + UInt64($0), etag: "\"g\($0)\"") }
+        f.server.serve("/g0.bin", file: files[0], faults: .always(.throttle(bytesPerSecond: 1_000_000)))
+        f.server.serve("/g1.bin", file: files[1])
         let finishes = Atomic<Int>(0)
         let firstHeld = OneShot()
         let release = OneShot()
@@ -375,8 +377,9 @@ import StitchLocks
         let manager = try f.open {
             $0.maxConcurrentDownloads = limits.slots
             $0.maxConnectionsPerHost = limits.perHost
-            $0.finishHook = {
-                guard finishes.wrappingAdd(1, ordering: .relaxed).oldValue == 0 else { return }
+            $0.finishHook = { paths in
+                finishes.add(1, ordering: .relaxed)
+                guard paths.destination.hasSuffix("/g0.bin") else { return }
                 firstHeld.open()
                 release.wait(atMost: 120)
             }
@@ -394,7 +397,9 @@ import StitchLocks
             events.contains { if case .statusChanged(ids[1], .completed) = $0 { true } else { false } }
         }
         #expect(secondDone, "the second download did not finish while the first one's finish was held")
-        #expect(await manager.download(ids[0])?.status == .running)
+        let held = await manager.download(ids[0])
+        #expect(held?.status == .running)
+        #expect(held?.progress.bytesPerSecond == 0 && held?.progress.connections == 0, "\(String(describing: held?.progress))")
         #expect(!FileManager.default.fileExists(atPath: f.path("g0.bin")), "the held download's file is in place")
         release.open()
         await manager.waitUntilIdle()
@@ -404,6 +409,58 @@ import StitchLocks
         }
         #expect(f.server.maxActivePaths == 1, "downloads transferring at once: \(f.server.maxActivePaths)")
         #expect(finishes.load(ordering: .relaxed) == 2)
+        await manager.close()
+    }
+
+    /// A finishing download given a new source whose finish then fails starts again only when a slot is free: it
+    /// gave its own away. One slot; the first download's finish is held while the second one transfers (held by the
+    /// server mid-body), the first one's source changes, and its finish fails (its part file removed under it). It
+    /// must wait queued, not fetch beside the second.
+    @Test func aRestartedFinishingDownloadWaitsForASlot() async throws {
+        let f = try ManagerFixture()
+        let files = (0..<2).map { ServedFile.random(size: 512 << 10, seed: 80 + UInt64($0), etag: "\"r\($0)\"") }
+        f.server.serve("/r0.bin", file: files[0])
+        f.server.serve("/r0-moved.bin", file: files[0])
+        f.server.serve("/r1.bin", file: files[1], faults: .onRequest(0, .stallAfter(100_000)))
+        let firstHeld = OneShot()
+        let release = OneShot()
+        let failedOnce = Atomic<Bool>(false)
+        defer {
+            release.open()
+            _ = f.server.releaseStalls()
+        }
+        let manager = try f.open {
+            $0.maxConcurrentDownloads = 1
+            $0.finishHook = { paths in
+                guard paths.destination.hasSuffix("/r0.bin"), !failedOnce.exchange(true, ordering: .relaxed) else { return }
+                firstHeld.open()
+                release.wait(atMost: 120)
+                unlink(paths.part)  // the finish fails: the part file was deleted while downloading
+            }
+        }
+        let log = EventLog(await manager.events())
+        let ids = try await manager.add(
+            files.indices.map { index in
+                var options = DownloadManager.AddOptions(out: "r\(index).bin")
+                options.connections = 1
+                return (f.server.url("/r\(index).bin"), options)
+            })
+        await blocking { firstHeld.wait(atMost: 60) }
+        #expect(await blocking { f.server.waitForStall() }, "the second download never started while the first finished")
+        try await manager.updateSource(ids[0], url: f.server.url("/r0-moved.bin"))
+        release.open()
+        let queued = await log.waitUntil { events in
+            events.contains { if case .statusChanged(ids[0], .queued) = $0 { true } else { false } }
+        }
+        #expect(queued, "the restarted download did not queue: \(log.statuses(of: ids[0]))")
+        #expect(f.server.requests(for: "/r0-moved.bin").isEmpty, "it fetched while the second one held the slot")
+        #expect(f.server.releaseStalls() == 1)
+        await manager.waitUntilIdle()
+        for (index, id) in ids.enumerated() {
+            #expect(await manager.download(id)?.status == .completed)
+            expectFile(f.path("r\(index).bin"), files[index].data)
+        }
+        #expect(f.server.maxActivePaths == 1, "downloads transferring at once: \(f.server.maxActivePaths)")
         await manager.close()
     }
 

@@ -151,6 +151,22 @@ import Testing
         #expect(Self.letters(queue.toStart(free: 1, acquireHost: take)) == "a", "a first, it kept its place")
     }
 
+    /// A run that is only finishing is still live but counts apart (the manager gives its transfer slot away); its
+    /// end takes it off both counts, and a run that never finished off the live one only.
+    @Test func aFinishingRunCountsApartUntilItEnds() {
+        var queue = Self.five()
+        let (a, b) = (Self.id("a"), Self.id("b"))
+        #expect(Self.letters(queue.toStart(free: 2) { _ in true }) == "ab")
+        queue.runStarted(a)
+        queue.runStarted(b)
+        queue.runFinishing()
+        #expect(queue.liveRuns == 2 && queue.finishingRuns == 1)
+        queue.runEnded(b, current: true)
+        #expect(queue.liveRuns == 1 && queue.finishingRuns == 1)
+        queue.runEnded(a, current: true, finishing: true)
+        #expect(queue.liveRuns == 0 && queue.finishingRuns == 0)
+    }
+
     /// A download queued again while its last run is still ending (paused and resumed at once) waits for that end,
     /// keeping its place; the run's slot counts until it ends.
     @Test func aRunStillEndingHoldsItsSlotAndItsDownload() {

@@ -148,12 +148,11 @@ final class DownloadRun: Sendable {
                 action = nextStep()
             case .finish:
                 try await files.stopCheckpoints()
-                reporter.emit(.finishing)
-                // No event after this point: once the file is renamed into place the download is over, and a late
-                // progress tick must not reach the caller after (or while) the result is returned. Every event
-                // sent so far reaches the caller before the rename: one who sees an event never finds the file
-                // already there.
-                reporter.close()
+                // `finishing` is the last event (a caller's slot may go to another download now). No event after
+                // it: once the file is renamed into place the download is over, and a late progress tick must not
+                // reach the caller after (or while) the result is returned. Every event sent so far reaches the
+                // caller before the rename: one who sees an event never finds the file already there.
+                reporter.close(after: .finishing)
                 await reporter.drained()
                 return try await files.finish()
             case .fail(let error):

@@ -185,7 +185,7 @@ public struct DownloadOptions: Sendable {
     var hashHook: (@Sendable () -> Void)?
     /// Tests only: called on the blocking pool when every byte is in and checked, before the file's sync and rename,
     /// so a test can hold one download's finish and watch the others go on.
-    var finishHook: (@Sendable () -> Void)?
+    var finishHook: (@Sendable (DownloadPaths) -> Void)?
 
     /// The defaults.
     public init() {}
@@ -229,8 +229,8 @@ public enum DownloadEvent: Sendable {
     /// Something worth saying that changes nothing, e.g. falling back to one connection.
     case notice(String)
     /// Every byte is in: the file is being checked, made durable and moved into place, with no connection in use
-    /// any more. The last event of a run that goes on to finish (it may still fail: a checksum that does not match,
-    /// a full disk).
+    /// any more. The last event of a run that goes on to finish, none after it (the finish may still fail: a
+    /// checksum that does not match, a full disk).
     case finishing
 }
 

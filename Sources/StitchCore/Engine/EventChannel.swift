@@ -33,9 +33,11 @@ final class EventChannel: Sendable {
 
     var isOpen: Bool { state.withLock { $0.open } }
 
-    func send(_ event: DownloadEvent, fromTransport: Bool = false) {
+    /// Sends `event`; with `closing`, closes the channel under the same lock, so that it is the last event delivered.
+    func send(_ event: DownloadEvent, fromTransport: Bool = false, closing: Bool = false) {
         let now = state.withLock { state -> Bool in
             guard state.open else { return false }
+            if closing { state.open = false }
             if !fromTransport, !state.busy {
                 state.busy = true
                 return true

@@ -69,6 +69,9 @@ final class RunReporter: Sendable {
     /// No event after this is delivered.
     func close() { events.close() }
 
+    /// Sends `event` as the last event delivered (a progress tick cannot slip in after it).
+    func close(after event: DownloadEvent) { events.send(event, closing: true) }
+
     /// Returns once every event sent so far has reached the caller.
     func drained() async { await events.drained() }
 

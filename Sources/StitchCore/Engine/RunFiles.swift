@@ -327,7 +327,7 @@ final class RunFiles: Sendable {
         let aria2 = adoption?.origin == .aria2
         let hook = context.options.finishHook
         try await offloaded { () throws(DownloadError) in
-            hook?()
+            hook?(store.paths)
             try store.finish(url: url, length: bytes)
             // aria2's control file of a partial this download adopted (left by a crash between the adoption's
             // rename and its removal) or replaced: it describes a file that is no longer there.

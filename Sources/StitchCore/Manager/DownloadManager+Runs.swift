@@ -107,6 +107,15 @@ extension DownloadManager {
             // it is checked, synced and renamed (as `curl --parallel-max` counts transfers). It stays running
             // until its run ends.
             guard let run = managed.run, run.markFinishing() else { return }
+            // Nothing is fetched any more: no speed, no connection (the daemon's totals add these up). A small
+            // download has reported neither, and costs nothing here.
+            if managed.progress.bytesPerSecond != 0 || managed.progress.connections != 0 {
+                managed.progress.bytesPerSecond = 0
+                managed.progress.secondsLeft = nil
+                managed.progress.connections = 0
+                table[id] = managed
+                publish(.progress(id, managed.progress))
+            }
             queue.runFinishing()
             hosts.release(run.host, run.takeHostSlots())
             schedule()
@@ -125,7 +134,9 @@ extension DownloadManager {
         // A run that finished before it could be stopped for new settings or a new source is done, not redone.
         if managed.restartAfterRun, case .failure = outcome {
             let host = Self.hostKey(managed.entry.url)  // the new source's host, which may not be the old one
-            if hosts.acquire(host, upTo: 1) == 1 {
+            // Straight into a new run only with the slot this one held: a finishing run gave its slot away, and
+            // queues like any other download.
+            if !run.isFinishing, hosts.acquire(host, upTo: 1) == 1 {
                 start(id, host: host)
             } else {
                 setStatus(id, .queued)  // a new run for the new source, when its host has room

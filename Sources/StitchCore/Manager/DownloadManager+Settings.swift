@@ -5,7 +5,7 @@ extension DownloadManager {
     // MARK: Settings that change while downloads run
 
     /// Changes how many downloads transfer at once (at least 1). Raised, queued downloads start at once; lowered,
-    /// running downloads go on and no other starts until fewer run.
+    /// running downloads go on and no other starts until fewer transfer.
     public func setMaxConcurrentDownloads(_ count: Int) throws(DownloadManagerError) {
         try checkOpen()
         guard count >= 1 else {

@@ -37,7 +37,7 @@ extension DownloadManager {
         /// ``DownloadOptions/automaticConnectionStep`` for every download (bytes).
         public var automaticConnectionStep = DownloadOptions().automaticConnectionStep
         /// Tests only: ``DownloadOptions/finishHook`` for every download.
-        var finishHook: (@Sendable () -> Void)?
+        var finishHook: (@Sendable (DownloadPaths) -> Void)?
 
         /// The defaults, with downloads going to `downloadDirectory`.
         public init(downloadDirectory: String) {
