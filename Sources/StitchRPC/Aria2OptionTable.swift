@@ -381,7 +381,8 @@ struct Aria2Option: Sendable {
                 + "download never fails for its speed"),
         Aria2Option(
             "max-concurrent-downloads", .global, .number(1...Int64.max), .applied, .computed,
-            "downloads that run at once"),
+            "downloads transferring at once; one whose bytes are in gives its slot to the next while it is synced "
+                + "and renamed, so `tellActive` may list up to twice as many for a moment"),
         Aria2Option(
             "max-connection-per-server", .download, .number(1...16), .applied, .computed,
             "connections for a download, 1…16: with split, the smaller of the two"),
