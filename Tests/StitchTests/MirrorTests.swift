@@ -141,10 +141,15 @@ import Testing
         let m = try Mirrored()
         defer { m.mirror.stop() }
         let data = ServedFile.randomBytes(count: Self.size, seed: 104)
-        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        // The first source's segments wait until the mirror is asked for one, so that it is proven and has work
+        // under any load (a loaded ThreadSanitizer run finished from the first source before the proof).
+        let mirrorAsked = OneShot()
+        defer { mirrorAsked.open() }
+        m.serveFirst(data, heldUntil: mirrorAsked, then: .throttle(bytesPerSecond: 1 << 20))
         let changed = ServedFile.random(size: Self.size, seed: 105, etag: "\"changed\"")
         // Samples as they were proven; the segments that follow get the changed file (whatever was retried).
         m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
+            if Mirrored.isSegment(request) { mirrorAsked.open() }
             let bounds = request.header("Range").flatMap(Mirrored.bounds)
             return bounds.map { $0.1 - $0.0 + 1 > Adoption.sampleBytes } ?? true ? .servedAs(changed) : .none
         }
@@ -161,8 +166,11 @@ import Testing
         let m = try Mirrored()
         defer { m.mirror.stop() }
         let data = ServedFile.randomBytes(count: Self.size, seed: 111)
-        m.f.serve(ServedFile(data: data, etag: "\"first\""), faults: Self.slow)
+        let mirrorAsked = OneShot()  // as in aMirrorThatChangesAfterItsProofIsDropped
+        defer { mirrorAsked.open() }
+        m.serveFirst(data, heldUntil: mirrorAsked, then: .throttle(bytesPerSecond: 1 << 20))
         m.mirror.serve("/m.bin", file: ServedFile(data: data, etag: "\"mirror\"")) { request, _ in
+            if Mirrored.isSegment(request) { mirrorAsked.open() }
             let bounds = request.header("Range").flatMap(Mirrored.bounds)
             return bounds.map { $0.1 - $0.0 + 1 > Adoption.sampleBytes } ?? true ? .status(404) : .none
         }
