@@ -337,12 +337,7 @@ import StitchLocks
         f.server.throttle = 4_000_000
         let manager = try f.open { $0.maxConcurrentDownloads = 2 }
         let log = EventLog(await manager.events())
-        let ids = try await manager.add(
-            files.indices.map { index in
-                var options = DownloadManager.AddOptions(out: "c\(index).bin")
-                options.connections = 1
-                return (f.server.url("/c\(index).bin"), options)
-            })
+        let ids = try await f.addNumbered(to: manager, "c", count: files.count)
         await manager.waitUntilIdle()
         for (index, id) in ids.enumerated() {
             #expect(await manager.download(id)?.status == .completed)
@@ -385,12 +380,7 @@ import StitchLocks
             }
         }
         let log = EventLog(await manager.events())
-        let ids = try await manager.add(
-            files.indices.map { index in
-                var options = DownloadManager.AddOptions(out: "g\(index).bin")
-                options.connections = 1
-                return (f.server.url("/g\(index).bin"), options)
-            })
+        let ids = try await f.addNumbered(to: manager, "g", count: files.count)
         await blocking { firstHeld.wait(atMost: 60) }
         #expect(finishes.load(ordering: .relaxed) >= 1, "the first download never reached its finish")
         let secondDone = await log.waitUntil { events in
@@ -439,12 +429,7 @@ import StitchLocks
             }
         }
         let log = EventLog(await manager.events())
-        let ids = try await manager.add(
-            files.indices.map { index in
-                var options = DownloadManager.AddOptions(out: "r\(index).bin")
-                options.connections = 1
-                return (f.server.url("/r\(index).bin"), options)
-            })
+        let ids = try await f.addNumbered(to: manager, "r", count: files.count)
         await blocking { firstHeld.wait(atMost: 60) }
         #expect(await blocking { f.server.waitForStall() }, "the second download never started while the first finished")
         try await manager.updateSource(ids[0], url: f.server.url("/r0-moved.bin"))
@@ -1045,6 +1030,16 @@ final class ManagerFixture: Sendable {
         configuration.transport.stallTimeout = 30
         change(&configuration)
         return configuration
+    }
+
+    /// Adds `/PREFIX0.bin` … `/PREFIX(count-1).bin` of ``server`` as `PREFIX0.bin` …, one connection each, in that order.
+    func addNumbered(to manager: DownloadManager, _ prefix: String, count: Int) async throws -> [DownloadID] {
+        try await manager.add(
+            (0..<count).map { index in
+                var options = DownloadManager.AddOptions(out: "\(prefix)\(index).bin")
+                options.connections = 1
+                return (server.url("/\(prefix)\(index).bin"), options)
+            })
     }
 
     func open(_ change: (inout DownloadManager.Configuration) -> Void = { _ in }) throws -> DownloadManager {
