@@ -154,6 +154,31 @@ import StitchLocks
         }
     }
 
+    /// A small file (no preallocation up to `PartStore.smallFileLimit`) into a tmpfs with less room than it needs:
+    /// the first write that finds the disk full ends the download with the same one-line `.io` error a
+    /// preallocation gave, no file appears at the destination, and with room a rerun ends byte-exact.
+    @Test func fullDiskWithASmallFile() async throws {
+        guard let disk = Tmpfs(size: 1 << 20, label: "fullDiskWithASmallFile") else { return }
+        let f = try Fixture()
+        let file = ServedFile.random(size: 768 << 10, seed: 73, etag: Self.etag)
+        f.serve(file)
+        let filled = disk.fill("filler", upTo: 640 << 10)
+        #expect(filled == 640 << 10)
+        let dest = disk.path + "/small.bin"
+
+        let error = await #expect(throws: DownloadError.self) { try await Self.download(f, f.url, to: dest) }
+        #expect(error?.code == .io)
+        #expect(error?.message.contains("No space left on device") == true, "\(error?.message ?? "")")
+        Self.expectOneLine(error)
+        print("full disk (small file): \(error?.message ?? "")")
+        #expect(!fileExists(dest))
+
+        unlink(disk.path + "/filler")
+        let result = try await Self.download(f, f.url, to: dest)
+        #expect(result.destination == dest)
+        Self.expectBytes(dest, file.data)
+    }
+
     /// The data fits (preallocated) but the state's temporary file does not: the checkpoint fails with a clear
     /// error (or the download, already able to finish, completes); the previous state file is intact, no temporary
     /// file is left, and once space is freed a rerun ends byte-exact.

@@ -833,6 +833,63 @@ import Testing
         #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path) == ["tiny.bin"])
     }
 
+    /// A small download created at a path its choice found vacant takes an empty part file without looking for
+    /// leftovers beside it. Whatever an earlier run left there never stands for its bytes: the state file it writes
+    /// at its first checkpoint replaces a previous generation (`.prev`) it did not write, so a damaged state later
+    /// falls back on nothing but its own; an old live record's nonce is not its state's; and a kill before the first
+    /// checkpoint leaves a part file without a state file, which the next run starts over.
+    @Test func aVacantSmallDownloadIgnoresAndReplacesLeftovers() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/vacant.bin")
+        let total = 300_000
+        let data = ServedFile.randomBytes(count: total, seed: 23)
+        let validators = makeState(durable: 0, total: Int64(total)).validators
+        // Leftovers of another download of this name: a previous generation that would prove 200,000 bytes of other
+        // data, and a live record.
+        let other = ServedFile.randomBytes(count: total, seed: 24)
+        let stale = Self.proven(makeState(durable: 200_000, total: Int64(total)), other)
+        var store: PartStore? = try PartStore.create(
+            paths: paths, url: "http://x/vacant.bin", headers: [], checksum: nil, validators: validators, vacant: true)
+        try StateFile.write(stale, to: paths.previousState)
+        try writeFile(paths.live, Array("stale".utf8))
+        try write(store!, data, 0..<100_000)
+        store = nil  // killed before its first checkpoint
+        guard case .none = PartialDownload(paths).saved else { Issue.record("a state appeared"); return }
+
+        // The rerun finds a part file with bytes: it empties it and removes what is beside it. Put back, the
+        // previous generation is removed by the first state write.
+        store = try PartStore.create(
+            paths: paths, url: "http://x/vacant.bin", headers: [], checksum: nil, validators: validators, vacant: true)
+        #expect(!fileExists(paths.previousState) && !fileExists(paths.live))
+        try StateFile.write(stale, to: paths.previousState)
+        try write(store!, data, 0..<150_000)
+        try store!.checkpoint(force: true)
+        #expect(!fileExists(paths.previousState), "another download's previous generation kept beside this state")
+        let state = try #require(try StateFile.read(paths.state))
+        #expect(state.durableBytes == 150_000)
+        store = nil
+        // The state damaged now: nothing stands in for it.
+        try writeFile(paths.state, Array("garbage".utf8))
+        guard case .unusable(_, let previous) = PartialDownload(paths).saved else { Issue.record("not unusable"); return }
+        #expect(previous == nil)
+    }
+
+    /// `vacant` spares the lookups only for an empty part file: one with bytes (another run's, made since the
+    /// look) is emptied and every leftover beside it removed, as without it.
+    @Test func aVacantChoiceWithBytesInThePartFileStillRemovesLeftovers() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/raced.bin")
+        try writeFile(paths.part, Array(repeating: 7, count: 4096))
+        try StateFile.write(makeState(durable: 4096, total: 100_000), to: paths.state)
+        try writeFile(paths.live, Array("stale".utf8))
+        let store = try PartStore.create(
+            paths: paths, url: "http://x/raced.bin", headers: [], checksum: nil,
+            validators: makeState(durable: 0, total: 100_000).validators, vacant: true)
+        #expect(fileSize(paths.part) == 0)
+        #expect(!fileExists(paths.state) && !fileExists(paths.live))
+        _ = store
+    }
+
     /// Directory syncs are shared: many threads finishing in one folder all return, with at most one sync each
     /// (and, run one after another, exactly one each: a sync covers only renames made before it started).
     @Test func directorySyncsAreSharedBetweenConcurrentCallers() async throws {

@@ -124,4 +124,47 @@ import Testing
         _ = flock(holder, LOCK_UN)
         #expect(claims.choose(path, for: DownloadID(rawValue: 2), urls: ["http://h/g"]) == path)
     }
+
+    /// A path is vacant only when the look that chose it found nothing of a download there: no part file, no state
+    /// file, no file at the destination. Each of those (even of this download's URL) makes it not vacant, so the
+    /// engine then reopens and creates as it always did.
+    @Test func aPathIsVacantOnlyWithNothingThere() throws {
+        let dir = try TemporaryDirectory()
+        let claims = PathClaims()
+        let url = "http://h/v.bin"
+        let path = dir.path + "/v.bin"
+        let paths = DownloadPaths(destination: path)
+        var next: UInt64 = 0
+        func choice() -> PathChoice {
+            next += 1
+            let id = DownloadID(rawValue: next)
+            defer { claims.release(path, for: id) }
+            return claims.choice(path, for: id, urls: [url])
+        }
+        #expect(choice() == PathChoice(path: path, vacant: true))
+
+        // A part file nobody holds (a small download stopped before its first checkpoint): free, not vacant.
+        #expect(FileManager.default.createFile(atPath: paths.part, contents: Data()))
+        #expect(choice() == PathChoice(path: path, vacant: false))
+        unlink(paths.part)
+
+        // A state file of this URL: free (resumable), not vacant.
+        var state = PartStoreTests.makeState(durable: 0, total: 10)
+        state.url = url
+        try StateFile.write(state, to: paths.state)
+        #expect(choice() == PathChoice(path: path, vacant: false))
+        unlink(paths.state)
+
+        // A finished file of this URL: free (already done), not vacant.
+        #expect(FileManager.default.createFile(atPath: path, contents: Data([1, 2, 3])))
+        let fd = open(path, O_RDWR)
+        try #require(fd >= 0)
+        CompletionMark(url: url, length: 3, etag: nil, crc32c: nil).write(fd: fd)
+        close(fd)
+        if CompletionMark.read(at: path) != nil {
+            #expect(choice() == PathChoice(path: path, vacant: false))
+        }
+        unlink(path)
+        #expect(choice() == PathChoice(path: path, vacant: true))
+    }
 }

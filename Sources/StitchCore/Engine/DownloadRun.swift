@@ -43,7 +43,7 @@ final class DownloadRun: Sendable {
         if request.ifNewer, case .directory(let directory) = request.destination {
             // The file asked about must be known before the request: named from the URL alone.
             let named = LaneRequest.path(in: directory, contentDisposition: nil, url: startURL)
-            request.destination = .file(request.choosePath?(named) ?? named)
+            request.destination = .file(request.pathChoice(named).path)
         }
         // A mirror that is not an http(s) URL is left out (said when the run starts), never the download's end.
         var mirrors: [URL] = []

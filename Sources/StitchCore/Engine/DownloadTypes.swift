@@ -54,6 +54,15 @@ public struct DownloadRequest: Sendable {
     /// With ``Destination/directory(_:)``: given the path named by the first response, returns the path to use.
     /// ``DownloadManager`` uses it to keep two downloads off one file. Called once, on an arbitrary thread.
     public var choosePath: (@Sendable (String) -> String)?
+    /// As ``choosePath``, with the verdict of the look that chose the path (``PathChoice/vacant``); used before
+    /// ``choosePath`` when set (``DownloadManager`` sets it).
+    var claimPath: (@Sendable (String) -> PathChoice)?
+
+    /// The path to use for the path `named` by the first response, and whether it was found vacant.
+    func pathChoice(_ named: String) -> PathChoice {
+        if let claimPath { return claimPath(named) }
+        return PathChoice(path: choosePath?(named) ?? named, vacant: false)
+    }
 
     /// A request for `url` into `destination`, with no former URLs and no ``choosePath``.
     public init(

@@ -318,16 +318,23 @@ final class LaneRequest: Sendable {
         let request = run.context.request
         let files = run.files
         let path: String
+        var vacant = false
         switch request.destination {
         case .file(let file):
             path = absolutePath(file)
         case .directory(let directory):
             let named = Self.path(in: directory, contentDisposition: head.headers["Content-Disposition"], url: url)
-            path = request.choosePath?(named) ?? named
-            if let done = try files.openExisting(DownloadPaths(destination: path)) { return .complete(done) }
-            if files.store != nil { return .resumeSaved }
+            let choice = request.pathChoice(named)
+            path = choice.path
+            // The choice looked just now and found nothing there: nothing to reopen (the look again would only
+            // repeat its failing lookups).
+            vacant = choice.vacant
+            if !vacant {
+                if let done = try files.openExisting(DownloadPaths(destination: path)) { return .complete(done) }
+                if files.store != nil { return .resumeSaved }
+            }
         }
-        try files.create(at: path, validators: validators)
+        try files.create(at: path, validators: validators, vacant: vacant)
         return nil
     }
 }

@@ -160,8 +160,9 @@ final class RunFiles: Sendable {
         }
     }
 
-    /// Creates the part file and state at `path` for a response with `validators`. On the decision pool.
-    func create(at path: String, validators: Validators) throws {
+    /// Creates the part file and state at `path` for a response with `validators`. On the decision pool. `vacant`:
+    /// the path choice just found nothing there (``PathChoice/vacant``).
+    func create(at path: String, validators: Validators, vacant: Bool = false) throws {
         let request = context.request
         // Under ifNewer with a file at the destination, this partial is the newer file that replaces it.
         let replaces = facts.withLock { $0.condition != nil }
@@ -169,7 +170,7 @@ final class RunFiles: Sendable {
             paths: DownloadPaths(destination: path), url: request.url,
             headers: request.headers.map { "\($0.name): \($0.value)" },
             checksum: request.checksum?.description, validators: validators, adoption: adoption,
-            replacesDestination: replaces)
+            replacesDestination: replaces, vacant: vacant)
         facts.withLock { $0.store = store }
         startCheckpointer(store)
         reporter.emit(.destinationResolved(path))

@@ -62,7 +62,7 @@ final class ManagerRun: Sendable {
         let id = entry.id
         let urls = Set([entry.url] + entry.options.formerURLs)
         let replacing = entry.options.ifNewer
-        request.choosePath = { proposed in claims.choose(proposed, for: id, urls: urls, replacing: replacing) }
+        request.claimPath = { proposed in claims.choice(proposed, for: id, urls: urls, replacing: replacing) }
 
         var options = DownloadOptions()
         options.retry = configuration.retry

@@ -49,8 +49,15 @@ final class PathClaims: Sendable {
     /// `replacing`: a finished file there that another URL (or another program) left is this download's to compare
     /// and replace (``DownloadRequest/ifNewer``), unless another download of this manager claims the path.
     func choose(_ proposed: String, for id: DownloadID, urls: Set<String>, replacing: Bool = false) -> String {
+        choice(proposed, for: id, urls: urls, replacing: replacing).path
+    }
+
+    /// ``choose(_:for:urls:replacing:)``, and whether the look that chose the path found nothing of a download
+    /// there: no state file, no file at the destination, no part file (``PathChoice/vacant``).
+    func choice(_ proposed: String, for id: DownloadID, urls: Set<String>, replacing: Bool = false) -> PathChoice {
         for candidate in Self.candidates(proposed) {
             var outcome: Bool?
+            var vacant = false
             var tries = 0
             repeat {
                 tries += 1
@@ -64,9 +71,15 @@ final class PathClaims: Sendable {
                 outcome = state.withLock { state -> Bool? in
                     if let owner = state.owners[candidate], owner != id { return false }
                     if state.releases != seen { return nil }  // what the disk said may be stale: look again
+                    vacant = false
                     switch look ?? Self.look(candidate, for: urls, replacing: replacing) {
                     case .taken: return false
-                    case .freeUnlessHeld(let partial): if partial.partIsHeldByAnotherRun { return false }
+                    case .freeUnlessHeld(let partial, let nothingElse):
+                        switch partial.partHolder {
+                        case .anotherRun: return false
+                        case .noPartFile: vacant = nothingElse
+                        case .nobody: break
+                        }
                     case .free: break
                     }
                     for (path, owner) in state.owners where owner == id && path != candidate {
@@ -77,9 +90,9 @@ final class PathClaims: Sendable {
                     return true
                 }
             } while outcome == nil
-            if outcome == true { return candidate }
+            if outcome == true { return PathChoice(path: candidate, vacant: vacant) }
         }
-        return proposed
+        return PathChoice(path: proposed, vacant: false)
     }
 
     /// `proposed`, then numbered variants with the number after the name's stem: `a/b.tar.gz`, `a/b.1.tar.gz`,
@@ -97,8 +110,9 @@ final class PathClaims: Sendable {
     private enum Look {
         case free
         case taken
-        /// Free unless another process holds its part file (a lock taken and let go to find out).
-        case freeUnlessHeld(PartialDownload)
+        /// Free unless another process holds its part file (a lock taken and let go to find out). `nothingElse`: no
+        /// state file and no file at the destination were found, so with no part file the path is vacant.
+        case freeUnlessHeld(PartialDownload, nothingElse: Bool)
     }
 
     /// Nothing at `path`, or only what a download of `url` left there (its partial, or its finished file). A
@@ -108,18 +122,29 @@ final class PathClaims: Sendable {
         let partial = PartialDownload(DownloadPaths(destination: path))
         if case .none = partial.saved {
             if partial.destinationExists {
-                if replacing, (try? partial.destinationFile().isRegular) == true { return .freeUnlessHeld(partial) }
+                if replacing, (try? partial.destinationFile().isRegular) == true {
+                    return .freeUnlessHeld(partial, nothingElse: false)
+                }
                 return partial.completion.map { urls.contains($0.url) } ?? false ? .free : .taken
             }
             // A part file another download finished writing (its completion mark set) is that download's: its next
             // run moves it into place.
             if let mark = partial.partCompletion { return urls.contains(mark.url) ? .free : .taken }
             // A part file another run holds (a small download has no state file yet) is taken.
-            return .freeUnlessHeld(partial)
+            return .freeUnlessHeld(partial, nothingElse: true)
         }
         // A damaged state is judged by the previous generation the engine would fall back on.
         return partial.state.map { urls.contains($0.url) } ?? false ? .free : .taken
     }
+}
+
+/// The path ``PathClaims`` chose for a download, claimed for it.
+struct PathChoice: Sendable, Equatable {
+    let path: String
+    /// The look that chose it found nothing there: no state file (its lookup said `ENOENT`), no file at the
+    /// destination and no part file. The engine then creates the part file without looking again
+    /// (``PartStore/create(paths:url:headers:checksum:validators:adoption:replacesDestination:vacant:)``).
+    let vacant: Bool
 }
 
 /// `path` without `.` components or repeated slashes (`..` is kept).

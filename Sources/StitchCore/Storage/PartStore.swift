@@ -194,7 +194,7 @@ final class PartStore: Sendable {
         // Unlocked explicitly, not by the close: a process that forks (posix_spawn from another thread) shares this
         // open file description with the child until the child's exec, and the lock lives as long as any copy —
         // a reopen in that window found the download "being downloaded by another stitch run".
-        _ = flock(fd, LOCK_UN)
+        if !unlocked.load(ordering: .acquiring) { _ = flock(fd, LOCK_UN) }
         close(fd)
     }
 
@@ -239,9 +239,23 @@ final class PartStore: Sendable {
     /// files. An interruption loses at most ``smallFileLimit`` bytes: before the first checkpoint the next run
     /// starts over (a part file without a state file), after it the next run resumes from the last checkpoint.
     /// Nothing is ever claimed that is not on disk.
+    ///
+    /// `vacant`: the caller looked just before and found no state file, no file at the destination and no part file
+    /// (``PathChoice/vacant``). A small file's part file that is then empty and unallocated under the lock is
+    /// taken without looking for what an earlier run left beside it — the five lookups that would each search the
+    /// folder for a name that is not there. What could be there then, and why none of it can reach new bytes:
+    /// - the state file: the look found none; a run of another process that made one since would hold the part
+    ///   file's lock (the open fails as busy) or, gone, have left its part file, and a part file with bytes or
+    ///   blocks is looked after as always;
+    /// - the previous generation (`.prev`): read only in place of a damaged state file; this store's first state
+    ///   write removes it (``writeState(_:generation:)``), durably with the new state;
+    /// - the temporary (`.tmp`): a state write truncates it; the link (`.lnk`): a `.keep` write replaces it;
+    /// - a live record: read only with the nonce of a state, and this state's nonce is new.
+    /// Such leftovers (possible only after a power cut reordered an earlier run's removals, or a hand that removed
+    /// some) may stay beside the finished file; they are never read as its state.
     static func create(
         paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators,
-        adoption: AdoptionRecord? = nil, replacesDestination: Bool = false
+        adoption: AdoptionRecord? = nil, replacesDestination: Bool = false, vacant: Bool = false
     ) throws(DownloadError) -> PartStore {
         let small = validators.totalLength.map { $0 <= smallFileLimit } ?? false
         let state = DownloadState(
@@ -251,11 +265,16 @@ final class PartStore: Sendable {
             liveNonce: newNonce(), updatedAt: now())
         // Locked before anything changes; emptied; the state (or, for a small file, the removal of an old one)
         // durable before any data exists, so a crash at any later point never pairs old state with new bytes.
-        let fd = try openLocked(paths)
+        let (fd, empty) = try openLocked(paths)
         let live: LiveRecord
         do throws(DownloadError) {
-            guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
-            if small {
+            if !empty {
+                guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
+            }
+            if small && vacant && empty {
+                // Nothing of an earlier run to remove (see above).
+                live = try LiveRecord(anonymousWithNonce: state.nonce, written: [0])
+            } else if small {
                 // A state file or live record an earlier run left would describe other bytes: remove them.
                 // (Looked up first: unlinking a missing name still takes the directory's lock.) The removal is
                 // made durable before any data, so a power cut cannot bring an old state back beside new bytes.
@@ -300,7 +319,7 @@ final class PartStore: Sendable {
     static func reopen(
         paths: DownloadPaths, state: DownloadState, fromPrevious: Bool = false, recheck: Bool = false
     ) throws(DownloadError) -> (PartStore, ResumePoint) {
-        let fd = try openLocked(paths)
+        let fd = try openLocked(paths).fd
         // The state was read before the lock; another run may have finished or restarted in between.
         let current: DownloadState?
         do throws(DownloadError) {
@@ -405,7 +424,7 @@ final class PartStore: Sendable {
     /// Opens (creating) the part file and takes the download's lock, an exclusive `flock` held until ``unlock()``
     /// or the store's end, so that two runs — two processes, or two calls in one — never write one partial
     /// download. Nothing on disk is changed before the lock is held.
-    private static func openLocked(_ paths: DownloadPaths) throws(DownloadError) -> Int32 {
+    private static func openLocked(_ paths: DownloadPaths) throws(DownloadError) -> (fd: Int32, empty: Bool) {
         let fd = retryingOnInterrupt { open(paths.part, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o644) }
         guard fd >= 0 else { throw .io("cannot open", path: paths.part, .current) }
         if let busy = lock(fd, paths) {
@@ -423,7 +442,7 @@ final class PartStore: Sendable {
                 .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
                 resumable: true)
         }
-        return fd
+        return (fd, opened.st_size == 0 && opened.st_blocks == 0)
     }
 
     /// Takes the lock on `fd`; returns the error if another run holds it. Other failures (a file system
@@ -508,15 +527,21 @@ final class PartStore: Sendable {
 
     /// Releases the lock (the run is over); the files stay as they are.
     func unlock() {
-        _ = flock(fd, LOCK_UN)
+        if !unlocked.exchange(true, ordering: .acquiringAndReleasing) { _ = flock(fd, LOCK_UN) }
     }
 
+    /// The lock was let go (``unlock()``): the close need not again.
+    private let unlocked = Atomic<Bool>(false)
+
     /// Reserves disk blocks for the rest of the file (keeping the size, which tracks written data), so a full
-    /// disk shows up before the transfer rather than in the middle, and the file system allocates once.
+    /// disk shows up before the transfer rather than in the middle, and the file system allocates once. Not for a
+    /// file of at most ``smallFileLimit`` bytes.
     /// Returns `ENOSPC` when the space is not there; other failures (a file system without fallocate) are
     /// ignored.
     func preallocate(totalLength: Int64) -> Errno? {
-        guard totalLength > 0 else { return nil }
+        // A small file is written whole at once: a full disk shows up at its first write, as clearly (the sink's
+        // error), and there is nothing to keep together.
+        guard totalLength > Self.smallFileLimit else { return nil }
         // Blocks already allocated are left alone, so the whole range can be asked for at any time.
         if stitch_preallocate(fd, 0, totalLength) != 0, errno == ENOSPC { return .noSpace }
         return nil
@@ -896,7 +921,11 @@ final class PartStore: Sendable {
     /// store was rebuilt from the previous generation and has not written yet (`.leave`: the file on disk is the
     /// damaged one).
     private func writeState(_ next: DownloadState, generation: StateFile.PreviousGeneration = .keep) throws(DownloadError) {
-        let generation = replacesDamagedState.load(ordering: .relaxed) ? .leave : generation
+        // A store with no state on disk yet (a small download before its first checkpoint) has no previous
+        // generation of its own: a `.prev` there is an earlier download's (``create``'s `vacant`), removed.
+        let generation =
+            replacesDamagedState.load(ordering: .relaxed)
+            ? .leave : stateOnDisk.load(ordering: .relaxed) ? generation : .remove
         try StateFile.write(next, to: paths.state, previous: paths.previousState, generation: generation)
         replacesDamagedState.store(false, ordering: .relaxed)
         stateOnDisk.store(true, ordering: .relaxed)

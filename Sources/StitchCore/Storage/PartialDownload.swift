@@ -105,15 +105,22 @@ struct PartialDownload: Sendable {
 
     /// Whether another run holds the part file (a small download has no state file before its first
     /// checkpoint, so the lock is all that shows it).
-    var partIsHeldByAnotherRun: Bool {
+    var partIsHeldByAnotherRun: Bool { partHolder == .anotherRun }
+
+    /// Who has the part file: nobody (``PartHolder/nobody``), another run (it holds the lock), or there is none
+    /// (``PartHolder/noPartFile``: the open said `ENOENT`).
+    enum PartHolder: Sendable, Equatable { case noPartFile, nobody, anotherRun }
+
+    /// Who has the part file, from one open (and a lock taken and let go).
+    var partHolder: PartHolder {
         let fd = retryingOnInterrupt { open(paths.part, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
-        guard fd >= 0 else { return false }
+        guard fd >= 0 else { return errno == ENOENT ? .noPartFile : .nobody }
         defer { close(fd) }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else { return true }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else { return .anotherRun }
         // Let go before the close: a child being spawned meanwhile holds a copy of this open file description
         // until its exec, and the lock would live as long (the next real open would find the download "busy").
         _ = flock(fd, LOCK_UN)
-        return false
+        return .nobody
     }
 
     /// Removes the state, live record and their temporaries (a finished download whose clean-up was cut short).
