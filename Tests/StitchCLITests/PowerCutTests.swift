@@ -65,6 +65,20 @@ struct PowerCutTests {
             return ["get", "-i", list, "-j", "2"]
         })
 
+    /// Small files into the current folder, each named by its URL (the path choice, whose look finding nothing
+    /// there lets the part file be created without looking again): no state file until a checkpoint.
+    static let folder = Kind(
+        name: "get -i into a folder",
+        files: [file("c.bin", size: 400 << 10, seed: 9), file("d.bin", size: 900 << 10, seed: 10),
+            file("e.bin", size: 1 << 20, seed: 11)],
+        throttle: 1 << 20,
+        arguments: { rig in
+            let list = rig.sandbox.path("folder-list.txt")
+            let text = rig.files.map { rig.server.url($0.path) + "\n" }.joined()
+            try? text.write(toFile: list, atomically: true, encoding: .utf8)
+            return ["get", "-i", list, "-j", "2"]
+        })
+
     /// `--adopt` taking over what `wget -c` left: the first 2 MiB + 1000 bytes of the file at the destination.
     static let adopt: Kind = {
         let file = Self.file("adopted.bin", size: 5 << 20, seed: 6)
@@ -101,7 +115,7 @@ struct PowerCutTests {
 
     /// Every kind, or those whose names contain `STITCH_POWERCUT_KINDS` (a comma-separated list) when it is set.
     static let kinds: [Kind] = {
-        let all = [single, four, steal, limited, list, adopt, background]
+        let all = [single, four, steal, limited, list, folder, adopt, background]
         guard let chosen = ProcessInfo.processInfo.environment["STITCH_POWERCUT_KINDS"], !chosen.isEmpty else {
             return all
         }

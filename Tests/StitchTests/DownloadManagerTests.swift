@@ -817,6 +817,29 @@ import StitchLocks
         await manager.close()
     }
 
+    /// Into a folder, a download claims the name its URL gives before its first request; one that fails before
+    /// any response names its file gives the name back, so another download of that name is not numbered for it.
+    @Test func aFolderDownloadThatFailedGivesItsNameBack() async throws {
+        let f = try ManagerFixture()
+        let file = ServedFile.random(size: 64 << 10, seed: 82, etag: "\"late\"")
+        f.server.serve("/b/late.bin", file: file)
+        let manager = try f.open()
+        let missing = try await manager.add(f.server.url("/a/late.bin"))
+        await manager.waitUntilIdle()
+        let status = await manager.download(missing)?.status
+        guard case .failed = status else {
+            Issue.record("the missing file's download: \(String(describing: status))")
+            return
+        }
+        let found = try await manager.add(f.server.url("/b/late.bin"))
+        await manager.waitUntilIdle()
+        let snapshot = try #require(await manager.download(found))
+        #expect(snapshot.status == .completed)
+        #expect(snapshot.path == f.path("late.bin"))
+        expectFile(snapshot.path, file.data)
+        await manager.close()
+    }
+
     // MARK: 8. Queue order
 
     /// With one slot held by a stalled download, `setPriority` and `move` decide the order the queued downloads

@@ -775,6 +775,41 @@ import StitchLocks
         #expect(f.server.requests.last?.header("If-Range") == Self.etag)
     }
 
+    /// Into a folder, with the name from the URL: a rerun finds the finished file before asking the server
+    /// anything (it used to fetch the file again only to learn its name, and then drop it).
+    @Test func directoryModeRerunByTheURLsNameAsksNothing() async throws {
+        let f = try Fixture(directoryMode: true)
+        let file = ServedFile.random(size: 256 << 10, seed: 49, etag: Self.etag)
+        f.serve(file)
+        let first = try await f.download(f.request())
+        try f.expectComplete(first, file.data, at: f.downloads + "/file.bin")
+        f.watch.disarm()
+        let before = f.server.requests.count
+        let again = try await f.download(f.request())
+        #expect(again.alreadyComplete && again.bytesTransferred == 0)
+        #expect(again.destination == f.downloads + "/file.bin")
+        #expect(f.server.requests.count == before, "the rerun asked the server: \(f.server.requests[before...].map(\.askedRange))")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: f.downloads) == ["file.bin"])
+    }
+
+    /// Into a folder, with the name from the URL: an interrupted download resumes with a range request as its first
+    /// request (no request for the whole file to learn the name).
+    @Test func directoryModeResumesByTheURLsNameWithARangeFirst() async throws {
+        let f = try Fixture(directoryMode: true)
+        let file = ServedFile.random(size: Self.size, seed: 50, etag: Self.etag)
+        f.serve(file, faults: .onRequest(0, .stallAfter(1_500_000, then: .close)))
+        let named = f.downloads + "/file.bin"
+        try await f.interruptedDownload(f.request(), at: 1_500_000, part: named + ".part")
+
+        let before = f.server.requests.count
+        let result = try await f.download(f.request())
+        try f.expectComplete(result, file.data, at: named)
+        #expect(result.resumedFrom == 1_500_000)
+        let rerun = f.server.requests[before...]
+        #expect(rerun.first?.askedRange == "bytes=1500000-", "\(rerun.map(\.askedRange))")
+        #expect(rerun.first?.header("If-Range") == Self.etag)
+    }
+
     // MARK: Checksums
 
     @Test func checksumVerified() async throws {

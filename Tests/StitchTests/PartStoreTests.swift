@@ -833,38 +833,30 @@ import Testing
         #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path) == ["tiny.bin"])
     }
 
-    /// A small download created at a path its choice found vacant takes an empty part file without looking for
-    /// leftovers beside it. Whatever an earlier run left there never stands for its bytes: the state file it writes
-    /// at its first checkpoint replaces a previous generation (`.prev`) it did not write, so a damaged state later
-    /// falls back on nothing but its own; an old live record's nonce is not its state's; and a kill before the first
-    /// checkpoint leaves a part file without a state file, which the next run starts over.
-    @Test func aVacantSmallDownloadIgnoresAndReplacesLeftovers() throws {
+    /// A small download created at a path its choice found vacant takes the empty part file without looking for
+    /// leftovers beside it; they are removed before its first state write. Until then nothing reads them: a kill
+    /// leaves a part file without a state (the next run starts over); after it no previous generation of another
+    /// download stands in for this state, damaged.
+    @Test func aVacantSmallDownloadRemovesLeftoversBeforeItsFirstState() throws {
         let dir = try TemporaryDirectory()
         let paths = DownloadPaths(destination: dir.path + "/vacant.bin")
         let total = 300_000
         let data = ServedFile.randomBytes(count: total, seed: 23)
         let validators = makeState(durable: 0, total: Int64(total)).validators
-        // Leftovers of another download of this name: a previous generation that would prove 200,000 bytes of other
-        // data, and a live record.
-        let other = ServedFile.randomBytes(count: total, seed: 24)
-        let stale = Self.proven(makeState(durable: 200_000, total: Int64(total)), other)
+        // Left by another download of this name (no state file, no part file: the path is vacant): a previous
+        // generation that proves 200,000 bytes of other data, a temporary and a live record.
+        let stale = Self.proven(makeState(durable: 200_000, total: Int64(total)), ServedFile.randomBytes(count: total, seed: 24))
+        try StateFile.write(stale, to: paths.previousState)
+        try writeFile(paths.state + ".tmp", Array("stale".utf8))
+        try writeFile(paths.live, Array("stale".utf8))
         var store: PartStore? = try PartStore.create(
             paths: paths, url: "http://x/vacant.bin", headers: [], checksum: nil, validators: validators, vacant: true)
-        try StateFile.write(stale, to: paths.previousState)
-        try writeFile(paths.live, Array("stale".utf8))
-        try write(store!, data, 0..<100_000)
-        store = nil  // killed before its first checkpoint
-        guard case .none = PartialDownload(paths).saved else { Issue.record("a state appeared"); return }
-
-        // The rerun finds a part file with bytes: it empties it and removes what is beside it. Put back, the
-        // previous generation is removed by the first state write.
-        store = try PartStore.create(
-            paths: paths, url: "http://x/vacant.bin", headers: [], checksum: nil, validators: validators, vacant: true)
-        #expect(!fileExists(paths.previousState) && !fileExists(paths.live))
-        try StateFile.write(stale, to: paths.previousState)
         try write(store!, data, 0..<150_000)
+        guard case .none = PartialDownload(paths).saved else { Issue.record("a state appeared"); return }
         try store!.checkpoint(force: true)
-        #expect(!fileExists(paths.previousState), "another download's previous generation kept beside this state")
+        for leftover in [paths.previousState, paths.state + ".tmp", paths.state + ".lnk", paths.live] {
+            #expect(!fileExists(leftover), "\(leftover) kept beside the first state")
+        }
         let state = try #require(try StateFile.read(paths.state))
         #expect(state.durableBytes == 150_000)
         store = nil
@@ -872,6 +864,34 @@ import Testing
         try writeFile(paths.state, Array("garbage".utf8))
         guard case .unusable(_, let previous) = PartialDownload(paths).saved else { Issue.record("not unusable"); return }
         #expect(previous == nil)
+    }
+
+    /// What another process did after the look that found the path vacant is seen under the part file's lock: a
+    /// state file it left beside an empty part file is removed as without `vacant`; a file it finished at the
+    /// destination ends the call (run again) and is left as it is.
+    @Test func aVacantChoiceIsCheckedAgainUnderTheLock() throws {
+        let dir = try TemporaryDirectory()
+        let paths = DownloadPaths(destination: dir.path + "/late.bin")
+        let validators = makeState(durable: 0, total: 100_000).validators
+        // A run of another process made its state and stopped before any data.
+        #expect(FileManager.default.createFile(atPath: paths.part, contents: Data()))
+        try StateFile.write(makeState(durable: 0, total: 5 << 20), to: paths.state)
+        try writeFile(paths.live, Array("other".utf8))
+        var store: PartStore? = try PartStore.create(
+            paths: paths, url: "http://x/late.bin", headers: [], checksum: nil, validators: validators, vacant: true)
+        #expect(!fileExists(paths.state) && !fileExists(paths.live), "another run's state kept beside this part file")
+        store = nil
+        unlink(paths.part)
+
+        // Another process finished the file there.
+        try writeFile(paths.destination, Array("finished elsewhere".utf8))
+        let error = #expect(throws: DownloadError.self) {
+            try PartStore.create(
+                paths: paths, url: "http://x/late.bin", headers: [], checksum: nil, validators: validators, vacant: true)
+        }
+        #expect(error?.isResumable == true && error?.message.contains("run again") == true, "\(String(describing: error))")
+        #expect(try readFile(paths.destination) == Array("finished elsewhere".utf8))
+        _ = store
     }
 
     /// `vacant` spares the lookups only for an empty part file: one with bytes (another run's, made since the

@@ -85,11 +85,25 @@ final class DownloadRun: Sendable {
     private func runSteps() async throws -> DownloadResult {
         let request = context.request
         for notice in rejectedMirrors { reporter.emit(.notice(notice)) }
+        var existing: DownloadPaths?
+        if case .directory(let directory) = request.destination {
+            // Into a folder the response may name the file (`Content-Disposition`), but the name the URL alone gives
+            // is chosen (claimed) and looked at before the request: what an earlier run of this URL left there — a
+            // partial to resume, a finished file — is then found without fetching the file again only to learn its
+            // name. The response's name, if another, is chosen again then.
+            let named = LaneRequest.path(in: directory, contentDisposition: nil, url: context.startURL)
+            let choice = request.pathChoice(named)
+            files.chosenBeforeRequest = (named, choice)
+            if !choice.vacant { existing = DownloadPaths(destination: choice.path) }
+        }
         if case .file(let path) = request.destination {
             let paths = DownloadPaths(destination: absolutePath(path))
+            existing = paths
             if request.adopt, let found = try await ForeignAdoption(context: context, reporter: reporter).adopt(paths) {
                 files.adoption = found
             }
+        }
+        if let paths = existing {
             // What an earlier run left is looked at on the blocking pool: reopening may sync, read the state and
             // hash a prefix; an already complete file may be hashed against a checksum. With nothing there (the
             // usual first run) the two failing lookups are all it costs, here.

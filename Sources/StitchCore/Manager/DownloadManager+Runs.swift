@@ -129,6 +129,9 @@ extension DownloadManager {
         guard var managed = table[id], managed.run === run else { return }
         managed.run = nil
         table[id] = managed
+        // Into a folder, the run claims a name before its first request; one no response confirmed (the run ended
+        // before its file was created or found) is given back: the next run chooses again.
+        if managed.entry.destinationKind == .directory, managed.entry.resolvedPath == nil { claims.releaseAll(for: id) }
         // A download the user paused, cancelled or removed keeps that status; so does one stopped by close().
         guard managed.status == .running, !isClosed else { return }
         // A run that finished before it could be stopped for new settings or a new source is done, not redone.

@@ -36,6 +36,16 @@ final class PathClaims: Sendable {
         }
     }
 
+    /// Gives back every path `id` claims.
+    func releaseAll(for id: DownloadID) {
+        state.withLock { state in
+            for (path, owner) in state.owners where owner == id {
+                state.owners[path] = nil
+                state.releases &+= 1
+            }
+        }
+    }
+
     /// The path for download `id` (of `url`) named `proposed` by its response: `proposed` unless another
     /// download claims it or a file there belongs to another URL, else `NAME.1.EXT`, `NAME.2.EXT`, … (as aria2
     /// renames). Claims the path for `id`.

@@ -240,19 +240,18 @@ final class PartStore: Sendable {
     /// starts over (a part file without a state file), after it the next run resumes from the last checkpoint.
     /// Nothing is ever claimed that is not on disk.
     ///
-    /// `vacant`: the caller looked just before and found no state file, no file at the destination and no part file
-    /// (``PathChoice/vacant``). A small file's part file that is then empty and unallocated under the lock is
-    /// taken without looking for what an earlier run left beside it — the five lookups that would each search the
-    /// folder for a name that is not there. What could be there then, and why none of it can reach new bytes:
-    /// - the state file: the look found none; a run of another process that made one since would hold the part
-    ///   file's lock (the open fails as busy) or, gone, have left its part file, and a part file with bytes or
-    ///   blocks is looked after as always;
-    /// - the previous generation (`.prev`): read only in place of a damaged state file; this store's first state
-    ///   write removes it (``writeState(_:generation:)``), durably with the new state;
-    /// - the temporary (`.tmp`): a state write truncates it; the link (`.lnk`): a `.keep` write replaces it;
-    /// - a live record: read only with the nonce of a state, and this state's nonce is new.
-    /// Such leftovers (possible only after a power cut reordered an earlier run's removals, or a hand that removed
-    /// some) may stay beside the finished file; they are never read as its state.
+    /// `vacant`: the caller's look found no state file, no file at the destination and no part file
+    /// (``PathChoice/vacant``); it may have been a while ago (before the request), and another process may have
+    /// acted since. So under the part file's lock, which every run holds while it makes or renames these files:
+    /// a file at the destination now ends the call (another run finished one there: the error says to run again,
+    /// which then finds it), and a small file's part file that is empty and unallocated, with no state file beside
+    /// it, is taken without the four other lookups for leftovers (each searches the folder for a name that is not
+    /// there). Those leftovers — a previous generation, a temporary, a link, a live record, left by a power cut
+    /// that kept only some of an earlier run's removals or by a hand — are looked for and removed before this
+    /// store's first state write instead, durably before it (``removeLeftoversBeforeTheFirstState()``); until then
+    /// nothing reads them (a previous generation only stands in for a damaged state file, a live record only under
+    /// its state's nonce, and this store has no state file on disk). A download that finishes before its first
+    /// checkpoint leaves them beside the finished file, never read as its state.
     static func create(
         paths: DownloadPaths, url: String, headers: [String], checksum: String?, validators: Validators,
         adoption: AdoptionRecord? = nil, replacesDestination: Bool = false, vacant: Bool = false
@@ -267,12 +266,19 @@ final class PartStore: Sendable {
         // durable before any data exists, so a crash at any later point never pairs old state with new bytes.
         let (fd, empty) = try openLocked(paths)
         let live: LiveRecord
+        var leftoversUnchecked = false
         do throws(DownloadError) {
+            if vacant && access(paths.destination, F_OK) == 0 {
+                throw DownloadError(
+                    .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
+                    resumable: true)
+            }
             if !empty {
                 guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
             }
-            if small && vacant && empty {
-                // Nothing of an earlier run to remove (see above).
+            if small && vacant && empty && access(paths.state, F_OK) != 0 {
+                // The other leftovers are looked for before the first state write (see above).
+                leftoversUnchecked = true
                 live = try LiveRecord(anonymousWithNonce: state.nonce, written: [0])
             } else if small {
                 // A state file or live record an earlier run left would describe other bytes: remove them.
@@ -296,6 +302,7 @@ final class PartStore: Sendable {
         }
         let store = PartStore(paths: paths, fd: fd, live: live, state: state)
         if small { store.stateOnDisk.store(false, ordering: .relaxed) }
+        if leftoversUnchecked { store.leftoversUnchecked.store(true, ordering: .relaxed) }
         return store
     }
 
@@ -921,15 +928,30 @@ final class PartStore: Sendable {
     /// store was rebuilt from the previous generation and has not written yet (`.leave`: the file on disk is the
     /// damaged one).
     private func writeState(_ next: DownloadState, generation: StateFile.PreviousGeneration = .keep) throws(DownloadError) {
-        // A store with no state on disk yet (a small download before its first checkpoint) has no previous
-        // generation of its own: a `.prev` there is an earlier download's (``create``'s `vacant`), removed.
-        let generation =
-            replacesDamagedState.load(ordering: .relaxed)
-            ? .leave : stateOnDisk.load(ordering: .relaxed) ? generation : .remove
+        try removeLeftoversBeforeTheFirstState()
+        let generation = replacesDamagedState.load(ordering: .relaxed) ? .leave : generation
         try StateFile.write(next, to: paths.state, previous: paths.previousState, generation: generation)
         replacesDamagedState.store(false, ordering: .relaxed)
         stateOnDisk.store(true, ordering: .relaxed)
     }
+
+    /// For a store ``create`` made at a vacant path without looking for leftovers: before its first state write,
+    /// what an earlier run left beside the part file (a previous generation, a temporary, a link, a live record)
+    /// is removed, and the removal made durable before the state is written, so that no power cut can pair this
+    /// state with another download's previous generation.
+    private func removeLeftoversBeforeTheFirstState() throws(DownloadError) {
+        guard leftoversUnchecked.exchange(false, ordering: .relaxed) else { return }
+        var removed = false
+        for stale in paths.sidecars where stale != paths.state && access(stale, F_OK) == 0 {
+            unlink(stale)
+            removed = true
+        }
+        if removed { try syncDirectory(containing: paths.state) }
+    }
+
+    /// Set by ``create`` at a vacant path until ``removeLeftoversBeforeTheFirstState()`` has run. Only read and
+    /// written under `durableSteps` (or before the store is shared).
+    private let leftoversUnchecked = Atomic<Bool>(false)
 
     /// Set by a fallback `reopen` until the first state write replaces the damaged file. Only read and written under
     /// `durableSteps` (or before the store is shared): an atomic only so that the class is checked `Sendable`.
