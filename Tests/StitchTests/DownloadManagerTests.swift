@@ -817,8 +817,8 @@ import StitchLocks
         await manager.close()
     }
 
-    /// Into a folder, a download claims the name its URL gives before its first request; one that fails before
-    /// any response names its file gives the name back, so another download of that name is not numbered for it.
+    /// Into a folder, a download that fails before any response names its file holds no name (a claim it made is
+    /// given back at the run's end), so another download of that name is not numbered for it.
     @Test func aFolderDownloadThatFailedGivesItsNameBack() async throws {
         let f = try ManagerFixture()
         let file = ServedFile.random(size: 64 << 10, seed: 82, etag: "\"late\"")

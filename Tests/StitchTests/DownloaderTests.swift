@@ -792,6 +792,20 @@ import StitchLocks
         #expect(try FileManager.default.contentsOfDirectory(atPath: f.downloads) == ["file.bin"])
     }
 
+    /// Into a folder, a file another program left under the name the URL gives is not this download's: the
+    /// response's name is used as if nothing were there, and that file is left alone.
+    @Test func directoryModeLeavesAnotherProgramsFileAtTheURLsName() async throws {
+        let f = try Fixture(directoryMode: true)
+        let file = ServedFile.random(
+            size: 256 << 10, seed: 51, etag: Self.etag, contentDisposition: "attachment; filename=named.bin")
+        f.serve(file)
+        try FileManager.default.createDirectory(atPath: f.downloads, withIntermediateDirectories: true)
+        try writeFile(f.downloads + "/file.bin", Array("not stitch's".utf8))
+        let result = try await f.download(f.request())
+        try f.expectComplete(result, file.data, at: f.downloads + "/named.bin")
+        #expect(try readFile(f.downloads + "/file.bin") == Array("not stitch's".utf8))
+    }
+
     /// Into a folder, with the name from the URL: an interrupted download resumes with a range request as its first
     /// request (no request for the whole file to learn the name).
     @Test func directoryModeResumesByTheURLsNameWithARangeFirst() async throws {

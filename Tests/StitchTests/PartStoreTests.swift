@@ -848,6 +848,7 @@ import Testing
         let stale = Self.proven(makeState(durable: 200_000, total: Int64(total)), ServedFile.randomBytes(count: total, seed: 24))
         try StateFile.write(stale, to: paths.previousState)
         try writeFile(paths.state + ".tmp", Array("stale".utf8))
+        try writeFile(paths.state + ".lnk", Array("stale".utf8))
         try writeFile(paths.live, Array("stale".utf8))
         var store: PartStore? = try PartStore.create(
             paths: paths, url: "http://x/vacant.bin", headers: [], checksum: nil, validators: validators, vacant: true)
@@ -866,47 +867,50 @@ import Testing
         #expect(previous == nil)
     }
 
-    /// What another process did after the look that found the path vacant is seen under the part file's lock: a
-    /// state file it left beside an empty part file is removed as without `vacant`; a file it finished at the
-    /// destination ends the call (run again) and is left as it is.
+    /// What another process did between the lookups that found the path vacant and the part file's lock is seen
+    /// under the lock, and ends the call with "run again", touching none of it: a state file it left beside an
+    /// empty part file, a part file with bytes, a file it finished at the destination (the empty part file the
+    /// call made beside that one is removed).
     @Test func aVacantChoiceIsCheckedAgainUnderTheLock() throws {
         let dir = try TemporaryDirectory()
         let paths = DownloadPaths(destination: dir.path + "/late.bin")
         let validators = makeState(durable: 0, total: 100_000).validators
+        func create() throws(DownloadError) -> PartStore {
+            try PartStore.create(
+                paths: paths, url: "http://x/late.bin", headers: [], checksum: nil, validators: validators, vacant: true)
+        }
+        func expectRunAgain(_ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
+            let error = #expect(throws: DownloadError.self, sourceLocation: sourceLocation) { _ = try create() }
+            #expect(
+                error?.isResumable == true && error?.message.contains("run again") == true,
+                "\(what): \(String(describing: error))", sourceLocation: sourceLocation)
+        }
         // A run of another process made its state and stopped before any data.
         #expect(FileManager.default.createFile(atPath: paths.part, contents: Data()))
-        try StateFile.write(makeState(durable: 0, total: 5 << 20), to: paths.state)
+        let other = makeState(durable: 0, total: 5 << 20)
+        try StateFile.write(other, to: paths.state)
         try writeFile(paths.live, Array("other".utf8))
-        var store: PartStore? = try PartStore.create(
-            paths: paths, url: "http://x/late.bin", headers: [], checksum: nil, validators: validators, vacant: true)
-        #expect(!fileExists(paths.state) && !fileExists(paths.live), "another run's state kept beside this part file")
-        store = nil
+        expectRunAgain("a state file")
+        #expect(try StateFile.read(paths.state) == other && fileExists(paths.live) && fileExists(paths.part))
+        unlink(paths.state)
+        unlink(paths.live)
+
+        // A part file with bytes (no state: a small download of another process, stopped).
+        try writeFile(paths.part, Array(repeating: 7, count: 4096))
+        expectRunAgain("a part file with bytes")
+        #expect(try readFile(paths.part) == Array(repeating: 7, count: 4096))
         unlink(paths.part)
 
         // Another process finished the file there.
         try writeFile(paths.destination, Array("finished elsewhere".utf8))
-        let error = #expect(throws: DownloadError.self) {
-            try PartStore.create(
-                paths: paths, url: "http://x/late.bin", headers: [], checksum: nil, validators: validators, vacant: true)
-        }
-        #expect(error?.isResumable == true && error?.message.contains("run again") == true, "\(String(describing: error))")
+        expectRunAgain("a finished file")
         #expect(try readFile(paths.destination) == Array("finished elsewhere".utf8))
-        _ = store
-    }
+        #expect(!fileExists(paths.part), "an empty part file left beside the finished file")
+        unlink(paths.destination)
 
-    /// `vacant` spares the lookups only for an empty part file: one with bytes (another run's, made since the
-    /// look) is emptied and every leftover beside it removed, as without it.
-    @Test func aVacantChoiceWithBytesInThePartFileStillRemovesLeftovers() throws {
-        let dir = try TemporaryDirectory()
-        let paths = DownloadPaths(destination: dir.path + "/raced.bin")
-        try writeFile(paths.part, Array(repeating: 7, count: 4096))
-        try StateFile.write(makeState(durable: 4096, total: 100_000), to: paths.state)
-        try writeFile(paths.live, Array("stale".utf8))
-        let store = try PartStore.create(
-            paths: paths, url: "http://x/raced.bin", headers: [], checksum: nil,
-            validators: makeState(durable: 0, total: 100_000).validators, vacant: true)
-        #expect(fileSize(paths.part) == 0)
-        #expect(!fileExists(paths.state) && !fileExists(paths.live))
+        // Nothing there: taken.
+        let store = try create()
+        #expect(fileExists(paths.part) && !fileExists(paths.state))
         _ = store
     }
 

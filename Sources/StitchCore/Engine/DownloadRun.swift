@@ -85,25 +85,33 @@ final class DownloadRun: Sendable {
     private func runSteps() async throws -> DownloadResult {
         let request = context.request
         for notice in rejectedMirrors { reporter.emit(.notice(notice)) }
-        var existing: DownloadPaths?
         if case .directory(let directory) = request.destination {
-            // Into a folder the response may name the file (`Content-Disposition`), but the name the URL alone gives
-            // is chosen (claimed) and looked at before the request: what an earlier run of this URL left there — a
-            // partial to resume, a finished file — is then found without fetching the file again only to learn its
-            // name. The response's name, if another, is chosen again then.
+            // Into a folder the response names the file (`Content-Disposition`, a redirect's URL), but what an
+            // earlier run of this URL left under the name the URL alone gives — a finished file, a partial with its
+            // state, a part file finished but not renamed — is this download's: found before the request, it is
+            // taken (claimed, then opened as a file destination's is), so a rerun asks nothing for a finished file
+            // and resumes a partial with a range. Anything else there (another program's file, another URL's
+            // partial) is left to the response's name and the path choice after it, as before. Three failing
+            // lookups inline when nothing is there.
             let named = LaneRequest.path(in: directory, contentDisposition: nil, url: context.startURL)
-            let choice = request.pathChoice(named)
-            files.chosenBeforeRequest = (named, choice)
-            if !choice.vacant { existing = DownloadPaths(destination: choice.path) }
+            if PartialDownload.mayBeThere(DownloadPaths(destination: named)) {
+                let (files, request) = (self.files, request)
+                let open = { @Sendable () throws(DownloadError) -> DownloadResult? in
+                    let paths = DownloadPaths(destination: named)
+                    guard PartialDownload(paths).isADownload(of: request.owns), request.pathChoice(named).path == named
+                    else { return nil }
+                    do { return try files.openExisting(paths) } catch let error as DownloadError { throw error } catch {
+                        throw DownloadError(.io, "\(error)")
+                    }
+                }
+                if let done = try await offloaded(open) { return done }
+            }
         }
         if case .file(let path) = request.destination {
             let paths = DownloadPaths(destination: absolutePath(path))
-            existing = paths
             if request.adopt, let found = try await ForeignAdoption(context: context, reporter: reporter).adopt(paths) {
                 files.adoption = found
             }
-        }
-        if let paths = existing {
             // What an earlier run left is looked at on the blocking pool: reopening may sync, read the state and
             // hash a prefix; an already complete file may be hashed against a checksum. With nothing there (the
             // usual first run) the two failing lookups are all it costs, here.

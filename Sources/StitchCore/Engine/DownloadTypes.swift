@@ -52,7 +52,10 @@ public struct DownloadRequest: Sendable {
     /// is named from the URL alone (the name must be known before the request; `Content-Disposition` is not used).
     public var ifNewer = false
     /// With ``Destination/directory(_:)``: given the path named by the first response, returns the path to use.
-    /// ``DownloadManager`` uses it to keep two downloads off one file. Called once, on an arbitrary thread.
+    /// ``DownloadManager`` uses it to keep two downloads off one file. Called on an arbitrary thread, once — or
+    /// twice when a file or partial this URL left under the name the URL alone gives is found before the request:
+    /// first with that name (the file is taken if the path returned is the same), then, if no file was taken,
+    /// with the response's.
     public var choosePath: (@Sendable (String) -> String)?
     /// As ``choosePath``, with the verdict of the look that chose the path (``PathChoice/vacant``); used before
     /// ``choosePath`` when set (``DownloadManager`` sets it).

@@ -324,20 +324,14 @@ final class LaneRequest: Sendable {
             path = absolutePath(file)
         case .directory(let directory):
             let named = Self.path(in: directory, contentDisposition: head.headers["Content-Disposition"], url: url)
-            if let before = files.chosenBeforeRequest, before.named == named {
-                // Chosen, and what was there opened, before the request (``DownloadRun``): nothing was.
-                path = before.choice.path
-                vacant = before.choice.vacant
-            } else {
-                let choice = request.pathChoice(named)
-                path = choice.path
-                // The choice looked just now and found nothing there: nothing to reopen (the look again would only
-                // repeat its failing lookups).
-                vacant = choice.vacant
-                if !vacant {
-                    if let done = try files.openExisting(DownloadPaths(destination: path)) { return .complete(done) }
-                    if files.store != nil { return .resumeSaved }
-                }
+            let choice = request.pathChoice(named)
+            path = choice.path
+            // The choice looked just now and found nothing there: nothing to reopen (the look again would only
+            // repeat its failing lookups). `create` looks again under the part file's lock.
+            vacant = choice.vacant
+            if !vacant {
+                if let done = try files.openExisting(DownloadPaths(destination: path)) { return .complete(done) }
+                if files.store != nil { return .resumeSaved }
             }
         }
         try files.create(at: path, validators: validators, vacant: vacant)

@@ -29,9 +29,6 @@ final class RunFiles: Sendable {
         var partMismatches = 0
         /// Mirrors the first response advertised (``DownloadRequest/useAdvertisedMirrors``).
         var advertisedMirrors: [URL] = []
-        /// Into a folder: the path chosen before the first request for the name the URL alone gives, and what was
-        /// found there (``DownloadRun``); used again when the response names the same file.
-        var chosenBeforeRequest: (named: String, choice: PathChoice)?
     }
 
     private let facts = Locked(Facts())
@@ -57,11 +54,6 @@ final class RunFiles: Sendable {
     var adoption: AdoptionRecord? {
         get { facts.withLock { $0.adoption } }
         set { facts.withLock { $0.adoption = newValue } }
-    }
-    /// Into a folder: the path chosen before the first request (see ``Facts/chosenBeforeRequest``).
-    var chosenBeforeRequest: (named: String, choice: PathChoice)? {
-        get { facts.withLock { $0.chosenBeforeRequest } }
-        set { facts.withLock { $0.chosenBeforeRequest = newValue } }
     }
     var checkpointError: DownloadError? { facts.withLock { $0.checkpointer?.error } }
     var checkpointer: Checkpointer? { facts.withLock { $0.checkpointer } }

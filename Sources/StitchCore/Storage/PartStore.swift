@@ -240,13 +240,14 @@ final class PartStore: Sendable {
     /// starts over (a part file without a state file), after it the next run resumes from the last checkpoint.
     /// Nothing is ever claimed that is not on disk.
     ///
-    /// `vacant`: the caller's look found no state file, no file at the destination and no part file
-    /// (``PathChoice/vacant``); it may have been a while ago (before the request), and another process may have
-    /// acted since. So under the part file's lock, which every run holds while it makes or renames these files:
-    /// a file at the destination now ends the call (another run finished one there: the error says to run again,
-    /// which then finds it), and a small file's part file that is empty and unallocated, with no state file beside
-    /// it, is taken without the four other lookups for leftovers (each searches the folder for a name that is not
-    /// there). Those leftovers — a previous generation, a temporary, a link, a live record, left by a power cut
+    /// `vacant`: the caller's look, just before (the path choice at the response head), found no state file, no
+    /// file at the destination and no part file (``PathChoice/vacant``); nothing was reopened. Its lookups were
+    /// made one after another, and another process may have acted between them or since. So under the part file's
+    /// lock, which every run holds while it makes, fills or renames these files, the call checks again: a file at
+    /// the destination, a state file, or a part file with bytes or blocks ends it with a resumable "run again" (the
+    /// rerun's look finds what is there and treats it as always), nothing of it touched (only the empty part file
+    /// this call made beside a finished file is removed). Otherwise a small file's part file is taken without the
+    /// four other lookups for leftovers (each searches the folder for a name that is not there). Those leftovers — a previous generation, a temporary, a link, a live record, left by a power cut
     /// that kept only some of an earlier run's removals or by a hand — are looked for and removed before this
     /// store's first state write instead, durably before it (``removeLeftoversBeforeTheFirstState()``); until then
     /// nothing reads them (a previous generation only stands in for a damaged state file, a live record only under
@@ -268,15 +269,19 @@ final class PartStore: Sendable {
         let live: LiveRecord
         var leftoversUnchecked = false
         do throws(DownloadError) {
-            if vacant && access(paths.destination, F_OK) == 0 {
-                throw DownloadError(
-                    .io, "\(paths.destination) changed while it was being opened by another stitch run; run again",
-                    resumable: true)
+            if vacant {
+                let finished = access(paths.destination, F_OK) == 0
+                if finished || !empty || access(paths.state, F_OK) == 0 {
+                    if finished && empty { unlink(paths.part) }
+                    throw DownloadError(
+                        .io, "\(paths.destination) changed while it was being opened (by another program or stitch "
+                            + "run); run again", resumable: true)
+                }
             }
             if !empty {
                 guard ftruncate(fd, 0) == 0 else { throw .io("cannot truncate", path: paths.part, .current) }
             }
-            if small && vacant && empty && access(paths.state, F_OK) != 0 {
+            if small && vacant {
                 // The other leftovers are looked for before the first state write (see above).
                 leftoversUnchecked = true
                 live = try LiveRecord(anonymousWithNonce: state.nonce, written: [0])
@@ -940,13 +945,15 @@ final class PartStore: Sendable {
     /// is removed, and the removal made durable before the state is written, so that no power cut can pair this
     /// state with another download's previous generation.
     private func removeLeftoversBeforeTheFirstState() throws(DownloadError) {
-        guard leftoversUnchecked.exchange(false, ordering: .relaxed) else { return }
+        guard leftoversUnchecked.load(ordering: .relaxed) else { return }
         var removed = false
         for stale in paths.sidecars where stale != paths.state && access(stale, F_OK) == 0 {
             unlink(stale)
             removed = true
         }
         if removed { try syncDirectory(containing: paths.state) }
+        // Only once the removal is durable: a failed sync tries again at the next state write.
+        leftoversUnchecked.store(false, ordering: .relaxed)
     }
 
     /// Set by ``create`` at a vacant path until ``removeLeftoversBeforeTheFirstState()`` has run. Only read and

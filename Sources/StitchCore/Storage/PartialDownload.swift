@@ -65,6 +65,15 @@ struct PartialDownload: Sendable {
         return mayExist(paths.state) || mayExist(paths.destination) || mayExist(paths.part)
     }
 
+    /// Whether what is here is a download of a URL `owns` accepts: a state file of it (or the previous generation
+    /// standing in for a damaged one), a finished file at the destination with its completion mark, or a part file
+    /// finished but not yet renamed into place (its mark with a CRC).
+    func isADownload(of owns: (String) -> Bool) -> Bool {
+        if let state { return owns(state.url) }
+        if let mark = completion, owns(mark.url) { return true }
+        return partCompletion.map { owns($0.url) } ?? false
+    }
+
     /// Whether anything is at the destination.
     var destinationExists: Bool { access(paths.destination, F_OK) == 0 }
 
