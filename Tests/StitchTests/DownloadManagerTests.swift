@@ -817,20 +817,30 @@ import StitchLocks
         await manager.close()
     }
 
-    /// Into a folder, a download that fails before any response names its file holds no name (a claim it made is
-    /// given back at the run's end), so another download of that name is not numbered for it.
+    /// Into a folder, a download whose run ends before its file is created or found holds no name. Here it claims
+    /// the URL's name before its request (its own state file is there) and then fails to open it (a file another
+    /// program put at the destination); once both are cleared away, another download of that name gets it, not
+    /// `NAME.1`.
     @Test func aFolderDownloadThatFailedGivesItsNameBack() async throws {
         let f = try ManagerFixture()
         let file = ServedFile.random(size: 64 << 10, seed: 82, etag: "\"late\"")
+        f.server.serve("/a/late.bin", file: file)
         f.server.serve("/b/late.bin", file: file)
+        let paths = DownloadPaths(destination: f.path("late.bin"))
+        var state = PartStoreTests.makeState(durable: 0, total: Int64(file.data.count))
+        state.url = f.server.url("/a/late.bin")
+        try StateFile.write(state, to: paths.state)
+        try writeFile(paths.destination, Array("another program's".utf8))
         let manager = try f.open()
-        let missing = try await manager.add(f.server.url("/a/late.bin"))
+        let refused = try await manager.add(f.server.url("/a/late.bin"))
         await manager.waitUntilIdle()
-        let status = await manager.download(missing)?.status
+        let status = await manager.download(refused)?.status
         guard case .failed = status else {
-            Issue.record("the missing file's download: \(String(describing: status))")
+            Issue.record("the download beside another program's file: \(String(describing: status))")
             return
         }
+        unlink(paths.state)
+        unlink(paths.destination)
         let found = try await manager.add(f.server.url("/b/late.bin"))
         await manager.waitUntilIdle()
         let snapshot = try #require(await manager.download(found))

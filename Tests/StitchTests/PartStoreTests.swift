@@ -852,6 +852,7 @@ import Testing
         try writeFile(paths.live, Array("stale".utf8))
         var store: PartStore? = try PartStore.create(
             paths: paths, url: "http://x/vacant.bin", headers: [], checksum: nil, validators: validators, vacant: true)
+        #expect(fileExists(paths.previousState), "looked for at the creation (the lookups vacant spares)")
         try write(store!, data, 0..<150_000)
         guard case .none = PartialDownload(paths).saved else { Issue.record("a state appeared"); return }
         try store!.checkpoint(force: true)

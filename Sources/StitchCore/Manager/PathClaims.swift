@@ -3,7 +3,7 @@ import StitchLocks
 
 /// Which download writes to which path, so two never share a part file. Shared with the engine's threads (a
 /// download into a folder names its file at the first response, or before its request when an earlier run of its
-/// URL left that file there; on the blocking pool's threads).
+/// URL left that file there; on the engine's threads).
 final class PathClaims: Sendable {
     private struct State {
         var owners: [String: DownloadID] = [:]

@@ -245,12 +245,13 @@ final class PartStore: Sendable {
     /// made one after another, and another process may have acted between them or since. So under the part file's
     /// lock, which every run holds while it makes, fills or renames these files, the call checks again: a file at
     /// the destination, a state file, or a part file with bytes or blocks ends it with a resumable "run again" (the
-    /// rerun's look finds what is there and treats it as always), nothing of it touched (only the empty part file
-    /// this call made beside a finished file is removed). Otherwise a small file's part file is taken without the
-    /// four other lookups for leftovers (each searches the folder for a name that is not there). Those leftovers — a previous generation, a temporary, a link, a live record, left by a power cut
-    /// that kept only some of an earlier run's removals or by a hand — are looked for and removed before this
-    /// store's first state write instead, durably before it (``removeLeftoversBeforeTheFirstState()``); until then
-    /// nothing reads them (a previous generation only stands in for a damaged state file, a live record only under
+    /// rerun's look finds what is there and treats it as always), nothing of it touched but an empty part file
+    /// beside a finished file with no state file (this call's, or an empty one left there), removed. Otherwise a
+    /// small file's part file is taken without the four other lookups for leftovers (each searches the folder for
+    /// a name that is not there). Those leftovers — a previous generation, a temporary, a link, a live record, left
+    /// by a power cut that kept only some of an earlier run's removals or by a hand — are looked for and removed
+    /// before this store's first state write instead, durably before it (``removeLeftoversBeforeTheFirstState()``);
+    /// until then nothing reads them (a previous generation only stands in for a damaged state file, a live record only under
     /// its state's nonce, and this store has no state file on disk). A download that finishes before its first
     /// checkpoint leaves them beside the finished file, never read as its state.
     static func create(
@@ -271,11 +272,15 @@ final class PartStore: Sendable {
         do throws(DownloadError) {
             if vacant {
                 let finished = access(paths.destination, F_OK) == 0
-                if finished || !empty || access(paths.state, F_OK) == 0 {
-                    if finished && empty { unlink(paths.part) }
+                let stated = access(paths.state, F_OK) == 0
+                if finished || stated || !empty {
+                    // An empty part file beside a finished file, with no state: this call's (or an empty one left
+                    // beside that file), removed while still the one locked.
+                    if finished && !stated && empty && Self.isStill(fd, at: paths.part) { unlink(paths.part) }
                     throw DownloadError(
-                        .io, "\(paths.destination) changed while it was being opened (by another program or stitch "
-                            + "run); run again", resumable: true)
+                        .io,
+                        "\(paths.destination) changed while it was being opened (by another program or stitch run); "
+                            + "run again", resumable: true)
                 }
             }
             if !empty {
@@ -455,6 +460,14 @@ final class PartStore: Sendable {
                 resumable: true)
         }
         return (fd, opened.st_size == 0 && opened.st_blocks == 0)
+    }
+
+    /// Whether the file open as `fd` is still the one at `path`.
+    private static func isStill(_ fd: Int32, at path: String) -> Bool {
+        var opened = stat()
+        var named = stat()
+        return fstat(fd, &opened) == 0 && stat(path, &named) == 0 && opened.st_ino == named.st_ino
+            && opened.st_dev == named.st_dev
     }
 
     /// Takes the lock on `fd`; returns the error if another run holds it. Other failures (a file system
@@ -946,19 +959,21 @@ final class PartStore: Sendable {
     /// state with another download's previous generation.
     private func removeLeftoversBeforeTheFirstState() throws(DownloadError) {
         guard leftoversUnchecked.load(ordering: .relaxed) else { return }
-        var removed = false
         for stale in paths.sidecars where stale != paths.state && access(stale, F_OK) == 0 {
             unlink(stale)
-            removed = true
+            leftoversRemoved.store(true, ordering: .relaxed)
         }
-        if removed { try syncDirectory(containing: paths.state) }
-        // Only once the removal is durable: a failed sync tries again at the next state write.
+        // Cleared only once the removal is durable: after a failed sync the next state write syncs again (the
+        // files are gone by then, the sync still owed).
+        if leftoversRemoved.load(ordering: .relaxed) { try syncDirectory(containing: paths.state) }
         leftoversUnchecked.store(false, ordering: .relaxed)
     }
 
     /// Set by ``create`` at a vacant path until ``removeLeftoversBeforeTheFirstState()`` has run. Only read and
     /// written under `durableSteps` (or before the store is shared).
     private let leftoversUnchecked = Atomic<Bool>(false)
+    /// Leftovers were removed and the folder's sync is owed (as ``leftoversUnchecked``).
+    private let leftoversRemoved = Atomic<Bool>(false)
 
     /// Set by a fallback `reopen` until the first state write replaces the damaged file. Only read and written under
     /// `durableSteps` (or before the store is shared): an atomic only so that the class is checked `Sendable`.
