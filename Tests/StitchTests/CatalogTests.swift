@@ -99,9 +99,10 @@ import Testing
         #expect(try reopened.all() == [other, sparse, full])
     }
 
-    @Test func orderIsPriorityThenPosition() throws {
+    @Test(arguments: CatalogKind.allCases)
+    func orderIsPriorityThenPosition(_ kind: CatalogKind) throws {
         let dir = try CatalogDirectory()
-        let catalog = try Catalog(directory: dir.path)
+        let catalog = try kind.open(dir)
         let entries = [
             makeEntry(1, priority: 0, position: 5), makeEntry(2, priority: 1, position: 9),
             makeEntry(3, priority: 0, position: -2), makeEntry(4, priority: 1, position: 3),
@@ -122,18 +123,20 @@ import Testing
         #expect(try catalog.minPosition() == -3)
     }
 
-    @Test func emptyCatalogPositionsAreZero() throws {
+    @Test(arguments: CatalogKind.allCases)
+    func emptyCatalogPositionsAreZero(_ kind: CatalogKind) throws {
         let dir = try CatalogDirectory()
-        let catalog = try Catalog(directory: dir.path)
+        let catalog = try kind.open(dir)
         #expect(try catalog.maxPosition() == 0)
         #expect(try catalog.minPosition() == 0)
     }
 
     // MARK: Changes
 
-    @Test func updateSetStatusSetPositionDelete() throws {
+    @Test(arguments: CatalogKind.allCases)
+    func updateSetStatusSetPositionDelete(_ kind: CatalogKind) throws {
         let dir = try CatalogDirectory()
-        let catalog = try Catalog(directory: dir.path)
+        let catalog = try kind.open(dir)
         let a = makeEntry(1, position: 1)
         let b = makeEntry(2, position: 2)
         try catalog.insert([a, b])
@@ -189,9 +192,10 @@ import Testing
         #expect(try catalog.all() == [b])
     }
 
-    @Test func duplicateIDRollsBackTheWholeBatch() throws {
+    @Test(arguments: CatalogKind.allCases)
+    func duplicateIDRollsBackTheWholeBatch(_ kind: CatalogKind) throws {
         let dir = try CatalogDirectory()
-        let catalog = try Catalog(directory: dir.path)
+        let catalog = try kind.open(dir)
         let a = makeEntry(1, position: 1)
         try catalog.insert([a])
 
@@ -199,7 +203,7 @@ import Testing
         let error = try #require(throws: CatalogError.self) { try catalog.insert(batch) }
         #expect(error.code == .duplicateID)
         #expect(error.description.contains("0000000000000001"))
-        #expect(error.description.contains("result code"))
+        #expect(error.description.contains(kind == .database ? "result code" : "already in the catalog"))
         #expect(try catalog.all() == [a])
 
         // Twice in the same batch.
@@ -237,6 +241,102 @@ import Testing
         try execute(catalog.path, "UPDATE downloads SET destination_kind = 'pipe' WHERE id = 3")
         catalog = try Catalog(directory: dir.path)
         #expect(code(.invalidValue) { _ = try catalog.all() })
+    }
+
+    /// The catalog in memory (a dictionary, not SQLite) gives a database's answers: the same random changes, some
+    /// failing (a duplicate ID, a download not there), applied to both, leave the same rows, order, positions and
+    /// settings after each step, and fail alike.
+    @Test func inMemoryAnswersAsTheDatabaseDoes() throws {
+        let dir = try CatalogDirectory()
+        let database = try Catalog(directory: dir.path)
+        let memory = try Catalog(inMemory: ())
+        var random = SplitMix64(seed: 35)
+        func outcome(_ body: (Catalog) throws -> String, on catalog: Catalog) -> String {
+            do {
+                return try body(catalog)
+            } catch let error as CatalogError {
+                return error.code.description
+            } catch {
+                return "\(error)"
+            }
+        }
+        // The rows, with a time the catalog took from the clock itself (a move's, an insert's moves') made the same:
+        // each catalog reads the clock on its own.
+        func rows(_ catalog: Catalog) throws -> [CatalogEntry] {
+            try catalog.all().map {
+                var entry = $0
+                if entry.updatedAt > 1_750_000_000 { entry.updatedAt = -1 }
+                return entry
+            }
+        }
+        var failures = 0
+        for step in 0..<400 {
+            // IDs from a small range, so that changes find, miss and collide; some with the top bit set (SQLite
+            // orders them as negative numbers).
+            func id() -> UInt64 {
+                let low = UInt64.random(in: 1...12, using: &random)
+                return Bool.random(using: &random) ? low : low | 1 << 63
+            }
+            func position() -> Int64 { Int64.random(in: -3...3, using: &random) }
+            // What the change answers: "ok", whether a delete found the download, or the error's code.
+            let change: (Catalog) throws -> String
+            switch Int.random(in: 0..<7, using: &random) {
+            case 0:
+                let entries = (0..<Int.random(in: 0...3, using: &random)).map { _ in
+                    makeEntry(id(), priority: Int.random(in: -1...1, using: &random), position: position())
+                }
+                let moves = Bool.random(using: &random) ? [(DownloadID(rawValue: id()), 1, position())] : []
+                change = { try $0.insert(entries, moving: moves); return "ok" }
+            case 1:
+                var entry = makeEntry(id(), priority: Int.random(in: -1...1, using: &random), position: position())
+                entry.status = Bool.random(using: &random) ? CatalogEntry.Status.completed : "exploded"
+                entry.totalBytes = Int64(step)
+                change = { try $0.update(entry); return "ok" }
+            case 2:
+                let (target, failed) = (DownloadID(rawValue: id()), Bool.random(using: &random))
+                change = {
+                    try $0.setStatus(
+                        target, status: failed ? "failed" : "paused", errorCode: failed ? "io" : nil,
+                        errorMessage: failed ? "disk full" : nil, updatedAt: Double(step))
+                    return "ok"
+                }
+            case 3:
+                let (target, priority, at) = (DownloadID(rawValue: id()), Int.random(in: -1...1, using: &random), position())
+                change = {
+                    try $0.setPosition(target, priority: priority, position: at, updatedAt: Double(step))
+                    return "ok"
+                }
+            case 4:
+                let moves = (0..<Int.random(in: 1...3, using: &random)).map { _ in
+                    (DownloadID(rawValue: id()), Int.random(in: -1...1, using: &random), position())
+                }
+                change = { try $0.setPositions(moves); return "ok" }
+            case 5:
+                let key = "k\(Int.random(in: 0..<3, using: &random))"
+                let value = Bool.random(using: &random) ? "v\(step)" : nil
+                change = { try $0.setSettings([key: value]); return "ok" }
+            default:
+                let target = DownloadID(rawValue: id())
+                change = { "deleted \(try $0.delete(target))" }
+            }
+            let expected = outcome(change, on: database)
+            #expect(outcome(change, on: memory) == expected, "step \(step)")
+            if !expected.hasPrefix("ok") && !expected.hasPrefix("deleted") { failures += 1 }
+            #expect(try rows(memory) == rows(database), "step \(step)")
+            #expect(try memory.maxPosition() == database.maxPosition())
+            #expect(try memory.minPosition() == database.minPosition())
+            #expect(try memory.settings() == database.settings())
+            for raw: UInt64 in [3, 3 | 1 << 63] {
+                #expect(try memory.entry(DownloadID(rawValue: raw))?.url == database.entry(DownloadID(rawValue: raw))?.url)
+            }
+        }
+        // Both kinds of outcome were exercised.
+        #expect(failures > 20 && failures < 380, "\(failures)")
+        #expect(try database.all().count > 3)
+        memory.close()
+        #expect(code(.closed) { _ = try memory.all() })
+        #expect(code(.closed) { try memory.update(makeEntry(1, position: 0)) })
+        #expect(code(.closed) { try memory.setSettings(["a": "b"]) })
     }
 
     // MARK: Opening and closing
@@ -526,8 +626,23 @@ import Testing
     }
 }
 
+/// The two kinds of catalog: a database file, and rows in memory only.
+enum CatalogKind: CaseIterable, CustomTestStringConvertible, Sendable {
+    case database
+    case memory
+
+    func open(_ dir: CatalogDirectory) throws -> Catalog {
+        switch self {
+        case .database: try Catalog(directory: dir.path)
+        case .memory: try Catalog(inMemory: ())
+        }
+    }
+
+    var testDescription: String { self == .database ? "database" : "memory" }
+}
+
 /// A fresh directory under the temporary directory, named by a UUID, removed with its contents on release.
-private final class CatalogDirectory {
+final class CatalogDirectory {
     let path: String
 
     init() throws {

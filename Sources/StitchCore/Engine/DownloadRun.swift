@@ -100,9 +100,7 @@ final class DownloadRun: Sendable {
                     let paths = DownloadPaths(destination: named)
                     guard PartialDownload(paths).isADownload(of: request.owns), request.pathChoice(named).path == named
                     else { return nil }
-                    do { return try files.openExisting(paths) } catch let error as DownloadError { throw error } catch {
-                        throw DownloadError(.io, "\(error)")
-                    }
+                    return try files.openExistingOnThePool(paths)
                 }
                 if let done = try await offloaded(open) { return done }
             }
@@ -117,12 +115,9 @@ final class DownloadRun: Sendable {
             // usual first run) the two failing lookups are all it costs, here.
             if PartialDownload.mayBeThere(paths) {
                 let files = self.files
-                let open = { @Sendable () throws(DownloadError) -> DownloadResult? in
-                    do { return try files.openExisting(paths) } catch let error as DownloadError { throw error } catch {
-                        throw DownloadError(.io, "\(error)")
-                    }
+                if let done = try await offloaded({ () throws(DownloadError) in try files.openExistingOnThePool(paths) }) {
+                    return done
                 }
-                if let done = try await offloaded(open) { return done }
             }
         }
         let ticker = reporter.startTicker(context.clock, interval: context.options.progressInterval)

@@ -86,6 +86,14 @@ final class RunFiles: Sendable {
 
     // MARK: Opening
 
+    /// ``openExisting(_:)`` for a closure on the blocking pool, which throws only ``DownloadError``: any other error
+    /// is reported as `.io`.
+    func openExistingOnThePool(_ paths: DownloadPaths) throws(DownloadError) -> DownloadResult? {
+        do { return try openExisting(paths) } catch let error as DownloadError { throw error } catch {
+            throw DownloadError(.io, "\(error)")
+        }
+    }
+
     /// Looks at what an earlier run left at `paths` (``Reopening``) and takes a partial to resume. Returns a result
     /// if the file is already complete. On the blocking pool.
     func openExisting(_ paths: DownloadPaths) throws -> DownloadResult? {
