@@ -11,7 +11,8 @@ import Testing
     static let hostile = [
         "", "plain", "\"quoted\"", "back\\slash", "a/b/c", "tab\there", "line\nbreak\r\n", "nul\u{0}byte",
         "bell\u{7}esc\u{1B}del\u{7F}", "sep\u{2028}and\u{2029}", "é ü ß 中文", "🧵 stitch", "\u{FEFF}bom",
-        "W/\"weak\"", "\\u0041 not an escape", "}{\",\":",
+        "W/\"weak\"", "\\u0041 not an escape", "}{\",\":", "dash \u{2014} euro \u{20AC} \u{2027}\u{202A} end\u{2028}",
+        "\u{2029}", "\u{E2}\u{80}",
     ]
 
     /// Every mark the hand-written JSON gives decodes back to itself, whatever its strings hold, with the keys the
@@ -27,6 +28,10 @@ import Testing
         for mark in marks {
             let decoded = try JSONDecoder().decode(CompletionMark.self, from: Data(mark.json.utf8))
             #expect(decoded == mark, "\(mark.json)")
+            // Control characters, DEL and the two JavaScript line breaks only escaped.
+            #expect(
+                !mark.json.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x7F || (0x2028...0x2029).contains($0.value) },
+                "\(mark.json)")
             // The same keys as the `Codable` encoding (absent optionals left out).
             let object = try #require(JSONSerialization.jsonObject(with: Data(mark.json.utf8)) as? [String: Any])
             let reference = try #require(

@@ -24,21 +24,41 @@ func parentDirectory(of path: String) -> String {
 enum JSONText {
     /// `text` as a JSON string literal (RFC 8259): quotes, backslashes and control characters escaped.
     static func string(_ text: String) -> String {
-        var result = "\""
-        result.reserveCapacity(text.utf8.count + 2)
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": result += "\\\""
-            case "\\": result += "\\\\"
-            case "\n": result += "\\n"
-            case "\r": result += "\\r"
-            case "\t": result += "\\t"
-            case _ where scalar.value < 0x20 || scalar.value == 0x7F || (0x2028...0x2029).contains(scalar.value):
-                let hex = String(scalar.value, radix: 16)
-                result += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: result.unicodeScalars.append(scalar)
+        // Byte by byte (a URL, an ETag or a date is mostly printable ASCII, copied as it is): a loop over Unicode
+        // scalars cost about 1 % of a small download's CPU.
+        var result: [UInt8] = []
+        result.reserveCapacity(text.utf8.count + 8)
+        result.append(UInt8(ascii: "\""))
+        func escape(_ byte: UInt8) {
+            result.append(UInt8(ascii: "\\"))
+            result.append(byte)
+        }
+        func escape(code value: UInt32) {
+            escape(UInt8(ascii: "u"))
+            for shift in stride(from: 12, through: 0, by: -4) {
+                let digit = UInt8((value >> UInt32(shift)) & 0xF)
+                result.append(digit < 10 ? UInt8(ascii: "0") + digit : UInt8(ascii: "a") + digit - 10)
             }
         }
-        return result + "\""
+        let bytes = Array(text.utf8)
+        var index = 0
+        while index < bytes.count {
+            let byte = bytes[index]
+            index += 1
+            switch byte {
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"): escape(byte)
+            case UInt8(ascii: "\n"): escape(UInt8(ascii: "n"))
+            case UInt8(ascii: "\r"): escape(UInt8(ascii: "r"))
+            case UInt8(ascii: "\t"): escape(UInt8(ascii: "t"))
+            case 0..<0x20, 0x7F: escape(code: UInt32(byte))
+            // U+2028 and U+2029 (E2 80 A8, E2 80 A9), line breaks to JavaScript.
+            case 0xE2 where index + 1 < bytes.count && bytes[index] == 0x80 && (bytes[index + 1] | 1) == 0xA9:
+                escape(code: bytes[index + 1] == 0xA8 ? 0x2028 : 0x2029)
+                index += 2
+            default: result.append(byte)
+            }
+        }
+        result.append(UInt8(ascii: "\""))
+        return String(decoding: result, as: UTF8.self)
     }
 }
