@@ -32,8 +32,23 @@ public struct HTTPHeaders: Sendable, Hashable, Sequence {
 
     /// The first value of `name`, compared case-insensitively.
     public subscript(name: String) -> String? {
-        let lowered = name.lowercased()
-        return fields.first { $0.name.lowercased() == lowered }?.value
+        fields.first { Self.sameName($0.name, name) }?.value
+    }
+
+    /// Every value of `name`, in order, compared case-insensitively.
+    public func values(_ name: String) -> [String] {
+        fields.compactMap { Self.sameName($0.name, name) ? $0.value : nil }
+    }
+
+    /// Whether two field names are the same: ASCII letters compared without case, every other byte as it is (RFC
+    /// 9110 §5.1: a name is a token, compared case-insensitively). Nothing is allocated: a response's head is looked
+    /// up a dozen times, and lowercasing every name each time was about 1 % of a small download's CPU. A name
+    /// outside ASCII matches only itself (Unicode lowercasing would have taken the Kelvin sign for a `k`).
+    public static func sameName(_ a: String, _ b: String) -> Bool {
+        guard a.utf8.count == b.utf8.count else { return false }
+        return a.utf8.elementsEqual(b.utf8) { x, y in
+            x == y || (x | 0x20 == y | 0x20 && (x | 0x20) >= UInt8(ascii: "a") && (x | 0x20) <= UInt8(ascii: "z"))
+        }
     }
 
     /// Whether a field named `name` is present, compared case-insensitively.

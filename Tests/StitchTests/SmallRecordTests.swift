@@ -40,6 +40,39 @@ import Testing
         }
     }
 
+    /// Header names compare as RFC 9110 says, without allocating: ASCII letters without case, every other byte as
+    /// it is (against a plain mapping of the bytes, over random names made of the characters next to the letters'
+    /// ranges, and non-ASCII ones); the Kelvin sign is not a `k`, as Unicode lowercasing made it.
+    @Test func headerNamesCompareWithoutCaseInASCIIOnly() {
+        let alphabet: [String] = ["a", "A", "z", "Z", "m", "M", "@", "`", "[", "{", "-", "0", "é", "É", "\u{212A}", "k", "K"]
+        var random = SplitMix64(seed: 35)
+        func folded(_ text: String) -> [UInt8] {
+            text.utf8.map { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") ? $0 + 32 : $0 }
+        }
+        var equal = 0
+        for _ in 0..<5000 {
+            let length = Int.random(in: 0...3, using: &random)
+            let a = (0..<length).map { _ in alphabet.randomElement(using: &random)! }.joined()
+            let b = (0..<Int.random(in: length...length + 1, using: &random)).map { _ in
+                alphabet.randomElement(using: &random)!
+            }.joined()
+            let expected = folded(a) == folded(b)
+            if expected { equal += 1 }
+            #expect(HTTPHeaders.sameName(a, b) == expected, "\(a.debugDescription) \(b.debugDescription)")
+            #expect(HTTPHeaders.sameName(a, a))
+            #expect(HTTPHeaders.sameName(a, a.uppercased()) == (folded(a) == folded(a.uppercased())))
+        }
+        #expect(equal > 100)
+        let headers = HTTPHeaders([
+            ("CONTENT-LENGTH", "5"), ("Lin\u{212A}", "<http://k/>"), ("link", "<http://a/>"), ("LINK", "<http://b/>"),
+        ])
+        #expect(headers["content-length"] == "5")
+        #expect(headers["Content-Length"] == "5")
+        #expect(headers["link"] == "<http://a/>")
+        #expect(headers.values("Link") == ["<http://a/>", "<http://b/>"])
+        #expect(headers.values("content-lengt").isEmpty)
+    }
+
     /// The mark set on a file reads back through the extended attribute.
     @Test func completionMarkReadsBackFromTheFile() throws {
         let dir = try TemporaryDirectory()

@@ -27,7 +27,7 @@ package struct AnnouncedDigest: Codable, Sendable, Hashable {
     /// (SHA-512, then SHA-256); a value that does not decode to the algorithm's length is not taken.
     package init?(from head: ResponseHead) {
         func values(_ name: String) -> String? {
-            let all = head.headers.filter { $0.name.lowercased() == name }.map(\.value)
+            let all = head.headers.values(name)
             return all.isEmpty ? nil : all.joined(separator: ",")
         }
         var candidates: [(field: String, found: [String: [UInt8]])] = []
@@ -52,7 +52,7 @@ package struct AnnouncedDigest: Codable, Sendable, Hashable {
     /// The digest a 206's `Content-Digest` gives for the bytes of that response alone (its part of the file).
     package static func part(of head: ResponseHead) -> AnnouncedDigest? {
         guard head.status == 206 else { return nil }
-        let all = head.headers.filter { $0.name.lowercased() == "content-digest" }.map(\.value)
+        let all = head.headers.values("content-digest")
         guard !all.isEmpty else { return nil }
         let found = dictionary(all.joined(separator: ","))
         for (algorithm, length) in [("sha-512", 64), ("sha-256", 32)] {

@@ -8,7 +8,7 @@ package enum LinkHeader {
     /// preferred); duplicates left out.
     package static func targets(of head: ResponseHead, relation: String) -> [String] {
         var found: [(uri: String, priority: Int, order: Int)] = []
-        for field in head.headers where field.name.lowercased() == "link" {
+        for field in head.headers where HTTPHeaders.sameName(field.name, "link") {
             for value in links(in: field.value) {
                 let rel = value.parameters["rel"]?.lowercased().split(separator: " ").map(String.init) ?? []
                 guard rel.contains(relation.lowercased()) else { continue }

@@ -82,8 +82,8 @@ extension HTTPHeaders {
     package var bodyFramingProblem: String? {
         let headers = self
         func codings(_ name: String) -> [String] {
-            headers.filter { $0.name.lowercased() == name }
-                .flatMap { $0.value.lowercased().split(separator: ",") }
+            headers.values(name)
+                .flatMap { $0.lowercased().split(separator: ",") }
                 .map { String($0).trimming(" \t") }.filter { !$0.isEmpty && $0 != "identity" }
         }
         let content = codings("content-encoding")
@@ -96,7 +96,7 @@ extension HTTPHeaders {
             let coding = transfer.joined(separator: ", ").debugDescription
             return "the server sent an encoded body (Transfer-Encoding: \(coding))"
         }
-        let lengths = Set(headers.filter { $0.name.lowercased() == "content-length" }.map { $0.value })
+        let lengths = Set(headers.values("content-length"))
         if lengths.count > 1 { return "the server sent conflicting Content-Length headers" }
         return nil
     }
