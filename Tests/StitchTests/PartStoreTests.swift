@@ -936,6 +936,24 @@ import Testing
         #expect(throws: DownloadError.self) { try sync.sync(dir.path + "/missing") }
     }
 
+    /// The engine's folder syncs wait without a thread and are shared as the blocking ones are: 31 tasks that call while
+    /// a sync runs are all covered by the next one (two syncs for 32 callers); each returns only once a sync that
+    /// started after its call has finished; a failed sync's error reaches exactly the callers it covered.
+    @Test func suspendedDirectorySyncsAreSharedAndCoverEveryCaller() async throws {
+        let folders = FolderSyncs()
+        let first = await folders.round(waiters: 31, failing: false)
+        #expect(first.count == 32 && !first.contains(true))
+        #expect(folders.sync.syncCount.load(ordering: .relaxed) == 2)
+        // The sync covering the ten waiters fails: they fail, the first caller (covered by the held one) does not.
+        let second = await folders.round(waiters: 10, failing: true)
+        #expect(second.count == 11 && second.filter { $0 }.count == 10)
+        #expect(folders.sync.syncCount.load(ordering: .relaxed) == 4)
+        #expect(folders.sync.waiters(FolderSyncs.folder) == 0)
+        // Nothing running: a caller leads at once, and a real folder is synced.
+        try await DirectorySync().suspendingSync(FileManager.default.temporaryDirectory.path)
+        await #expect(throws: DownloadError.self) { try await DirectorySync().suspendingSync("/nonexistent/folder") }
+    }
+
     /// `restart` writes the new state (new nonce, nothing durable) before it touches the live record or the part
     /// file, so a crash at any point after it never trusts the previous generation's bytes.
     @Test func restartNeverTrustsTheOldGeneration() throws {
@@ -1370,5 +1388,80 @@ func writeFile(_ path: String, _ bytes: [UInt8]) throws {
         let n = bytes[done...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
         guard n > 0 else { throw Errno(rawValue: errno) }
         done += n
+    }
+}
+
+/// A ``DirectorySync`` whose syncs are counted, held until the test lets them go, or failed, by number.
+private final class FolderSyncs: Sendable {
+    struct Log {
+        var started = 0
+        var finished = 0
+        var held: Set<Int> = []
+        var failing: Set<Int> = []
+        /// Callers that returned.
+        var returned = 0
+    }
+
+    /// The stand-in for `fsync` of the folder.
+    final class Syncs: Sendable {
+        let log = Locked(Log())
+        let gate = DispatchSemaphore(value: 0)
+
+        func sync() throws(DownloadError) {
+            let (number, hold, fail) = log.withLock { log in
+                log.started += 1
+                return (log.started, log.held.contains(log.started), log.failing.contains(log.started))
+            }
+            if hold { gate.wait() }
+            log.withLock { $0.finished = number }
+            if fail { throw DownloadError(.io, "sync \(number) failed") }
+        }
+    }
+
+    static let folder = "/folder"
+    let syncs = Syncs()
+    let sync: DirectorySync
+
+    init() {
+        let syncs = self.syncs
+        sync = DirectorySync(syncing: { _ throws(DownloadError) in try syncs.sync() })
+    }
+
+    /// Calls the sync as a finishing download does; true if it failed. Checks that a sync which started after the call
+    /// had finished when it returned.
+    func finish() async -> Bool {
+        let before = syncs.log.withLock { $0.started }
+        var failed = false
+        do { try await sync.suspendingSync(Self.folder) } catch { failed = true }
+        let finished = syncs.log.withLock {
+            $0.returned += 1
+            return $0.finished
+        }
+        #expect(finished > before, "returned before a sync that started after its call had finished")
+        return failed
+    }
+
+    /// One caller whose sync (the next to start) runs until the others wait, `waiters` of them; the sync after it
+    /// fails if `failing`. Whether each caller failed.
+    func round(waiters: Int, failing: Bool) async -> [Bool] {
+        let held = syncs.log.withLock {
+            $0.returned = 0
+            $0.held = [$0.started + 1]
+            $0.failing = failing ? [$0.started + 2] : []
+            return $0.started + 1
+        }
+        return await withTaskGroup(of: Bool.self) { group in
+            group.addTask { await self.finish() }
+            while syncs.log.withLock({ $0.started }) < held { await Task.yield() }  // the first caller's sync runs
+            for _ in 0..<waiters { group.addTask { await self.finish() } }
+            // Every other caller waits (none returns while the held sync runs, whatever the implementation does).
+            while sync.waiters(Self.folder) < waiters && syncs.log.withLock({ $0.started == held && $0.returned == 0 }) {
+                await Task.yield()
+            }
+            syncs.gate.signal()
+            var results: [Bool] = []
+            for await failed in group { results.append(failed) }
+            return results
+        }
     }
 }

@@ -335,12 +335,20 @@ final class RunFiles: Sendable {
         let url = request.url
         let aria2 = adoption?.origin == .aria2
         let hook = context.options.finishHook
-        try await offloaded { () throws(DownloadError) in
+        let sidecars = try await offloaded { () throws(DownloadError) in
             hook?(store.paths)
-            try store.finish(url: url, length: bytes)
-            // aria2's control file of a partial this download adopted (left by a crash between the adoption's
-            // rename and its removal) or replaced: it describes a file that is no longer there.
-            if aria2 { ForeignPartial.removeControlFile(of: store.paths.destination) }
+            return try store.markAndRename(url: url, length: bytes)
+        }
+        // The rename made durable by a folder sync shared with the downloads finishing beside it, waited for without
+        // holding a thread; then what described the partial is removed.
+        try await DirectorySync.shared.suspendingSync(parentDirectory(of: store.paths.destination))
+        if sidecars || aria2 {
+            try await offloaded { () throws(DownloadError) in
+                store.removeSidecarsOfTheFinishedFile()
+                // aria2's control file of a partial this download adopted (left by a crash between the adoption's
+                // rename and its removal) or replaced: it describes a file that is no longer there.
+                if aria2 { ForeignPartial.removeControlFile(of: store.paths.destination) }
+            }
         }
         var result = DownloadResult(
             destination: store.paths.destination, bytes: bytes,

@@ -1077,54 +1077,77 @@ final class PartStore: Sendable {
     /// this sync a power cut left the sidecar files with no record to clean them up, PowerCutTests).
     func finish(url: String, length: Int64, durableCleanup: Bool = false) throws(DownloadError) {
         try durableStep { (state: inout DownloadState) throws(DownloadError) in
-            try checkUsable()
-            // The file ends where the data ends (a preallocation past it, or an untrusted tail, is cut).
-            guard ftruncate(fd, off_t(length)) == 0 else {
-                broken.store(true, ordering: .releasing)
-                throw .io("cannot truncate", path: paths.part, .current)
-            }
-            // The whole file's CRC32C, from the piece checksums and proofs known (joined without the data) and the
-            // bytes none covers, read back (mostly pieces shared between connections, from the page cache).
-            var known = state.validators.totalLength == length ? pendingPieces.withLock { $0 } : [:]
-            if state.validators.totalLength == length {
-                for (piece, crc) in state.pieces.enumerated() { if let crc { known[piece] = crc } }
-            }
-            let fd = self.fd
-            let crc = try Proofs.wholeFile(
-                length: length, pieceSize: state.pieceSize, pieces: known, ranges: state.proofs
-            ) { (start, end, crc) throws(DownloadError) in
-                try Self.checksum(of: fd, from: start, to: end, continuing: crc)
-            }
-            CompletionMark(
-                url: url, length: length, etag: state.validators.etag, lastModified: state.validators.lastModified,
-                crc32c: crc
-            ).write(fd: fd)
-            // fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes.
-            guard syncFile(fd) == 0 else {
-                let error = Errno.current
-                broken.store(true, ordering: .releasing)
-                // The sync failed: the page cache may read back what the disk does not hold, so no later run may
-                // take the mark's word that the file is complete.
-                CompletionMark.remove(fd: fd)
-                throw .io("cannot sync", path: paths.part, error)
-            }
-            var info = stat()
-            if fstat(fd, &info) == 0, info.st_nlink == 0 {
-                throw DownloadError(
-                    .io, "\(paths.part) was deleted while downloading", resumable: true, remedy: .rerun(.downloadAgain))
-            }
-            guard rename(paths.part, paths.destination) == 0 else {
-                throw .io("cannot rename into place", path: paths.destination, .current)
-            }
+            try markAndRename(&state, url: url, length: length)
             try DirectorySync.shared.sync(parentDirectory(of: paths.destination))
-            // Unlinking a name that is not there still takes the directory's lock: skip what a small download
-            // never created.
-            // In `sidecars`' order, the state file last: a cut that keeps only some of these removals leaves the state
-            // beside whatever remains, and the rerun removes it all.
-            for sidecar in paths.sidecars {
-                if sidecar == paths.live ? live.isFileBacked : stateOnDisk.load(ordering: .relaxed) { unlink(sidecar) }
-            }
+            unlinkSidecarsOfTheFinishedFile()
             if durableCleanup { try? syncDirectory(containing: paths.destination) }
+        }
+    }
+
+    /// ``finish(url:length:durableCleanup:)`` up to the rename, for a caller that makes the rename durable itself
+    /// (``DirectorySync/suspendingSync(_:)``, holding no thread while it waits) and then, if this returns true, calls
+    /// ``removeSidecarsOfTheFinishedFile()`` (a state file or a live record is on disk), in that order.
+    func markAndRename(url: String, length: Int64) throws(DownloadError) -> Bool {
+        try durableStep { (state: inout DownloadState) throws(DownloadError) in
+            try markAndRename(&state, url: url, length: length)
+            return stateOnDisk.load(ordering: .relaxed) || live.isFileBacked
+        }
+    }
+
+    /// Removes the state file and the live record of a file renamed into place, once the rename is durable.
+    func removeSidecarsOfTheFinishedFile() {
+        durableStep { _ in unlinkSidecarsOfTheFinishedFile() }
+    }
+
+    private func unlinkSidecarsOfTheFinishedFile() {
+        // Unlinking a name that is not there still takes the directory's lock: skip what a small download never
+        // created. In `sidecars`' order, the state file last: a cut that keeps only some of these removals leaves the
+        // state beside whatever remains, and the rerun removes it all.
+        for sidecar in paths.sidecars {
+            if sidecar == paths.live ? live.isFileBacked : stateOnDisk.load(ordering: .relaxed) { unlink(sidecar) }
+        }
+    }
+
+    /// Truncates, marks, syncs and renames the part file into place (the rename not yet durable).
+    private func markAndRename(_ state: inout DownloadState, url: String, length: Int64) throws(DownloadError) {
+        try checkUsable()
+        // The file ends where the data ends (a preallocation past it, or an untrusted tail, is cut).
+        guard ftruncate(fd, off_t(length)) == 0 else {
+            broken.store(true, ordering: .releasing)
+            throw .io("cannot truncate", path: paths.part, .current)
+        }
+        // The whole file's CRC32C, from the piece checksums and proofs known (joined without the data) and the
+        // bytes none covers, read back (mostly pieces shared between connections, from the page cache).
+        var known = state.validators.totalLength == length ? pendingPieces.withLock { $0 } : [:]
+        if state.validators.totalLength == length {
+            for (piece, crc) in state.pieces.enumerated() { if let crc { known[piece] = crc } }
+        }
+        let fd = self.fd
+        let crc = try Proofs.wholeFile(
+            length: length, pieceSize: state.pieceSize, pieces: known, ranges: state.proofs
+        ) { (start, end, crc) throws(DownloadError) in
+            try Self.checksum(of: fd, from: start, to: end, continuing: crc)
+        }
+        CompletionMark(
+            url: url, length: length, etag: state.validators.etag, lastModified: state.validators.lastModified,
+            crc32c: crc
+        ).write(fd: fd)
+        // fsync, not fdatasync: the mark (metadata) must be as durable as the data it describes.
+        guard syncFile(fd) == 0 else {
+            let error = Errno.current
+            broken.store(true, ordering: .releasing)
+            // The sync failed: the page cache may read back what the disk does not hold, so no later run may
+            // take the mark's word that the file is complete.
+            CompletionMark.remove(fd: fd)
+            throw .io("cannot sync", path: paths.part, error)
+        }
+        var info = stat()
+        if fstat(fd, &info) == 0, info.st_nlink == 0 {
+            throw DownloadError(
+                .io, "\(paths.part) was deleted while downloading", resumable: true, remedy: .rerun(.downloadAgain))
+        }
+        guard rename(paths.part, paths.destination) == 0 else {
+            throw .io("cannot rename into place", path: paths.destination, .current)
         }
     }
 
