@@ -939,16 +939,18 @@ import Testing
     /// The engine's folder syncs wait without a thread and are shared as the blocking ones are: 31 tasks that call while
     /// a sync runs are all covered by the next one (two syncs for 32 callers); each returns only once a sync that
     /// started after its call has finished; a failed sync's error reaches exactly the callers it covered.
-    @Test func suspendedDirectorySyncsAreSharedAndCoverEveryCaller() async throws {
+    @Test(.timeLimit(.minutes(1))) func suspendedDirectorySyncsAreSharedAndCoverEveryCaller() async throws {
         let folders = FolderSyncs()
         let first = await folders.round(waiters: 31, failing: false)
-        #expect(first.count == 32 && !first.contains(true))
+        #expect(first.count == 32 && !first.contains { $0.failed })
         #expect(folders.sync.syncCount.load(ordering: .relaxed) == 2)
         // The sync covering the ten waiters fails: they fail, the first caller (covered by the held one) does not.
         let second = await folders.round(waiters: 10, failing: true)
-        #expect(second.count == 11 && second.filter { $0 }.count == 10)
+        #expect(second.count == 11 && second.filter(\.failed).count == 10)
+        #expect(second.first { $0.first }?.failed == false, "the first caller was covered by the held sync, which worked")
         #expect(folders.sync.syncCount.load(ordering: .relaxed) == 4)
         #expect(folders.sync.waiters(FolderSyncs.folder) == 0)
+        #expect(folders.syncs.log.withLock { $0.peak } == 1, "two syncs of one folder ran at once")
         // Nothing running: a caller leads at once, and a real folder is synced.
         try await DirectorySync().suspendingSync(FileManager.default.temporaryDirectory.path)
         await #expect(throws: DownloadError.self) { try await DirectorySync().suspendingSync("/nonexistent/folder") }
@@ -1400,6 +1402,9 @@ private final class FolderSyncs: Sendable {
         var failing: Set<Int> = []
         /// Callers that returned.
         var returned = 0
+        /// Syncs running now, and the most at once.
+        var running = 0
+        var peak = 0
     }
 
     /// The stand-in for `fsync` of the folder.
@@ -1410,10 +1415,15 @@ private final class FolderSyncs: Sendable {
         func sync() throws(DownloadError) {
             let (number, hold, fail) = log.withLock { log in
                 log.started += 1
+                log.running += 1
+                log.peak = max(log.peak, log.running)
                 return (log.started, log.held.contains(log.started), log.failing.contains(log.started))
             }
             if hold { gate.wait() }
-            log.withLock { $0.finished = number }
+            log.withLock {
+                $0.finished = number
+                $0.running -= 1
+            }
             if fail { throw DownloadError(.io, "sync \(number) failed") }
         }
     }
@@ -1443,24 +1453,24 @@ private final class FolderSyncs: Sendable {
 
     /// One caller whose sync (the next to start) runs until the others wait, `waiters` of them; the sync after it
     /// fails if `failing`. Whether each caller failed.
-    func round(waiters: Int, failing: Bool) async -> [Bool] {
+    func round(waiters: Int, failing: Bool) async -> [(first: Bool, failed: Bool)] {
         let held = syncs.log.withLock {
             $0.returned = 0
             $0.held = [$0.started + 1]
             $0.failing = failing ? [$0.started + 2] : []
             return $0.started + 1
         }
-        return await withTaskGroup(of: Bool.self) { group in
-            group.addTask { await self.finish() }
+        return await withTaskGroup(of: (first: Bool, failed: Bool).self) { group in
+            group.addTask { (true, await self.finish()) }
             while syncs.log.withLock({ $0.started }) < held { await Task.yield() }  // the first caller's sync runs
-            for _ in 0..<waiters { group.addTask { await self.finish() } }
+            for _ in 0..<waiters { group.addTask { (false, await self.finish()) } }
             // Every other caller waits (none returns while the held sync runs, whatever the implementation does).
             while sync.waiters(Self.folder) < waiters && syncs.log.withLock({ $0.started == held && $0.returned == 0 }) {
                 await Task.yield()
             }
             syncs.gate.signal()
-            var results: [Bool] = []
-            for await failed in group { results.append(failed) }
+            var results: [(first: Bool, failed: Bool)] = []
+            for await result in group { results.append(result) }
             return results
         }
     }

@@ -49,7 +49,7 @@ final class DirectorySync: Sendable {
 
     /// What a waiting task is resumed with.
     private enum Turn {
-        /// A sync that started after the call ended, with this error if it failed.
+        /// A sync that started after the call began has finished, with this error if it failed.
         case covered(DownloadError?)
         /// No sync is running: this task runs the next.
         case lead
