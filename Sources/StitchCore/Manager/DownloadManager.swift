@@ -95,7 +95,8 @@ public actor DownloadManager {
     ///   - configuration: the download folder, caps and defaults.
     ///   - transport: moves the bytes (`import Stitch` adds an initializer without it).
     ///   - clock: time for retries and stall checks.
-    /// - Throws: ``DownloadManagerError`` when SQLite cannot make the in-memory catalog.
+    /// - Throws: ``DownloadManagerError``, in the signature since the in-memory catalog was an SQLite database; the
+    ///   catalog in memory now cannot fail.
     public init(
         configuration: Configuration, transport: any HTTPTransport, clock: any DownloadClock = SystemClock()
     ) throws(DownloadManagerError) {
