@@ -721,10 +721,12 @@ private struct MemoryRows {
         for entry in new where entries[entry.id] != nil || !seen.insert(entry.id).inserted {
             throw CatalogError(.duplicateID, "cannot insert download \(entry.id): it is already in the catalog")
         }
-        var next = self
-        for entry in new { next.entries[entry.id] = entry }
-        try next.move(changes, updatedAt: updatedAt)
-        self = next
+        // Every check before any change (all or nothing), without copying the rows.
+        for change in changes where entries[change.id] == nil && !seen.contains(change.id) {
+            throw CatalogError(.notFound, "the catalog has no download \(change.id)")
+        }
+        for entry in new { entries[entry.id] = entry }
+        try move(changes, updatedAt: updatedAt)
     }
 
     mutating func move(
