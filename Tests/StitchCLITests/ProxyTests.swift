@@ -224,19 +224,32 @@ struct ProxyTests {
         first.kill()
         let killed = await first.wait()
         try #require(written != nil && killed.signal == SIGKILL, "not killed mid-way: \(killed)")
-        // The proxy dies mid-body and comes back: a retry waits 3 s first (a test knob), so the new proxy is
-        // listening well before the retry's connection, however loaded the machine.
-        let rerun = try sandbox.start(arguments, environment: ["STITCH_RETRY_BASE_DELAY": "3"])
-        // Mid-body again (past what the first run kept), the proxy dies and a new one takes its port.
+        // The proxy dies mid-body and comes back. The rerun is stopped (SIGSTOP) while the proxy is killed and a new
+        // one takes its port, and continued only once the new one accepts connections: the retry after the broken
+        // body finds it listening whatever the machine's load, with no bet on how long a backoff lasts.
+        let rerun = try sandbox.start(arguments)
+        // Mid-body again (past what the first run kept).
         let kept = fileSize(sandbox.path("out.bin.part"))
         let port = proxy.port
-        let dying = proxy
-        let reached = await waitForBytes(kept + (1 << 20), while: rerun, onReach: { _ in dying.kill() }) {
+        let reached = await waitForBytes(kept + (1 << 20), while: rerun, onReach: { _ in rerun.send(SIGSTOP) }) {
             fileSize(sandbox.path("out.bin.part"))
         }
-        try #require(reached != nil, "the rerun ended before the proxy was killed")
-        dying.kill()
-        proxy = try await Self.start(kind, in: sandbox, port: port)
+        guard reached != nil else {
+            rerun.send(SIGCONT)
+            let ended = await rerun.wait()
+            Issue.record("the rerun ended before the proxy was killed: \(ended)")
+            return
+        }
+        rerun.send(SIGSTOP)
+        proxy.kill()
+        do {
+            proxy = try await Self.start(kind, in: sandbox, port: port)
+        } catch {
+            rerun.send(SIGCONT)
+            _ = await rerun.wait()
+            throw error
+        }
+        rerun.send(SIGCONT)
         let result = await rerun.wait()
         #expect(result.status == 0, "\(result)")
         #expect(result.stderr.contains("resuming at"), "\(result)")
