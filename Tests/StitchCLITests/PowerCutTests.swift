@@ -184,6 +184,51 @@ struct PowerCutTests {
             })
     }
 
+    /// A file renamed into place whose folder was not synced yet — another run's, between its rename and its folder's
+    /// sync, or one whose folder sync failed — is made durable by the run that finds it before that run calls it
+    /// complete: the power cut right after the rerun said so leaves the file at its destination. With the state
+    /// file the finished run had not yet removed (the rerun takes the "clean-up cut short" path), and without one (a
+    /// small download has none).
+    @Test(arguments: [true, false])
+    func aFinishedFileIsDurableBeforeARerunCallsItComplete(withStateFile: Bool) async throws {
+        let kind = Self.single
+        let name = kind.files[0].name
+        let rig = try await Self.rig(kind, "complete before its sync, state file \(withStateFile)")
+        defer { rig.stop() }
+        let aside = rig.sandbox.path("aside")
+        try FileManager.default.createDirectory(atPath: aside, withIntermediateDirectories: true)
+        if withStateFile {
+            // A partial's state file, kept aside: the finished run removes its own once its folder is synced.
+            let first = try await rig.run(kind.arguments(rig), options: .init(cuts: ["bytes:\(name).part:\(3 << 20)"]))
+            try #require(first.cut, "the first run was not cut: \(first.result)")
+            try await rig.prepare { folder in
+                try FileManager.default.copyItem(atPath: folder + "/" + name + ".stitch", toPath: aside + "/state")
+            }
+        }
+        let whole = try await rig.run(kind.arguments(rig))
+        try #require(!whole.cut && whole.result.status == 0, "\(whole.result)")
+
+        // As a finished run leaves it between its rename and its folder's sync: the marked part file's name (and the
+        // state file) durable, the rename to the destination not.
+        let (mount, bootID) = try await rig.boot(.init(cuts: ["fsync:marker:1"]))
+        let folder = rig.folder
+        try #require(rename(folder + "/" + name, folder + "/" + name + ".part") == 0)
+        if withStateFile { try FileManager.default.copyItem(atPath: aside + "/state", toPath: folder + "/" + name + ".stitch") }
+        PowerLossFSTests.syncFolder(folder)
+        try #require(rename(folder + "/" + name + ".part", folder + "/" + name) == 0)
+        let rerun = try rig.sandbox.start(
+            kind.arguments(rig), environment: PowerCutRig.environment(bootID), directory: folder)
+        let result = await rerun.wait(timeout: .seconds(60))
+        #expect(result.status == 0 && (result.stderr + result.stdout).contains("already complete"), "\(result)")
+        #expect(await PowerLossFSTests.cut(mount, in: folder), "the power was not cut")
+
+        let found = try await rig.inspect { folder in readBytes(folder + "/" + name) }
+        // Compared before anything is reported: an expectation would print megabytes.
+        let exact = found == kind.files[0].file.data
+        #expect(found != nil, "the rerun called \(name) complete, and the cut lost it")
+        #expect(found == nil || exact, "\(name) is not byte-exact after the cut")
+    }
+
     /// `kind` cut once 3 MiB are written, then `between` on a boot of its own, then `second` — once uncut with a
     /// trace (whose step cuts are then each tried), then with each cut — and finally the kind's command to the end,
     /// which must leave `final`'s files byte-exact; a destination seen after any cut must be complete.

@@ -956,6 +956,39 @@ import Testing
         await #expect(throws: DownloadError.self) { try await DirectorySync().suspendingSync("/nonexistent/folder") }
     }
 
+    /// A caller that found a sync running, but whose folder's sync ended (and left the table) before it could join
+    /// the waiters, runs the next sync itself: it neither waits for a sync no one will run nor returns uncovered.
+    @Test(.timeLimit(.minutes(1))) func aCallerWhoseSyncEndedBeforeItWaitedLeadsTheNext() async throws {
+        let syncs = FolderSyncs.Syncs()
+        syncs.log.withLock { $0.held = [1] }
+        let between = DispatchSemaphore(value: 0)
+        let go = DispatchSemaphore(value: 0)
+        let sync = DirectorySync(
+            syncing: { _ throws(DownloadError) in try syncs.sync() },
+            betweenLooks: {
+                between.signal()
+                go.wait()
+            })
+        let folder = FolderSyncs.folder
+        let first = Task { try await sync.suspendingSync(folder) }
+        while syncs.log.withLock({ $0.started }) < 1 { await Task.yield() }  // the first caller's sync runs, held
+        // The second caller runs on a thread of its own, which its stop between the two looks may block.
+        let second = Task(executorPreference: OwnThreadExecutor()) { () async throws -> (before: Int, after: Int) in
+            let before = syncs.log.withLock { $0.started }
+            try await sync.suspendingSync(folder)
+            return (before, syncs.log.withLock { $0.finished })
+        }
+        try await offloaded { () throws(DownloadError) in between.wait() }
+        syncs.gate.signal()
+        try await first.value  // the held sync ended; its folder left the table
+        #expect(sync.waiters(folder) == 0)
+        go.signal()
+        let (before, after) = try await second.value
+        #expect(before == 1 && after == 2, "the second caller returned without a sync that started after its call")
+        #expect(sync.syncCount.load(ordering: .relaxed) == 2)
+        #expect(syncs.log.withLock { $0.peak } == 1)
+    }
+
     /// `restart` writes the new state (new nonce, nothing durable) before it touches the live record or the part
     /// file, so a crash at any point after it never trusts the previous generation's bytes.
     @Test func restartNeverTrustsTheOldGeneration() throws {
@@ -1473,5 +1506,15 @@ private final class FolderSyncs: Sendable {
             for await result in group { results.append(result) }
             return results
         }
+    }
+}
+
+/// Runs each job of the tasks that prefer it on a new thread: a test's task may block there without holding one of
+/// the few threads of the concurrency pool.
+private final class OwnThreadExecutor: TaskExecutor {
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let executor = asUnownedTaskExecutor()
+        Thread { job.runSynchronously(on: executor) }.start()
     }
 }

@@ -342,7 +342,10 @@ struct Reopening {
     }
 
     /// The result for a destination this run's URL already completed, if it is that; with a checksum asked
-    /// for, the file is hashed and must match.
+    /// for, the file is hashed and must match. The file's bytes and mark were synced before its rename; the rename
+    /// itself is made durable here (a folder sync shared with the runs beside it) before the file is called complete:
+    /// the run that renamed it may not have synced its folder yet (another process, between its rename and its
+    /// sync), or its sync failed.
     func completedResult(_ partial: PartialDownload) throws -> DownloadResult? {
         let paths = partial.paths
         guard let mark = partial.completion, request.owns(mark.url) else { return nil }
@@ -356,6 +359,7 @@ struct Reopening {
                     remedy: .overwrite(.downloadAgain))
             }
         }
+        try DirectorySync.shared.sync(parentDirectory(of: paths.destination))
         emit(.destinationResolved(paths.destination))
         return DownloadResult(
             destination: paths.destination, bytes: mark.length, bytesTransferred: 0, resumedFrom: mark.length,

@@ -37,11 +37,18 @@ final class DirectorySync: Sendable {
     private let waiting = Locked<[String: [Waiter]]>([:])
     /// `fsync` of a folder: ``syncDirectory(_:)``, or a test's stand-in.
     private let syncing: @Sendable (String) throws(DownloadError) -> Void
+    /// A test's hook, called by ``suspendingSync(_:)`` between its look that found a sync running and its look that
+    /// joins the waiters (where that sync may end and its folder leave the table).
+    private let betweenLooks: (@Sendable () -> Void)?
 
-    init(syncing: @escaping @Sendable (String) throws(DownloadError) -> Void = { directory throws(DownloadError) in
-        try syncDirectory(directory)
-    }) {
+    init(
+        syncing: @escaping @Sendable (String) throws(DownloadError) -> Void = { directory throws(DownloadError) in
+            try syncDirectory(directory)
+        },
+        betweenLooks: (@Sendable () -> Void)? = nil
+    ) {
         self.syncing = syncing
+        self.betweenLooks = betweenLooks
     }
 
     /// A task waiting for the next sync of a folder.
@@ -69,6 +76,7 @@ final class DirectorySync: Sendable {
         }
         if running {
             let turn = await withCheckedContinuation { (continuation: Waiter) in
+                betweenLooks?()
                 let lead = waiting.withLock { folders in
                     // The sync finished and its folder left the table meanwhile: no one to wait for.
                     guard folders[directory] != nil else {
