@@ -226,12 +226,22 @@ struct ProxyTests {
         try #require(written != nil && killed.signal == SIGKILL, "not killed mid-way: \(killed)")
         // The proxy dies mid-body and comes back. The rerun is stopped (SIGSTOP) while the proxy is killed and a new
         // one takes its port, and continued only once the new one accepts connections: the retry after the broken
-        // body finds it listening whatever the machine's load, with no bet on how long a backoff lasts.
+        // body finds it listening whatever the machine's load, with no bet on how long a backoff lasts. Both signals
+        // go from the thread that saw the bytes: a proxy still alive while the test's task waits for a thread (under
+        // the whole suite's load) would fill the stopped rerun's socket with the rest of the file, and the body would
+        // never break.
         let rerun = try sandbox.start(arguments)
         // Mid-body again (past what the first run kept).
         let kept = fileSize(sandbox.path("out.bin.part"))
         let port = proxy.port
-        let reached = await waitForBytes(kept + (1 << 20), while: rerun, onReach: { _ in rerun.send(SIGSTOP) }) {
+        let dying = proxy
+        let reached = await waitForBytes(
+            kept + (1 << 20), while: rerun,
+            onReach: { _ in
+                rerun.send(SIGSTOP)
+                dying.kill()
+            }
+        ) {
             fileSize(sandbox.path("out.bin.part"))
         }
         guard reached != nil else {
@@ -241,7 +251,7 @@ struct ProxyTests {
             return
         }
         rerun.send(SIGSTOP)
-        proxy.kill()
+        dying.kill()
         do {
             proxy = try await Self.start(kind, in: sandbox, port: port)
         } catch {
