@@ -74,7 +74,7 @@ public final class CurlTransport: HTTPTransport {
 
 /// A response of the libcurl transport whose head has arrived; the transfer stays paused until the engine
 /// attaches a sink, discards the body or cancels.
-final class CurlResponse: TransportResponse {
+final class CurlResponse: DecidedBodyResponse {
     let head: ResponseHead
     private let transfer: CurlTransfer
     private let loop: CurlEventLoop
@@ -107,6 +107,40 @@ final class CurlResponse: TransportResponse {
         // reaches the loop after the cancel, and ends as the transfer did.
         cancelled.store(true, ordering: .releasing)
         loop.submit(.cancel(transfer))
+    }
+
+    func body(
+        decidedOn submit: (@escaping @Sendable () -> Void) -> Void, by choose: @escaping @Sendable () -> BodyChoice?
+    ) async -> Result<Void, TransportError>? {
+        guard !consumed.exchange(true, ordering: .acquiringAndReleasing) else {
+            return .failure(TransportError(.other, "a response body can be read only once"))
+        }
+        let transfer = self.transfer
+        let loop = self.loop
+        // Set (under its lock, before the continuation is resumed) when `choose` chose neither.
+        let declined = Locked(false)
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                submit {
+                    switch choose() {
+                    case .receive(let sink)?: loop.submit(.body(transfer, .receiving(sink), continuation))
+                    case .discard?: loop.submit(.body(transfer, .discarding, continuation))
+                    case nil:
+                        declined.withLock { $0 = true }
+                        continuation.resume(returning: .failure(.abortedBySink))
+                    }
+                }
+            }
+        } onCancel: {
+            transfer.cancelRequested.store(true, ordering: .releasing)
+            loop.submit(.cancel(transfer))
+        }
+        if declined.withLock({ $0 }) {
+            consumed.store(false, ordering: .releasing)
+            return nil
+        }
+        transfer.completed.withLock { _ in }  // see CurlTransport.start
+        return result
     }
 
     private func body(_ phase: CurlTransfer.Phase) async -> Result<Void, TransportError> {

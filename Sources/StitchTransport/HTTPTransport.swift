@@ -335,6 +335,27 @@ public protocol TransportResponse: AnyObject, Sendable {
     func cancel()
 }
 
+/// What the engine asks of a response's body once it has decided (``DecidedBodyResponse``).
+package enum BodyChoice: Sendable {
+    /// Stream the body into this sink.
+    case receive(any BodySink)
+    /// Read and drop it, keeping the connection.
+    case discard
+}
+
+/// A response whose body the engine may ask for from the thread that decided about it (the libcurl transport): the
+/// decision's answer goes to the transfer at once, without a hop back to the awaiting task and another to the
+/// transport's thread (two waits for a busy thread between a small file's head and its body).
+package protocol DecidedBodyResponse: TransportResponse {
+    /// Hands `choose` to `submit` (which runs it on a thread that may block); from that thread the body is then
+    /// asked for as it chose. Returns how the transfer ended (as ``TransportResponse/receive(into:)`` and
+    /// ``TransportResponse/discard()`` do), or nil when `choose` chose neither: the body was not asked for, and the
+    /// caller may still cancel the transfer and discard it.
+    func body(
+        decidedOn submit: (@escaping @Sendable () -> Void) -> Void, by choose: @escaping @Sendable () -> BodyChoice?
+    ) async -> Result<Void, TransportError>?
+}
+
 /// Moves bytes: performs one request in two phases, the response head first, then (as the engine decides) the
 /// body into a sink.
 ///

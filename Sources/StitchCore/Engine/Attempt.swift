@@ -1,3 +1,5 @@
+import StitchLocks
+
 /// What the engine does with a response once it has judged its head.
 enum HeadDecision: Sendable {
     /// Stream the body into this sink.
@@ -33,6 +35,9 @@ func performAttempt(
     }
     Trace.note("\(request.url) attempt head \(response.head.status)")
     started(response)
+    if let decided = response as? any DecidedBodyResponse {
+        return await decideAndReceive(decided, request: request, hook: hook, decide: decide)
+    }
     let decision: HeadDecision
     var decisionError: DownloadError?
     do {
@@ -53,6 +58,40 @@ func performAttempt(
         _ = await response.discard()  // returns once the connection is let go of (see `TransportResponse.cancel`)
         return (.failure(.abortedBySink), decisionError)
     }
+}
+
+/// ``performAttempt(_:on:hook:started:decide:)`` after the head, for a transport that takes the decision's answer on
+/// the thread that made it: the decision runs on ``BlockingPool/decisions`` and asks for the body from there.
+private func decideAndReceive(
+    _ response: any DecidedBodyResponse, request: TransportRequest, hook: (@Sendable () -> Void)?,
+    decide: @escaping @Sendable (ResponseHead) throws(DownloadError) -> HeadDecision
+) async -> (result: Result<Void, TransportError>, decisionError: DownloadError?) {
+    let head = response.head
+    // Written on the pool thread before the body is asked for (or the continuation resumed); read after.
+    let decided = Locked<(decision: HeadDecision, error: DownloadError?)?>(nil)
+    let ended = await response.body(decidedOn: { BlockingPool.decisions.execute($0) }) { () -> BodyChoice? in
+        let decision: HeadDecision
+        var decisionError: DownloadError?
+        do throws(DownloadError) {
+            hook?()
+            decision = try decide(head)
+        } catch {
+            decisionError = error
+            decision = .abort
+        }
+        decided.withLock { $0 = (decision, decisionError) }
+        switch decision {
+        case .receive(let sink): return .receive(sink)
+        case .discard: return .discard
+        case .abort: return nil
+        }
+    }
+    let (decision, decisionError) = decided.withLock { $0 } ?? (.abort, nil)
+    Trace.note("\(request.url) attempt decision \(decision)")
+    if let ended { return (ended, decisionError) }
+    response.cancel()
+    _ = await response.discard()  // returns once the connection is let go of (see `TransportResponse.cancel`)
+    return (.failure(.abortedBySink), decisionError)
 }
 
 /// Runs blocking file-system work (syncs, renames) on ``BlockingPool``'s threads instead of a cooperative one.
