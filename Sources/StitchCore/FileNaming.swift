@@ -84,6 +84,35 @@ public enum FileNaming {
     /// - Parameter name: An untrusted name, e.g. from ``filename(fromContentDisposition:)``.
     /// - Returns: A non-empty name without `/`, `\`, NUL or leading dot, at most ``maxNameBytes`` UTF-8 bytes long.
     public static func sanitize(_ name: String) -> String? {
+        if isSafeAsItIs(name) { return name }
+        return sanitizeScalars(name)
+    }
+
+    /// Whether every rule of ``sanitize(_:)`` leaves `name` as it is, read from its UTF-8 bytes alone: printable
+    /// ASCII without a separator or a reserved character, not starting or ending with a dot or a space, at most
+    /// ``maxNameBytes`` long (the usual name from a URL, which then needs no array of scalars).
+    static func isSafeAsItIs(_ name: String) -> Bool {
+        // A string without contiguous UTF-8 (bridged) takes the long way.
+        name.utf8.withContiguousStorageIfAvailable { bytes in
+            guard let first = bytes.first, let last = bytes.last, bytes.count <= maxNameBytes,
+                first != UInt8(ascii: "."), first != UInt8(ascii: " "), last != UInt8(ascii: "."),
+                last != UInt8(ascii: " ")
+            else { return false }
+            for byte in bytes {
+                switch byte {
+                case UInt8(ascii: "/"), UInt8(ascii: "\\"), UInt8(ascii: "<"), UInt8(ascii: ">"), UInt8(ascii: ":"),
+                    UInt8(ascii: "\""), UInt8(ascii: "|"), UInt8(ascii: "?"), UInt8(ascii: "*"):
+                    return false
+                case 0x20...0x7E: continue
+                default: return false
+                }
+            }
+            return true
+        } ?? false
+    }
+
+    /// ``sanitize(_:)`` scalar by scalar, for every name.
+    static func sanitizeScalars(_ name: String) -> String? {
         // 1 + 2: filter scalars and keep the last non-empty component. Working on scalars (not Characters) matters:
         // a "/" followed by a combining mark is a single Character that does not compare equal to "/".
         var component: [Unicode.Scalar] = []

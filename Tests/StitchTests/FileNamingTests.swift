@@ -1,3 +1,4 @@
+import StitchTestSupport
 import Testing
 
 @testable import Stitch
@@ -254,5 +255,36 @@ import Testing
             FileNaming.resolve(contentDisposition: "garbage", urlPath: "/", fallback: "download.bin") == "download.bin")
         #expect(FileNaming.resolve(contentDisposition: nil, urlPath: "/", fallback: "../evil") == "evil")
         #expect(FileNaming.resolve(contentDisposition: nil, urlPath: "/", fallback: "..") == "index.html")
+    }
+
+    /// A name the byte check takes as it is (``FileNaming/isSafeAsItIs(_:)``) is what the scalar-by-scalar rules make
+    /// of it, and every other name still goes through those rules: random names from the characters each rule looks
+    /// at, and names about the length limit.
+    @Test func plainASCIINamesTakeTheShortWayToTheSameAnswer() {
+        let seed: UInt64 = 0xF11E_4A3E_0000_0035
+        var rng = SplitMix64(seed: seed)
+        let ascii = ["a", "Z", "0", "-", "_", "~", "%", "+", ".", " "]
+        let others = [
+            "/", "\\", "<", ">", ":", "\"", "|", "?", "*", "\t", "\u{0}", "\u{1F}", "\u{7F}", "\u{85}", "é", "中",
+            "\u{200E}", "\u{2028}", "\u{FEFF}", "\u{3000}", "🧵",
+        ]
+        var names: [String] = []
+        for index in 0..<20_000 {
+            // Half of them from the characters the short way may take; the other half from every character.
+            let pieces = index.isMultiple(of: 2) ? ascii : ascii + others
+            let count = Int(rng.next() % 10)
+            names.append((0..<count).map { _ in pieces[Int(rng.next() % UInt64(pieces.count))] }.joined())
+        }
+        for length in 250...258 {
+            names += [String(repeating: "a", count: length), String(repeating: "b", count: length - 4) + ".pdf"]
+        }
+        var short = 0
+        var differ: [String] = []
+        for name in names {
+            if FileNaming.isSafeAsItIs(name) { short += 1 }
+            if FileNaming.sanitize(name) != FileNaming.sanitizeScalars(name) { differ.append(name.debugDescription) }
+        }
+        #expect(differ.count == 0, "seed \(seed): \(differ.count) names differ, as \(differ.prefix(5))")
+        #expect(short > 1_000 && short < names.count / 2, "the short way taken \(short) times of \(names.count)")
     }
 }

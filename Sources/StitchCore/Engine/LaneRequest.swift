@@ -306,9 +306,10 @@ final class LaneRequest: Sendable {
     /// The path of a file named in `directory` by a response's `Content-Disposition`, else by `url`'s path.
     static func path(in directory: String, contentDisposition: String?, url: URL) -> String {
         // Leave room for the longest sidecar suffix, or `NAME.stitch-live` would exceed NAME_MAX.
-        let name = FileNaming.truncated(
-            Array(FileNaming.resolve(contentDisposition: contentDisposition, urlPath: url.path).unicodeScalars),
-            maxBytes: FileNaming.maxNameBytes - DownloadPaths.longestSuffixBytes)
+        let limit = FileNaming.maxNameBytes - DownloadPaths.longestSuffixBytes
+        let resolved = FileNaming.resolve(contentDisposition: contentDisposition, urlPath: url.path)
+        let name =
+            resolved.utf8.count <= limit ? resolved : FileNaming.truncated(Array(resolved.unicodeScalars), maxBytes: limit)
         return absolutePath(directory.hasSuffix("/") ? directory + name : directory + "/" + name)
     }
 
