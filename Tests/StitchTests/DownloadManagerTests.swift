@@ -276,8 +276,13 @@ import StitchLocks
             #expect(progress.allSatisfy { $0 > running && $0 < completed }, "\(name): progress outside the run")
             let seconds = entries[completed].time - entries[running].time
             #expect(!progress.isEmpty, "\(name): no progress events")
+            // Throttled to the 0.1 s ticks, not one per chunk (one per 16 KiB chunk would be about 90 a second at
+            // this server's 1.5 MB/s). The ticks run for the engine's whole run, which outlasts the window between
+            // the two status events as this consumer sees them by up to a tick: up to 10 a second of that window,
+            // plus that tick, plus the first and the last progress (a bound of 10 s + 2 failed once with 16 events
+            // in 1.392 s).
             #expect(
-                Double(progress.count) <= 10 * seconds + 2, "\(name): \(progress.count) progress events in \(seconds) s")
+                Double(progress.count) <= 10 * seconds + 3, "\(name): \(progress.count) progress events in \(seconds) s")
             print("\(name): \(progress.count) progress events in \(String(format: "%.2f", seconds)) s")
         }
         // The big one really was split: ranges with If-Range, several at once.

@@ -1111,8 +1111,12 @@ final class PartStore: Sendable {
     /// Truncates, marks, syncs and renames the part file into place (the rename not yet durable).
     private func markAndRename(_ state: inout DownloadState, url: String, length: Int64) throws(DownloadError) {
         try checkUsable()
-        // The file ends where the data ends (a preallocation past it, or an untrusted tail, is cut).
-        guard ftruncate(fd, off_t(length)) == 0 else {
+        // The file ends where the data ends (a preallocation past it, or an untrusted tail, is cut). A small file
+        // (never preallocated) whose size is already its length has nothing to cut: no truncate, which ext4 runs in
+        // full even to the same size (the inode's block reservations discarded, the inode dirtied again).
+        var size = stat()
+        let endsThere = length <= Self.smallFileLimit && fstat(fd, &size) == 0 && Int64(size.st_size) == length
+        guard endsThere || ftruncate(fd, off_t(length)) == 0 else {
             broken.store(true, ordering: .releasing)
             throw .io("cannot truncate", path: paths.part, .current)
         }
