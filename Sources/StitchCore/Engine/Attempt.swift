@@ -67,8 +67,9 @@ private func decideAndReceive(
     decide: @escaping @Sendable (ResponseHead) throws(DownloadError) -> HeadDecision
 ) async -> (result: Result<Void, TransportError>, decisionError: DownloadError?) {
     let head = response.head
-    // Written on the pool thread before the body is asked for (or the continuation resumed); read after.
-    let decided = Locked<(decision: HeadDecision, error: DownloadError?)?>(nil)
+    // The decision's error, set on the pool thread before the body is asked for (or the continuation resumed) and
+    // read after: the lock also orders the decision's other writes before this task's reads.
+    let failure = Locked<DownloadError?>(nil)
     let ended = await response.body(decidedOn: { BlockingPool.decisions.execute($0) }) { () -> BodyChoice? in
         let decision: HeadDecision
         var decisionError: DownloadError?
@@ -79,15 +80,15 @@ private func decideAndReceive(
             decisionError = error
             decision = .abort
         }
-        decided.withLock { $0 = (decision, decisionError) }
+        failure.withLock { $0 = decisionError }
+        Trace.note("\(request.url) attempt decision \(decision)")
         switch decision {
         case .receive(let sink): return .receive(sink)
         case .discard: return .discard
         case .abort: return nil
         }
     }
-    let (decision, decisionError) = decided.withLock { $0 } ?? (.abort, nil)
-    Trace.note("\(request.url) attempt decision \(decision)")
+    let decisionError = failure.withLock { $0 }
     if let ended { return (ended, decisionError) }
     response.cancel()
     _ = await response.discard()  // returns once the connection is let go of (see `TransportResponse.cancel`)
