@@ -95,11 +95,12 @@ final class CurlResponse: DecidedBodyResponse {
     }
 
     func receive(into sink: any BodySink) async -> Result<Void, TransportError> {
-        await body(.receiving(sink))
+        // Chosen already: asked for from this thread, so never declined.
+        await body(decidedOn: { $0() }, choosing: { .receiving(sink) }) ?? .failure(.abortedBySink)
     }
 
     func discard() async -> Result<Void, TransportError> {
-        await body(.discarding)
+        await body(decidedOn: { $0() }, choosing: { .discarding }) ?? .failure(.abortedBySink)
     }
 
     func cancel() {
@@ -112,23 +113,37 @@ final class CurlResponse: DecidedBodyResponse {
     func body(
         decidedOn submit: (@escaping @Sendable () -> Void) -> Void, by choose: @escaping @Sendable () -> BodyChoice?
     ) async -> Result<Void, TransportError>? {
+        await body(decidedOn: submit) {
+            switch choose() {
+            case .receive(let sink)?: .receiving(sink)
+            case .discard?: .discarding
+            case nil: nil
+            }
+        }
+    }
+
+    /// Runs `choose` through `submit` and, from there, asks the loop for the body as it chose; nil (the body not asked
+    /// for) when it chose nothing.
+    private func body(
+        decidedOn submit: (@escaping @Sendable () -> Void) -> Void,
+        choosing choose: @escaping @Sendable () -> CurlTransfer.Phase?
+    ) async -> Result<Void, TransportError>? {
         guard !consumed.exchange(true, ordering: .acquiringAndReleasing) else {
             return .failure(TransportError(.other, "a response body can be read only once"))
         }
         let transfer = self.transfer
         let loop = self.loop
-        // Set (under its lock, before the continuation is resumed) when `choose` chose neither.
+        // Set (under its lock, before the continuation is resumed) when `choose` chose nothing.
         let declined = Locked(false)
         let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
+            await withCheckedContinuation { (continuation: CheckedContinuation<Result<Void, TransportError>, Never>) in
                 submit {
-                    switch choose() {
-                    case .receive(let sink)?: loop.submit(.body(transfer, .receiving(sink), continuation))
-                    case .discard?: loop.submit(.body(transfer, .discarding, continuation))
-                    case nil:
+                    guard let phase = choose() else {
                         declined.withLock { $0 = true }
                         continuation.resume(returning: .failure(.abortedBySink))
+                        return
                     }
+                    loop.submit(.body(transfer, phase, continuation))
                 }
             }
         } onCancel: {
@@ -138,24 +153,6 @@ final class CurlResponse: DecidedBodyResponse {
         if declined.withLock({ $0 }) {
             consumed.store(false, ordering: .releasing)
             return nil
-        }
-        transfer.completed.withLock { _ in }  // see CurlTransport.start
-        return result
-    }
-
-    private func body(_ phase: CurlTransfer.Phase) async -> Result<Void, TransportError> {
-        guard !consumed.exchange(true, ordering: .acquiringAndReleasing) else {
-            return .failure(TransportError(.other, "a response body can be read only once"))
-        }
-        let transfer = self.transfer
-        let loop = self.loop
-        let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                loop.submit(.body(transfer, phase, continuation))
-            }
-        } onCancel: {
-            transfer.cancelRequested.store(true, ordering: .releasing)
-            loop.submit(.cancel(transfer))
         }
         transfer.completed.withLock { _ in }  // see CurlTransport.start
         return result

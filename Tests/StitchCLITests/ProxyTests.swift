@@ -250,8 +250,6 @@ struct ProxyTests {
             Issue.record("the rerun ended before the proxy was killed: \(ended)")
             return
         }
-        rerun.send(SIGSTOP)
-        dying.kill()
         do {
             proxy = try await Self.start(kind, in: sandbox, port: port)
         } catch {

@@ -39,25 +39,40 @@ func performAttempt(
         return await decideAndReceive(decided, request: request, hook: hook, decide: decide)
     }
     let decision: HeadDecision
-    var decisionError: DownloadError?
+    let decisionError: DownloadError?
     do {
-        decision = try await offloadedDecision { () throws(DownloadError) in
-            hook?()
-            return try decide(response.head)
-        }
+        (decision, decisionError) = try await offloadedDecision { deciding(response.head, hook: hook, decide: decide) }
     } catch {
-        decisionError = error
-        decision = .abort
+        (decision, decisionError) = (.abort, error)
     }
     Trace.note("\(request.url) attempt decision \(decision)")
     switch decision {
     case .receive(let sink): return (await response.receive(into: sink), decisionError)
     case .discard: return (await response.discard(), decisionError)
-    case .abort:
-        response.cancel()
-        _ = await response.discard()  // returns once the connection is let go of (see `TransportResponse.cancel`)
-        return (.failure(.abortedBySink), decisionError)
+    case .abort: return (await abandon(response), decisionError)
     }
+}
+
+/// Runs the test hook and `decide` on the calling thread (the decision pool's): a decision that throws is an abort,
+/// with its error.
+private func deciding(
+    _ head: ResponseHead, hook: (@Sendable () -> Void)?,
+    decide: (ResponseHead) throws(DownloadError) -> HeadDecision
+) -> (decision: HeadDecision, error: DownloadError?) {
+    do throws(DownloadError) {
+        hook?()
+        return (try decide(head), nil)
+    } catch {
+        return (.abort, error)
+    }
+}
+
+/// Ends a transfer whose decision was to abort it; returns once it has let go of its connection (see
+/// `TransportResponse.cancel`).
+private func abandon(_ response: any TransportResponse) async -> Result<Void, TransportError> {
+    response.cancel()
+    _ = await response.discard()
+    return .failure(.abortedBySink)
 }
 
 /// ``performAttempt(_:on:hook:started:decide:)`` after the head, for a transport that takes the decision's answer on
@@ -71,15 +86,7 @@ private func decideAndReceive(
     // read after: the lock also orders the decision's other writes before this task's reads.
     let failure = Locked<DownloadError?>(nil)
     let ended = await response.body(decidedOn: { BlockingPool.decisions.execute($0) }) { () -> BodyChoice? in
-        let decision: HeadDecision
-        var decisionError: DownloadError?
-        do throws(DownloadError) {
-            hook?()
-            decision = try decide(head)
-        } catch {
-            decisionError = error
-            decision = .abort
-        }
+        let (decision, decisionError) = deciding(head, hook: hook, decide: decide)
         failure.withLock { $0 = decisionError }
         Trace.note("\(request.url) attempt decision \(decision)")
         switch decision {
@@ -90,9 +97,7 @@ private func decideAndReceive(
     }
     let decisionError = failure.withLock { $0 }
     if let ended { return (ended, decisionError) }
-    response.cancel()
-    _ = await response.discard()  // returns once the connection is let go of (see `TransportResponse.cancel`)
-    return (.failure(.abortedBySink), decisionError)
+    return (await abandon(response), decisionError)
 }
 
 /// Runs blocking file-system work (syncs, renames) on ``BlockingPool``'s threads instead of a cooperative one.
